@@ -1,0 +1,157 @@
+//! Segment file I/O: O_DIRECT through glommio's DMA files, or buffered I/O
+//! where the filesystem refuses O_DIRECT. A fault hook lets tests inject
+//! errors deterministically.
+
+use std::cell::RefCell;
+use std::io;
+use std::path::Path;
+use std::rc::Rc;
+
+use glommio::io::{BufferedFile, DmaBuffer, DmaFile, OpenOptions, ReadResult};
+
+/// Alignment of every write offset and length (O_DIRECT, and so that a
+/// torn write never touches a block holding acknowledged data).
+pub const WRITE_ALIGN_BYTES: u64 = 4096;
+
+/// A point where the store performs I/O, for fault injection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    Create { segment_id: u64 },
+    Write { segment_id: u64, offset: u64, len_bytes: u64 },
+    Sync { segment_id: u64 },
+    Read { segment_id: u64, offset: u64 },
+}
+
+/// Returns `Some(error)` to make that I/O fail.
+pub type FaultHook = Rc<RefCell<dyn FnMut(FaultPoint) -> Option<io::Error>>>;
+
+pub enum SegFile {
+    Direct(DmaFile),
+    Buffered(BufferedFile),
+}
+
+/// A buffer suited to the file's write path.
+pub enum WriteBuf {
+    Dma(DmaBuffer),
+    Heap(Vec<u8>),
+}
+
+impl WriteBuf {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            WriteBuf::Dma(b) => b.as_bytes_mut(),
+            WriteBuf::Heap(v) => v.as_mut_slice(),
+        }
+    }
+}
+
+fn glommio_err<T>(e: glommio::GlommioError<T>) -> io::Error {
+    e.into()
+}
+
+impl SegFile {
+    pub async fn create(path: &Path, direct: bool) -> io::Result<SegFile> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true).create_new(true);
+        Self::open_with(path, direct, &opts).await
+    }
+
+    pub async fn open(path: &Path, direct: bool) -> io::Result<SegFile> {
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(true);
+        Self::open_with(path, direct, &opts).await
+    }
+
+    async fn open_with(path: &Path, direct: bool, opts: &OpenOptions) -> io::Result<SegFile> {
+        if direct {
+            Ok(SegFile::Direct(opts.dma_open(path).await.map_err(glommio_err)?))
+        } else {
+            Ok(SegFile::Buffered(opts.buffered_open(path).await.map_err(glommio_err)?))
+        }
+    }
+
+    pub fn alloc_write_buf(&self, len_bytes: usize) -> WriteBuf {
+        debug_assert_eq!(len_bytes as u64 % WRITE_ALIGN_BYTES, 0);
+        match self {
+            SegFile::Direct(f) => {
+                let mut b = f.alloc_dma_buffer(len_bytes);
+                b.as_bytes_mut().fill(0);
+                WriteBuf::Dma(b)
+            }
+            SegFile::Buffered(_) => WriteBuf::Heap(vec![0u8; len_bytes]),
+        }
+    }
+
+    /// Writes the whole buffer at `offset`; a short write is an error.
+    pub async fn write_at(&self, buf: WriteBuf, offset: u64) -> io::Result<()> {
+        debug_assert_eq!(offset % WRITE_ALIGN_BYTES, 0);
+        let (written, expected) = match (self, buf) {
+            (SegFile::Direct(f), WriteBuf::Dma(b)) => {
+                let expected = b.len();
+                (f.write_at(b, offset).await.map_err(glommio_err)?, expected)
+            }
+            (SegFile::Buffered(f), WriteBuf::Heap(v)) => {
+                let expected = v.len();
+                (f.write_at(v, offset).await.map_err(glommio_err)?, expected)
+            }
+            _ => return Err(io::Error::other("write buffer does not match file mode")),
+        };
+        if written != expected {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {written} of {expected} bytes")));
+        }
+        Ok(())
+    }
+
+    /// Reads `len_bytes` at any offset; fewer bytes come back at end of file.
+    pub async fn read_at(&self, offset: u64, len_bytes: usize) -> io::Result<ReadResult> {
+        match self {
+            SegFile::Direct(f) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
+            SegFile::Buffered(f) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
+        }
+    }
+
+    pub async fn sync(&self) -> io::Result<()> {
+        match self {
+            SegFile::Direct(f) => f.fdatasync().await.map_err(glommio_err),
+            SegFile::Buffered(f) => f.fdatasync().await.map_err(glommio_err),
+        }
+    }
+
+    pub async fn truncate(&self, len_bytes: u64) -> io::Result<()> {
+        match self {
+            SegFile::Direct(f) => f.truncate(len_bytes).await.map_err(glommio_err),
+            SegFile::Buffered(f) => f.truncate(len_bytes).await.map_err(glommio_err),
+        }
+    }
+
+    pub async fn size_bytes(&self) -> io::Result<u64> {
+        match self {
+            SegFile::Direct(f) => f.file_size().await.map_err(glommio_err),
+            SegFile::Buffered(f) => f.file_size().await.map_err(glommio_err),
+        }
+    }
+}
+
+/// Makes a directory entry change (create, unlink) durable.
+pub fn sync_dir(path: &Path) -> io::Result<()> {
+    std::fs::File::open(path)?.sync_all()
+}
+
+/// Does this directory's filesystem accept O_DIRECT? Probed with a real file.
+pub fn probe_direct_io(dir: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(".percore-odirect-probe");
+    let result = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&probe);
+    let _ = std::fs::remove_file(&probe);
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
+}

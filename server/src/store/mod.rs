@@ -1,0 +1,1102 @@
+//! The per-shard storage engine.
+//!
+//! One `Store` per shard, owned by that shard's executor thread: no locks,
+//! `Rc<RefCell<..>>` only. Layout on disk (see `docs/design.md`):
+//!
+//! - append-only segment files `seg-<id:016x>.pcs` in the shard directory;
+//! - small objects are packed into segments as single `Object` records with the
+//!   payload inline; large ones are written as `Extent` records of
+//!   `chunk_bytes` each, followed by an `Object` record listing them;
+//! - writes are batched (group commit): every record appended while a flush is
+//!   in progress rides on the next `write + fdatasync`;
+//! - the in-memory index maps bucket -> key -> newest version, ordered;
+//! - recovery scans the segments; compaction relocates live records out of
+//!   mostly-dead segments and deletes them.
+
+pub mod file;
+pub mod record;
+mod recovery;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::channel::oneshot;
+use glommio::io::ReadResult;
+use thiserror::Error;
+
+use file::{FaultHook, FaultPoint, SegFile, WRITE_ALIGN_BYTES};
+use record::{Body, ExtentRef, Header, Kind, ObjectMeta};
+
+/// Namespace of bucket records in the index of the bucket-owner shard.
+/// Real bucket names are 3..=63 characters, so "" never collides.
+const BUCKETS_NAMESPACE: &str = "";
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("no such key")]
+    NotFound,
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("no space left on the device: {0}")]
+    NoSpace(io::Error),
+    #[error("stored data failed its checksum at segment {segment_id} offset {offset}")]
+    Corrupt { segment_id: u64, offset: u64 },
+    #[error("invalid record: {0}")]
+    Invalid(String),
+    #[error("the store is shutting down")]
+    ShuttingDown,
+    #[error("write queue full")]
+    Busy,
+}
+
+impl StoreError {
+    fn from_io(e: io::Error) -> StoreError {
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            StoreError::NoSpace(e)
+        } else {
+            StoreError::Io(e)
+        }
+    }
+
+    fn clone_for_waiter(&self) -> StoreError {
+        match self {
+            StoreError::NoSpace(e) => StoreError::NoSpace(io::Error::new(e.kind(), e.to_string())),
+            StoreError::Io(e) => StoreError::Io(io::Error::new(e.kind(), e.to_string())),
+            other => StoreError::Invalid(other.to_string()),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[derive(Clone)]
+pub struct StoreConfig {
+    pub shard_id: u32,
+    pub dir: PathBuf,
+    pub direct_io: bool,
+    /// A segment is sealed and a new one started beyond this size.
+    pub segment_bytes_max: u64,
+    /// Objects up to this size are stored inline; larger ones in extents of
+    /// this size.
+    pub chunk_bytes: u64,
+    /// Upper bound of one group-commit write.
+    pub batch_bytes_max: u64,
+    /// Upper bound of bytes queued for writing; appends beyond it wait.
+    pub queue_bytes_max: u64,
+    /// Compact a sealed segment once this fraction of it is garbage.
+    pub compaction_garbage_ratio_min: f64,
+    /// Compaction copy rate limit, so that foreground I/O is not starved.
+    pub compaction_bytes_per_sec_max: u64,
+    /// How often the compactor looks for work (0: never in background).
+    pub compaction_interval_ms: u64,
+    pub faults: Option<FaultHook>,
+}
+
+impl StoreConfig {
+    pub fn new(shard_id: u32, dir: PathBuf) -> StoreConfig {
+        StoreConfig {
+            shard_id,
+            dir,
+            direct_io: true,
+            segment_bytes_max: 256 << 20,
+            chunk_bytes: 1 << 20,
+            batch_bytes_max: 8 << 20,
+            queue_bytes_max: 64 << 20,
+            compaction_garbage_ratio_min: 0.5,
+            compaction_bytes_per_sec_max: 256 << 20,
+            compaction_interval_ms: 1000,
+            faults: None,
+        }
+    }
+}
+
+/// Where a record lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loc {
+    pub segment_id: u64,
+    pub offset: u64,
+    pub header_bytes: u32,
+    pub payload_bytes: u64,
+}
+
+impl Loc {
+    pub fn span_bytes(&self) -> u64 {
+        record::record_span_bytes(u64::from(self.header_bytes), self.payload_bytes)
+    }
+}
+
+/// What the index keeps of an object version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub size_bytes: u64,
+    pub etag: Box<str>,
+    pub mtime_ms: u64,
+    pub extents: Box<[ExtentRef]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Live(ObjectInfo),
+    Deleted,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    seq: u64,
+    loc: Loc,
+    state: State,
+    /// Records of this key on disk other than `loc` (older versions, stale
+    /// copies). A tombstone may only be dropped when this reaches zero.
+    older_on_disk: u32,
+}
+
+struct Segment {
+    file: Rc<SegFile>,
+    /// Bytes up to which the segment holds records (valid data end).
+    end_bytes: u64,
+    live_bytes: u64,
+    sealed: bool,
+}
+
+/// A record waiting to be written.
+struct Pending {
+    header: Vec<u8>,
+    payload: Bytes,
+    done: oneshot::Sender<Result<Loc>>,
+}
+
+impl Pending {
+    fn span_bytes(&self) -> u64 {
+        record::record_span_bytes(self.header.len() as u64, self.payload.len() as u64)
+    }
+}
+
+struct Inner {
+    cfg: StoreConfig,
+    index: RefCell<BTreeMap<String, BTreeMap<String, Entry>>>,
+    segments: RefCell<BTreeMap<u64, Segment>>,
+    /// Segment receiving appends; None until the first write (or after an
+    /// error, so that the next write starts a fresh segment).
+    active: Cell<Option<u64>>,
+    write_offset: Cell<u64>,
+    next_segment_id: Cell<u64>,
+    next_seq: Cell<u64>,
+    queue: RefCell<VecDeque<Pending>>,
+    queue_bytes: Cell<u64>,
+    /// Wakes the flusher; capacity 1, a full doorbell means "already rung".
+    doorbell: glommio::channels::local_channel::LocalSender<()>,
+    doorbell_rx: RefCell<Option<glommio::channels::local_channel::LocalReceiver<()>>>,
+    /// Woken when the queue shrinks, for appenders waiting on back-pressure.
+    space_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    shutting_down: Cell<bool>,
+    stats: RefCell<StoreStats>,
+}
+
+/// Counters, read by tests, benchmarks and (later) /metrics.
+#[derive(Debug, Clone, Default)]
+pub struct StoreStats {
+    pub flushes: u64,
+    pub records_written: u64,
+    pub bytes_written: u64,
+    pub write_errors: u64,
+    pub corrupt_reads: u64,
+    pub segments_compacted: u64,
+    pub compaction_bytes_copied: u64,
+    pub compaction_bytes_freed: u64,
+}
+
+/// Summary of a recovery, printed at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryReport {
+    pub segments: u64,
+    pub records: u64,
+    pub objects: u64,
+    pub bytes_scanned: u64,
+    pub torn_tails_cut: u64,
+    pub corrupt_records: u64,
+    pub elapsed_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListItem {
+    Object { key: String, size_bytes: u64, etag: Box<str>, mtime_ms: u64 },
+    Prefix(String),
+}
+
+impl ListItem {
+    pub fn name(&self) -> &str {
+        match self {
+            ListItem::Object { key, .. } => key,
+            ListItem::Prefix(p) => p,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Store {
+    inner: Rc<Inner>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn segment_path(dir: &Path, segment_id: u64) -> PathBuf {
+    dir.join(format!("seg-{segment_id:016x}.pcs"))
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix("seg-")?.strip_suffix(".pcs")?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+impl Store {
+    /// Opens (recovering) the store in `cfg.dir` and starts its flusher and
+    /// compactor tasks on the current executor.
+    pub async fn open(cfg: StoreConfig) -> Result<(Store, RecoveryReport)> {
+        std::fs::create_dir_all(&cfg.dir)?;
+        let (doorbell, doorbell_rx) = glommio::channels::local_channel::new_bounded(1);
+        let inner = Rc::new(Inner {
+            cfg,
+            index: RefCell::new(BTreeMap::new()),
+            segments: RefCell::new(BTreeMap::new()),
+            active: Cell::new(None),
+            write_offset: Cell::new(0),
+            next_segment_id: Cell::new(1),
+            next_seq: Cell::new(1),
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            doorbell,
+            doorbell_rx: RefCell::new(Some(doorbell_rx)),
+            space_waiters: RefCell::new(Vec::new()),
+            shutting_down: Cell::new(false),
+            stats: RefCell::new(StoreStats::default()),
+        });
+        let store = Store { inner };
+        let report = recovery::recover(&store).await?;
+        store.spawn_tasks();
+        Ok((store, report))
+    }
+
+    fn spawn_tasks(&self) {
+        let rx = self.inner.doorbell_rx.borrow_mut().take().expect("tasks spawned once");
+        let flusher = self.clone();
+        glommio::spawn_local(async move { flusher.flush_loop(rx).await }).detach();
+        if self.inner.cfg.compaction_interval_ms > 0 {
+            let weak = Rc::downgrade(&self.inner);
+            let interval = Duration::from_millis(self.inner.cfg.compaction_interval_ms);
+            glommio::spawn_local(async move {
+                loop {
+                    glommio::timer::sleep(interval).await;
+                    let Some(inner) = weak.upgrade() else { return };
+                    if inner.shutting_down.get() {
+                        return;
+                    }
+                    let store = Store { inner };
+                    if let Err(e) = store.compact_once().await {
+                        tracing::warn!(shard = store.inner.cfg.shard_id, "compaction failed: {e}");
+                    }
+                }
+            })
+            .detach();
+        }
+    }
+
+    pub fn shard_id(&self) -> u32 {
+        self.inner.cfg.shard_id
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.cfg
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.inner.stats.borrow().clone()
+    }
+
+    fn fault(&self, point: FaultPoint) -> io::Result<()> {
+        if let Some(hook) = &self.inner.cfg.faults {
+            if let Some(e) = (hook.borrow_mut())(point) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_seq(&self) -> u64 {
+        let seq = self.inner.next_seq.get();
+        self.inner.next_seq.set(seq + 1);
+        seq
+    }
+
+    // ----------------------------------------------------------------------
+    // Write path
+    // ----------------------------------------------------------------------
+
+    /// Queues a record; the receiver resolves once it is durable.
+    async fn append(&self, header: Vec<u8>, payload: Bytes) -> Result<oneshot::Receiver<Result<Loc>>> {
+        let span = record::record_span_bytes(header.len() as u64, payload.len() as u64);
+        debug_assert!(span <= self.inner.cfg.batch_bytes_max.max(self.inner.cfg.chunk_bytes * 2));
+        // Back-pressure: wait while the queue is over its bound.
+        while self.inner.queue_bytes.get() + span > self.inner.cfg.queue_bytes_max
+            && !self.inner.queue.borrow().is_empty()
+        {
+            if self.inner.shutting_down.get() {
+                return Err(StoreError::ShuttingDown);
+            }
+            let (tx, rx) = oneshot::channel();
+            self.inner.space_waiters.borrow_mut().push(tx);
+            let _ = rx.await;
+        }
+        if self.inner.shutting_down.get() {
+            return Err(StoreError::ShuttingDown);
+        }
+        let (done, rx) = oneshot::channel();
+        self.inner.queue_bytes.set(self.inner.queue_bytes.get() + span);
+        self.inner.queue.borrow_mut().push_back(Pending { header, payload, done });
+        let _ = self.inner.doorbell.try_send(());
+        Ok(rx)
+    }
+
+    async fn append_durable(&self, header: Vec<u8>, payload: Bytes) -> Result<Loc> {
+        let rx = self.append(header, payload).await?;
+        rx.await.map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    async fn flush_loop(self, rx: glommio::channels::local_channel::LocalReceiver<()>) {
+        loop {
+            if self.inner.queue.borrow().is_empty() {
+                if self.inner.shutting_down.get() {
+                    return;
+                }
+                if rx.recv().await.is_none() {
+                    return;
+                }
+                continue;
+            }
+            self.flush_once().await;
+        }
+    }
+
+    /// Takes up to `batch_bytes_max` of queued records that fit in the active
+    /// segment, writes them with one write and one fdatasync, and completes
+    /// their waiters.
+    async fn flush_once(&self) {
+        if let Err(e) = self.ensure_active_segment().await {
+            self.fail_queue_front(e);
+            return;
+        }
+        let segment_id = self.inner.active.get().expect("active segment");
+        let start = self.inner.write_offset.get();
+        debug_assert_eq!(start % WRITE_ALIGN_BYTES, 0);
+        let room = self.inner.cfg.segment_bytes_max.saturating_sub(start + WRITE_ALIGN_BYTES);
+        let batch = self.take_batch(room);
+        if batch.is_empty() {
+            // The next record does not fit: seal and move on.
+            self.seal_active().await;
+            return;
+        }
+        let result = self.write_batch(segment_id, start, &batch).await;
+        match result {
+            Ok(locs) => {
+                for (p, loc) in batch.into_iter().zip(locs) {
+                    let _ = p.done.send(Ok(loc));
+                }
+            }
+            Err(e) => {
+                self.inner.stats.borrow_mut().write_errors += 1;
+                tracing::error!(shard = self.inner.cfg.shard_id, segment_id, "write failed: {e}");
+                // Abandon this segment: later writes go to a fresh one, so a
+                // partial write never sits in front of acknowledged data.
+                self.inner.active.set(None);
+                for p in batch {
+                    let _ = p.done.send(Err(e.clone_for_waiter()));
+                }
+            }
+        }
+    }
+
+    fn take_batch(&self, room_bytes: u64) -> Vec<Pending> {
+        let mut queue = self.inner.queue.borrow_mut();
+        let mut batch = Vec::new();
+        let mut bytes = 0u64;
+        while let Some(p) = queue.front() {
+            let span = p.span_bytes();
+            if bytes + span > room_bytes || (bytes > 0 && bytes + span > self.inner.cfg.batch_bytes_max) {
+                break;
+            }
+            bytes += span;
+            batch.push(queue.pop_front().unwrap());
+        }
+        drop(queue);
+        self.inner.queue_bytes.set(self.inner.queue_bytes.get() - bytes);
+        for w in self.inner.space_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+        batch
+    }
+
+    fn fail_queue_front(&self, e: StoreError) {
+        let batch = self.take_batch(u64::MAX);
+        self.inner.stats.borrow_mut().write_errors += 1;
+        for p in batch {
+            let _ = p.done.send(Err(e.clone_for_waiter()));
+        }
+    }
+
+    async fn write_batch(&self, segment_id: u64, start: u64, batch: &[Pending]) -> Result<Vec<Loc>> {
+        let file = self.segment_file(segment_id).expect("active segment is open");
+        let mut locs = Vec::with_capacity(batch.len());
+        let mut end = start;
+        for p in batch {
+            locs.push(Loc {
+                segment_id,
+                offset: end,
+                header_bytes: p.header.len() as u32,
+                payload_bytes: p.payload.len() as u64,
+            });
+            end += p.span_bytes();
+        }
+        let len = (end - start).next_multiple_of(WRITE_ALIGN_BYTES);
+        let mut buf = file.alloc_write_buf(len as usize);
+        {
+            let out = buf.as_mut_slice();
+            for (p, loc) in batch.iter().zip(&locs) {
+                let at = (loc.offset - start) as usize;
+                out[at..at + p.header.len()].copy_from_slice(&p.header);
+                let at = at + p.header.len();
+                out[at..at + p.payload.len()].copy_from_slice(&p.payload);
+            }
+        }
+        self.fault(FaultPoint::Write { segment_id, offset: start, len_bytes: len })
+            .map_err(StoreError::from_io)?;
+        file.write_at(buf, start).await.map_err(StoreError::from_io)?;
+        self.fault(FaultPoint::Sync { segment_id }).map_err(StoreError::from_io)?;
+        file.sync().await.map_err(StoreError::from_io)?;
+        self.inner.write_offset.set(start + len);
+        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+            seg.end_bytes = end;
+        }
+        let mut stats = self.inner.stats.borrow_mut();
+        stats.flushes += 1;
+        stats.records_written += batch.len() as u64;
+        stats.bytes_written += len;
+        Ok(locs)
+    }
+
+    fn segment_file(&self, segment_id: u64) -> Option<Rc<SegFile>> {
+        self.inner.segments.borrow().get(&segment_id).map(|s| s.file.clone())
+    }
+
+    /// Creates a new active segment if there is none.
+    async fn ensure_active_segment(&self) -> Result<()> {
+        if self.inner.active.get().is_some() {
+            return Ok(());
+        }
+        let segment_id = self.inner.next_segment_id.get();
+        self.fault(FaultPoint::Create { segment_id }).map_err(StoreError::from_io)?;
+        let path = segment_path(&self.inner.cfg.dir, segment_id);
+        let file = SegFile::create(&path, self.inner.cfg.direct_io).await.map_err(StoreError::from_io)?;
+        // Consume the id only once the file exists.
+        self.inner.next_segment_id.set(segment_id + 1);
+        let header = record::encode_header(&Header {
+            seq: 0,
+            bucket: String::new(),
+            key: String::new(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::SegmentHeader { shard_id: self.inner.cfg.shard_id, segment_id, created_ms: now_ms() },
+        })
+        .expect("segment header encodes");
+        let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
+        buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
+        let written = async {
+            self.fault(FaultPoint::Write { segment_id, offset: 0, len_bytes: WRITE_ALIGN_BYTES })?;
+            file.write_at(buf, 0).await?;
+            file.sync().await?;
+            file::sync_dir(&self.inner.cfg.dir)
+        }
+        .await;
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&path);
+            return Err(StoreError::from_io(e));
+        }
+        self.inner.segments.borrow_mut().insert(
+            segment_id,
+            Segment { file: Rc::new(file), end_bytes: header.len() as u64, live_bytes: 0, sealed: false },
+        );
+        self.inner.active.set(Some(segment_id));
+        self.inner.write_offset.set(WRITE_ALIGN_BYTES);
+        tracing::debug!(shard = self.inner.cfg.shard_id, segment_id, "new segment");
+        Ok(())
+    }
+
+    /// Writes a Seal record at the end of the active segment. Best effort: a
+    /// segment without a seal is fully verified at recovery instead.
+    async fn seal_active(&self) {
+        let Some(segment_id) = self.inner.active.take() else { return };
+        let Some(file) = self.segment_file(segment_id) else { return };
+        let offset = self.inner.write_offset.get();
+        let header = record::encode_header(&Header {
+            seq: 0,
+            bucket: String::new(),
+            key: String::new(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::Seal,
+        })
+        .expect("seal encodes");
+        let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
+        buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
+        let sealed = async {
+            self.fault(FaultPoint::Write { segment_id, offset, len_bytes: WRITE_ALIGN_BYTES })?;
+            file.write_at(buf, offset).await?;
+            file.sync().await
+        }
+        .await;
+        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+            seg.sealed = sealed.is_ok();
+            if sealed.is_ok() {
+                seg.end_bytes = offset + header.len() as u64;
+            }
+        }
+        if let Err(e) = sealed {
+            tracing::warn!(shard = self.inner.cfg.shard_id, segment_id, "sealing failed: {e}");
+        }
+    }
+
+    // ----------------------------------------------------------------------
+    // Index maintenance
+    // ----------------------------------------------------------------------
+
+    fn entry_spans(entry: &Entry) -> Vec<(u64, u64)> {
+        let mut spans = vec![(entry.loc.segment_id, entry.loc.span_bytes())];
+        if let State::Live(info) = &entry.state {
+            for e in info.extents.iter() {
+                spans.push((e.segment_id, record::record_span_bytes(u64::from(e.header_bytes), e.payload_bytes)));
+            }
+        }
+        spans
+    }
+
+    fn adjust_live(&self, entry: &Entry, add: bool) {
+        let mut segments = self.inner.segments.borrow_mut();
+        for (segment_id, bytes) in Self::entry_spans(entry) {
+            if let Some(seg) = segments.get_mut(&segment_id) {
+                if add {
+                    seg.live_bytes += bytes;
+                } else {
+                    debug_assert!(seg.live_bytes >= bytes, "live bytes underflow");
+                    seg.live_bytes = seg.live_bytes.saturating_sub(bytes);
+                }
+            }
+        }
+    }
+
+    /// Installs a durable record version if it is newer than what the index
+    /// holds. Returns true if it became the current version.
+    fn install(&self, bucket: &str, key: &str, new: Entry) -> bool {
+        let mut index = self.inner.index.borrow_mut();
+        let keys = index.entry(bucket.to_string()).or_default();
+        match keys.get_mut(key) {
+            Some(old) if old.seq > new.seq || (old.seq == new.seq && old.loc == new.loc) => {
+                // A newer version won the race; this record is stale on disk.
+                if old.loc != new.loc {
+                    old.older_on_disk += 1;
+                }
+                false
+            }
+            Some(old) => {
+                let old = std::mem::replace(old, new);
+                let current = keys.get_mut(key).unwrap();
+                current.older_on_disk = old.older_on_disk + 1;
+                let current = current.clone();
+                drop(index);
+                self.adjust_live(&old, false);
+                self.adjust_live(&current, true);
+                true
+            }
+            None => {
+                let added = new.clone();
+                keys.insert(key.to_string(), new);
+                drop(index);
+                self.adjust_live(&added, true);
+                true
+            }
+        }
+    }
+
+    fn lookup(&self, bucket: &str, key: &str) -> Option<Entry> {
+        self.inner.index.borrow().get(bucket)?.get(key).cloned()
+    }
+
+    // ----------------------------------------------------------------------
+    // Public object API
+    // ----------------------------------------------------------------------
+
+    /// Stores a whole object held in memory.
+    pub async fn put(&self, bucket: &str, key: &str, meta: ObjectMeta, data: Bytes) -> Result<ObjectInfo> {
+        let mut w = self.put_stream(bucket, key, meta);
+        w.write(data).await?;
+        w.finish().await
+    }
+
+    /// Starts a streamed PUT; nothing is visible until `finish` returns.
+    pub fn put_stream(&self, bucket: &str, key: &str, meta: ObjectMeta) -> PutWriter {
+        PutWriter {
+            store: self.clone(),
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            meta,
+            buffer: Vec::new(),
+            written_bytes: 0,
+            extents: Vec::new(),
+            in_flight: VecDeque::new(),
+        }
+    }
+
+    /// Index-only metadata (size, ETag, mtime).
+    pub fn head(&self, bucket: &str, key: &str) -> Option<ObjectInfo> {
+        match self.lookup(bucket, key)?.state {
+            State::Live(info) => Some(info),
+            State::Deleted => None,
+        }
+    }
+
+    /// Opens a consistent reader on the current version: full metadata plus
+    /// handles on the files holding its bytes (valid even if compaction
+    /// later removes them).
+    pub async fn open_read(&self, bucket: &str, key: &str) -> Result<ObjectReader> {
+        let entry = self.lookup(bucket, key).ok_or(StoreError::NotFound)?;
+        let State::Live(info) = &entry.state else { return Err(StoreError::NotFound) };
+        let file = self.segment_file(entry.loc.segment_id).ok_or(StoreError::NotFound)?;
+        let inline = info.extents.is_empty();
+        // Small inline records are read whole at once: one I/O per GET.
+        let whole = inline && entry.loc.span_bytes() <= 256 * 1024;
+        let read_len = if whole { entry.loc.header_bytes as u64 + entry.loc.payload_bytes } else { entry.loc.header_bytes as u64 };
+        self.fault(FaultPoint::Read { segment_id: entry.loc.segment_id, offset: entry.loc.offset })?;
+        let raw = file.read_at(entry.loc.offset, read_len as usize).await?;
+        let corrupt = || StoreError::Corrupt { segment_id: entry.loc.segment_id, offset: entry.loc.offset };
+        let (header, header_bytes) = record::decode_header(&raw).map_err(|_| {
+            self.inner.stats.borrow_mut().corrupt_reads += 1;
+            corrupt()
+        })?;
+        let Body::Object { meta, extents } = header.body else { return Err(corrupt()) };
+        if header.seq != entry.seq || header.bucket != bucket || header.key != key {
+            return Err(corrupt());
+        }
+        let mut parts = Vec::new();
+        if inline {
+            let cached = if whole { ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize) } else { None };
+            if let Some(c) = &cached {
+                if !record::verify_blocks(&header.block_crcs, 0, c) {
+                    self.inner.stats.borrow_mut().corrupt_reads += 1;
+                    return Err(corrupt());
+                }
+            }
+            parts.push(Part {
+                file,
+                segment_id: entry.loc.segment_id,
+                record_offset: entry.loc.offset,
+                header_bytes: header_bytes as u32,
+                object_offset: 0,
+                payload_bytes: entry.loc.payload_bytes,
+                block_crcs: Some(header.block_crcs),
+                cached,
+            });
+        } else {
+            let mut object_offset = 0;
+            for e in &extents {
+                let file = self.segment_file(e.segment_id).ok_or_else(corrupt)?;
+                parts.push(Part {
+                    file,
+                    segment_id: e.segment_id,
+                    record_offset: e.record_offset,
+                    header_bytes: e.header_bytes,
+                    object_offset,
+                    payload_bytes: e.payload_bytes,
+                    block_crcs: None,
+                    cached: None,
+                });
+                object_offset += e.payload_bytes;
+            }
+        }
+        Ok(ObjectReader { store: self.clone(), seq: entry.seq, meta, parts })
+    }
+
+    /// Deletes the current version. Returns whether a live object existed.
+    pub async fn delete(&self, bucket: &str, key: &str) -> Result<bool> {
+        match self.lookup(bucket, key) {
+            Some(Entry { state: State::Live(_), .. }) => {}
+            _ => return Ok(false),
+        }
+        self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+        Ok(true)
+    }
+
+    async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
+        let seq = self.take_seq();
+        let body = match kind {
+            Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
+            _ => Body::Tombstone { mtime_ms: now_ms() },
+        };
+        let header = Header { seq, bucket: bucket.into(), key: key.into(), payload_bytes: 0, block_crcs: Vec::new(), body };
+        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = self.append_durable(header, Bytes::new()).await?;
+        self.install(bucket, key, Entry { seq, loc, state: State::Deleted, older_on_disk: 0 });
+        Ok(())
+    }
+
+    /// Keys of `bucket` in order, after `start_after`, starting with
+    /// `prefix`; with a delimiter, keys sharing the part up to the next
+    /// delimiter collapse into one `Prefix` item. At most `limit` items.
+    pub fn list(&self, bucket: &str, prefix: &str, start_after: &str, delimiter: Option<&str>, limit: usize) -> Vec<ListItem> {
+        let index = self.inner.index.borrow();
+        let Some(keys) = index.get(bucket) else { return Vec::new() };
+        let mut items = Vec::new();
+        let mut lower: Bound<String> = if start_after >= prefix {
+            Bound::Excluded(start_after.to_string())
+        } else {
+            Bound::Included(prefix.to_string())
+        };
+        // A continuation that ends on a common prefix resumes after all of it.
+        if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
+            if let Some(rest) = start_after.strip_prefix(prefix) {
+                if rest.ends_with(d) && !rest.is_empty() {
+                    lower = Bound::Excluded(prefix_successor(start_after));
+                }
+            }
+        }
+        'outer: while items.len() < limit {
+            let mut range = keys.range::<String, _>((lower.clone(), Bound::Unbounded));
+            loop {
+                let Some((key, entry)) = range.next() else { break 'outer };
+                if !key.starts_with(prefix) {
+                    break 'outer;
+                }
+                let State::Live(info) = &entry.state else { continue };
+                if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
+                    if let Some(pos) = key[prefix.len()..].find(d) {
+                        let common = key[..prefix.len() + pos + d.len()].to_string();
+                        lower = Bound::Excluded(prefix_successor(&common));
+                        items.push(ListItem::Prefix(common));
+                        continue 'outer;
+                    }
+                }
+                items.push(ListItem::Object {
+                    key: key.clone(),
+                    size_bytes: info.size_bytes,
+                    etag: info.etag.clone(),
+                    mtime_ms: info.mtime_ms,
+                });
+                if items.len() >= limit {
+                    break 'outer;
+                }
+            }
+        }
+        items
+    }
+
+    /// Live objects in `bucket` on this shard.
+    pub fn object_count(&self, bucket: &str) -> usize {
+        let index = self.inner.index.borrow();
+        index.get(bucket).map_or(0, |keys| keys.values().filter(|e| matches!(e.state, State::Live(_))).count())
+    }
+
+    /// Live objects on this shard, all buckets.
+    pub fn objects_total(&self) -> usize {
+        let index = self.inner.index.borrow();
+        index
+            .iter()
+            .filter(|(b, _)| b.as_str() != BUCKETS_NAMESPACE)
+            .map(|(_, keys)| keys.values().filter(|e| matches!(e.state, State::Live(_))).count())
+            .sum()
+    }
+
+    // ----------------------------------------------------------------------
+    // Bucket records (on the bucket-owner shard)
+    // ----------------------------------------------------------------------
+
+    /// Durably records that `name` exists. Returns false if it already did.
+    pub async fn bucket_create(&self, name: &str) -> Result<bool> {
+        if self.head(BUCKETS_NAMESPACE, name).is_some() {
+            return Ok(false);
+        }
+        let seq = self.take_seq();
+        let created_ms = now_ms();
+        let header = Header {
+            seq,
+            bucket: BUCKETS_NAMESPACE.into(),
+            key: name.into(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::Bucket { created_ms },
+        };
+        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = self.append_durable(header, Bytes::new()).await?;
+        let info = ObjectInfo { size_bytes: 0, etag: "".into(), mtime_ms: created_ms, extents: Box::new([]) };
+        self.install(BUCKETS_NAMESPACE, name, Entry { seq, loc, state: State::Live(info), older_on_disk: 0 });
+        Ok(true)
+    }
+
+    pub async fn bucket_delete(&self, name: &str) -> Result<bool> {
+        if self.head(BUCKETS_NAMESPACE, name).is_none() {
+            return Ok(false);
+        }
+        self.write_tombstone(BUCKETS_NAMESPACE, name, Kind::BucketDelete).await?;
+        Ok(true)
+    }
+
+    /// (name, created_ms) of every bucket recorded here, by name.
+    pub fn bucket_records(&self) -> Vec<(String, u64)> {
+        self.list(BUCKETS_NAMESPACE, "", "", None, usize::MAX)
+            .into_iter()
+            .filter_map(|item| match item {
+                ListItem::Object { key, mtime_ms, .. } => Some((key, mtime_ms)),
+                ListItem::Prefix(_) => None,
+            })
+            .collect()
+    }
+
+    // ----------------------------------------------------------------------
+    // Shutdown
+    // ----------------------------------------------------------------------
+
+    /// Flushes everything queued and stops the background tasks.
+    pub async fn shutdown(&self) {
+        while !self.inner.queue.borrow().is_empty() {
+            let _ = self.inner.doorbell.try_send(());
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        self.inner.shutting_down.set(true);
+        let _ = self.inner.doorbell.try_send(());
+    }
+
+    /// (segment id, end bytes, live bytes, sealed) for every segment.
+    pub fn segment_table(&self) -> Vec<(u64, u64, u64, bool)> {
+        self.inner.segments.borrow().iter().map(|(id, s)| (*id, s.end_bytes, s.live_bytes, s.sealed)).collect()
+    }
+}
+
+/// The smallest string greater than every string starting with `prefix`
+/// that sorts after it (good enough for UTF-8 keys).
+fn prefix_successor(prefix: &str) -> String {
+    let mut s = prefix.to_string();
+    s.push(char::MAX);
+    s
+}
+
+/// A streamed PUT in progress.
+pub struct PutWriter {
+    store: Store,
+    bucket: String,
+    key: String,
+    meta: ObjectMeta,
+    buffer: Vec<u8>,
+    written_bytes: u64,
+    extents: Vec<ExtentRef>,
+    in_flight: VecDeque<(u64, oneshot::Receiver<Result<Loc>>)>,
+}
+
+/// Extent writes in flight per PUT: enough to keep the disk busy.
+const PUT_EXTENTS_IN_FLIGHT_MAX: usize = 4;
+
+impl PutWriter {
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes + self.buffer.len() as u64
+    }
+
+    pub async fn write(&mut self, mut data: Bytes) -> Result<()> {
+        let chunk = self.store.inner.cfg.chunk_bytes as usize;
+        while !data.is_empty() {
+            if self.buffer.len() == chunk {
+                let piece = Bytes::from(std::mem::take(&mut self.buffer));
+                self.write_extent(piece).await?;
+            }
+            if self.buffer.is_empty() && data.len() > chunk {
+                // Whole chunks pass through without a staging copy.
+                let piece = data.split_to(chunk);
+                self.write_extent(piece).await?;
+                continue;
+            }
+            let take = (chunk - self.buffer.len()).min(data.len());
+            if self.buffer.capacity() == 0 {
+                self.buffer.reserve_exact(chunk.min(take.max(64 * 1024)));
+            }
+            self.buffer.extend_from_slice(&data.split_to(take));
+        }
+        Ok(())
+    }
+
+    async fn write_extent(&mut self, piece: Bytes) -> Result<()> {
+        while self.in_flight.len() >= PUT_EXTENTS_IN_FLIGHT_MAX {
+            self.collect_one().await?;
+        }
+        let object_offset = self.written_bytes;
+        let header = Header {
+            seq: 0,
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            payload_bytes: piece.len() as u64,
+            block_crcs: record::block_crcs(&piece),
+            body: Body::Extent { object_offset },
+        };
+        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.written_bytes += piece.len() as u64;
+        let rx = self.store.append(header, piece).await?;
+        self.in_flight.push_back((object_offset, rx));
+        Ok(())
+    }
+
+    async fn collect_one(&mut self) -> Result<()> {
+        let (_, rx) = self.in_flight.pop_front().expect("in flight");
+        let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
+        self.extents.push(ExtentRef {
+            segment_id: loc.segment_id,
+            record_offset: loc.offset,
+            header_bytes: loc.header_bytes,
+            payload_bytes: loc.payload_bytes,
+        });
+        Ok(())
+    }
+
+    /// Makes the object durable and visible. `meta.size_bytes` is set here;
+    /// `meta.etag` must be set by the caller.
+    pub async fn finish(mut self) -> Result<ObjectInfo> {
+        let inline = self.extents.is_empty() && self.in_flight.is_empty();
+        let payload = if inline {
+            Bytes::from(std::mem::take(&mut self.buffer))
+        } else {
+            if !self.buffer.is_empty() {
+                let piece = Bytes::from(std::mem::take(&mut self.buffer));
+                self.write_extent(piece).await?;
+            }
+            while !self.in_flight.is_empty() {
+                self.collect_one().await?;
+            }
+            Bytes::new()
+        };
+        let store = self.store.clone();
+        let size_bytes = if inline { payload.len() as u64 } else { self.written_bytes };
+        self.meta.size_bytes = size_bytes;
+        if self.meta.mtime_ms == 0 {
+            self.meta.mtime_ms = now_ms();
+        }
+        let seq = store.take_seq();
+        let info = ObjectInfo {
+            size_bytes,
+            etag: self.meta.etag.clone().into(),
+            mtime_ms: self.meta.mtime_ms,
+            extents: self.extents.clone().into(),
+        };
+        let header = Header {
+            seq,
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            payload_bytes: payload.len() as u64,
+            block_crcs: record::block_crcs(&payload),
+            body: Body::Object { meta: self.meta.clone(), extents: self.extents.clone() },
+        };
+        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = store.append_durable(header, payload).await?;
+        store.install(&self.bucket, &self.key, Entry { seq, loc, state: State::Live(info.clone()), older_on_disk: 0 });
+        Ok(info)
+    }
+}
+
+struct Part {
+    file: Rc<SegFile>,
+    segment_id: u64,
+    record_offset: u64,
+    header_bytes: u32,
+    object_offset: u64,
+    payload_bytes: u64,
+    /// Loaded with the header; None for extents until first read.
+    block_crcs: Option<Vec<u32>>,
+    /// Whole payload, already verified (small inline objects).
+    cached: Option<ReadResult>,
+}
+
+/// Reads one object version; every byte returned has passed its block CRC.
+pub struct ObjectReader {
+    store: Store,
+    pub seq: u64,
+    pub meta: ObjectMeta,
+    parts: Vec<Part>,
+}
+
+impl ObjectReader {
+    pub fn size_bytes(&self) -> u64 {
+        self.meta.size_bytes
+    }
+
+    /// Returns up to `len_bytes` starting at `offset` (fewer at a part
+    /// boundary; call again for the rest). Empty only at or past the end.
+    pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<ReadResult> {
+        let Some(index) = self.parts.iter().position(|p| offset < p.object_offset + p.payload_bytes) else {
+            return Ok(ReadResult::default());
+        };
+        let store = self.store.clone();
+        let part = &mut self.parts[index];
+        let within = offset - part.object_offset;
+        let len = len_bytes.min(part.payload_bytes - within);
+        if let Some(cached) = &part.cached {
+            return Ok(ReadResult::slice(cached, within as usize, len as usize).expect("slice in range"));
+        }
+        let corrupt = StoreError::Corrupt { segment_id: part.segment_id, offset: part.record_offset };
+        if part.block_crcs.is_none() {
+            store.fault(FaultPoint::Read { segment_id: part.segment_id, offset: part.record_offset })?;
+            let raw = part.file.read_at(part.record_offset, part.header_bytes as usize).await?;
+            let header = match record::decode_header(&raw) {
+                Ok((h, _)) if h.kind() == Kind::Extent && h.payload_bytes == part.payload_bytes => h,
+                _ => {
+                    store.inner.stats.borrow_mut().corrupt_reads += 1;
+                    return Err(corrupt);
+                }
+            };
+            part.block_crcs = Some(header.block_crcs);
+        }
+        let first_block = within / record::BLOCK_BYTES;
+        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
+        let read_start = first_block * record::BLOCK_BYTES;
+        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
+        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
+        store.fault(FaultPoint::Read { segment_id: part.segment_id, offset: file_offset })?;
+        let raw = part.file.read_at(file_offset, (read_end - read_start) as usize).await?;
+        let crcs = part.block_crcs.as_ref().unwrap();
+        if raw.len() as u64 != read_end - read_start || !record::verify_blocks(crcs, first_block as usize, &raw) {
+            store.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Err(corrupt);
+        }
+        Ok(ReadResult::slice(&raw, (within - read_start) as usize, len as usize).expect("slice in range"))
+    }
+}
+
+pub use compaction::CompactionReport;
+mod compaction;
+
+/// For tests and tools: the per-key records currently indexed (bucket, key,
+/// seq, deleted).
+#[doc(hidden)]
+pub fn debug_index(store: &Store) -> Vec<(String, String, u64, bool, u32)> {
+    let index = store.inner.index.borrow();
+    let mut out = Vec::new();
+    for (b, keys) in index.iter() {
+        for (k, e) in keys {
+            out.push((b.clone(), k.clone(), e.seq, e.state == State::Deleted, e.older_on_disk));
+        }
+    }
+    out
+}

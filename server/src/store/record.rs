@@ -1,0 +1,493 @@
+//! On-disk record format (byte by byte in `docs/design.md`, "Record format").
+//!
+//! A record is a 32-byte fixed header, a variable header and a payload:
+//!
+//! ```text
+//! 0  u32 magic  0x52435050 ("PPCR")   8  u32 header_bytes (fixed + variable)
+//! 4  u8  version (1)                 12  u32 header_crc32c (this field zeroed)
+//! 5  u8  kind                        16  u64 payload_bytes
+//! 6  u16 flags (0)                   24  u64 seq
+//! ```
+//! The variable header holds bucket, key, one CRC32C per 64 KiB payload block
+//! and the kind's fields. The header CRC therefore covers the payload too, one
+//! block at a time, so a range read verifies only the blocks it touches.
+//! Records start at 8-byte aligned offsets; all integers are little-endian.
+
+use thiserror::Error;
+
+pub const MAGIC: u32 = 0x5243_5050;
+pub const VERSION: u8 = 1;
+pub const FIXED_HEADER_BYTES: usize = 32;
+/// Records start at multiples of this within a segment.
+pub const RECORD_ALIGN_BYTES: u64 = 8;
+/// Payload CRC granularity.
+pub const BLOCK_BYTES: u64 = 64 * 1024;
+/// Upper bound of a header (key, metadata, block CRCs, extent list).
+pub const HEADER_BYTES_MAX: usize = 256 * 1024;
+pub const KEY_BYTES_MAX: usize = 1024;
+pub const BUCKET_BYTES_MAX: usize = 255;
+/// Bound on metadata entries per object (S3 allows 2 KiB of user metadata).
+pub const HEADERS_COUNT_MAX: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// An object version: metadata plus inline payload or a list of extents.
+    Object = 1,
+    /// A chunk of a large object's payload; referenced by an `Object` record.
+    Extent = 2,
+    /// A delete of (bucket, key).
+    Tombstone = 3,
+    /// A bucket exists (stored on the bucket-owner shard only).
+    Bucket = 4,
+    /// A bucket was deleted.
+    BucketDelete = 5,
+    /// The segment ends here; everything before it was made durable.
+    Seal = 6,
+    /// First record of every segment: which shard and segment this file is.
+    SegmentHeader = 7,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Object,
+            2 => Kind::Extent,
+            3 => Kind::Tombstone,
+            4 => Kind::Bucket,
+            5 => Kind::BucketDelete,
+            6 => Kind::Seal,
+            7 => Kind::SegmentHeader,
+            _ => return None,
+        })
+    }
+}
+
+/// Where a large object's chunk lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtentRef {
+    pub segment_id: u64,
+    /// Offset of the `Extent` record (not of its payload) in the segment.
+    pub record_offset: u64,
+    pub header_bytes: u32,
+    pub payload_bytes: u64,
+}
+
+/// Object metadata as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObjectMeta {
+    pub size_bytes: u64,
+    /// Without quotes: 32 hex digits, or "<hex>-<parts>" for multipart.
+    pub etag: String,
+    pub mtime_ms: u64,
+    pub content_type: String,
+    /// Stored response headers (Content-Encoding, Cache-Control, ...) and
+    /// `x-amz-meta-*`, names lower-case.
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    Object { meta: ObjectMeta, extents: Vec<ExtentRef> },
+    Extent { object_offset: u64 },
+    Tombstone { mtime_ms: u64 },
+    Bucket { created_ms: u64 },
+    BucketDelete { mtime_ms: u64 },
+    Seal,
+    SegmentHeader { shard_id: u32, segment_id: u64, created_ms: u64 },
+}
+
+impl Body {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Body::Object { .. } => Kind::Object,
+            Body::Extent { .. } => Kind::Extent,
+            Body::Tombstone { .. } => Kind::Tombstone,
+            Body::Bucket { .. } => Kind::Bucket,
+            Body::BucketDelete { .. } => Kind::BucketDelete,
+            Body::Seal => Kind::Seal,
+            Body::SegmentHeader { .. } => Kind::SegmentHeader,
+        }
+    }
+}
+
+/// A decoded record header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub seq: u64,
+    pub bucket: String,
+    pub key: String,
+    pub payload_bytes: u64,
+    pub block_crcs: Vec<u32>,
+    pub body: Body,
+}
+
+impl Header {
+    pub fn kind(&self) -> Kind {
+        self.body.kind()
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Zero bytes where a magic was expected: padding up to the next 4 KiB.
+    #[error("padding")]
+    Padding,
+    #[error("bad magic {0:#x}")]
+    BadMagic(u32),
+    #[error("unsupported record version {0}")]
+    BadVersion(u8),
+    #[error("need {0} bytes to decode")]
+    Short(usize),
+    #[error("header CRC mismatch")]
+    HeaderCrc,
+    #[error("malformed header: {0}")]
+    Malformed(&'static str),
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum EncodeError {
+    #[error("header too large ({0} bytes)")]
+    HeaderTooLarge(usize),
+    #[error("field too long: {0}")]
+    FieldTooLong(&'static str),
+}
+
+/// Number of 64 KiB blocks covering `payload_bytes`.
+pub fn block_count(payload_bytes: u64) -> u64 {
+    payload_bytes.div_ceil(BLOCK_BYTES)
+}
+
+pub fn block_crcs(payload: &[u8]) -> Vec<u32> {
+    payload.chunks(BLOCK_BYTES as usize).map(crc32c::crc32c).collect()
+}
+
+/// Total on-disk bytes of a record including alignment padding.
+pub fn record_span_bytes(header_bytes: u64, payload_bytes: u64) -> u64 {
+    (header_bytes + payload_bytes).next_multiple_of(RECORD_ALIGN_BYTES)
+}
+
+struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    fn str16(&mut self, s: &str, what: &'static str) -> Result<(), EncodeError> {
+        let len = u16::try_from(s.len()).map_err(|_| EncodeError::FieldTooLong(what))?;
+        self.u16(len);
+        self.buf.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Encodes a header. `block_crcs` must be `block_crcs(payload)` of the payload
+/// that will follow it.
+pub fn encode_header(h: &Header) -> Result<Vec<u8>, EncodeError> {
+    debug_assert_eq!(h.block_crcs.len() as u64, block_count(h.payload_bytes));
+    if h.bucket.len() > BUCKET_BYTES_MAX {
+        return Err(EncodeError::FieldTooLong("bucket"));
+    }
+    if h.key.len() > KEY_BYTES_MAX {
+        return Err(EncodeError::FieldTooLong("key"));
+    }
+    let mut w = Writer { buf: Vec::with_capacity(128 + h.key.len() + 4 * h.block_crcs.len()) };
+    w.u32(MAGIC);
+    w.u8(VERSION);
+    w.u8(h.kind() as u8);
+    w.u16(0);
+    w.u32(0); // header_bytes, patched below
+    w.u32(0); // header_crc, patched below
+    w.u64(h.payload_bytes);
+    w.u64(h.seq);
+    debug_assert_eq!(w.buf.len(), FIXED_HEADER_BYTES);
+    w.str16(&h.bucket, "bucket")?;
+    w.str16(&h.key, "key")?;
+    w.u32(h.block_crcs.len() as u32);
+    for crc in &h.block_crcs {
+        w.u32(*crc);
+    }
+    encode_body(&mut w, &h.body)?;
+    let header_bytes = w.buf.len();
+    if header_bytes > HEADER_BYTES_MAX {
+        return Err(EncodeError::HeaderTooLarge(header_bytes));
+    }
+    w.buf[8..12].copy_from_slice(&(header_bytes as u32).to_le_bytes());
+    let crc = crc32c::crc32c(&w.buf);
+    w.buf[12..16].copy_from_slice(&crc.to_le_bytes());
+    Ok(w.buf)
+}
+
+fn encode_body(w: &mut Writer, body: &Body) -> Result<(), EncodeError> {
+    match body {
+        Body::Object { meta, extents } => {
+            w.u64(meta.size_bytes);
+            w.u64(meta.mtime_ms);
+            w.str16(&meta.etag, "etag")?;
+            w.str16(&meta.content_type, "content-type")?;
+            if meta.headers.len() > HEADERS_COUNT_MAX {
+                return Err(EncodeError::FieldTooLong("headers"));
+            }
+            w.u16(meta.headers.len() as u16);
+            for (name, value) in &meta.headers {
+                w.str16(name, "header name")?;
+                w.str16(value, "header value")?;
+            }
+            w.u32(extents.len() as u32);
+            for e in extents {
+                w.u64(e.segment_id);
+                w.u64(e.record_offset);
+                w.u32(e.header_bytes);
+                w.u64(e.payload_bytes);
+            }
+        }
+        Body::Extent { object_offset } => w.u64(*object_offset),
+        Body::Tombstone { mtime_ms } | Body::BucketDelete { mtime_ms } => w.u64(*mtime_ms),
+        Body::Bucket { created_ms } => w.u64(*created_ms),
+        Body::Seal => {}
+        Body::SegmentHeader { shard_id, segment_id, created_ms } => {
+            w.u32(*shard_id);
+            w.u64(*segment_id);
+            w.u64(*created_ms);
+        }
+    }
+    Ok(())
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(n).ok_or(DecodeError::Malformed("length overflow"))?;
+        let s = self.buf.get(self.pos..end).ok_or(DecodeError::Malformed("field past header end"))?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn str16(&mut self) -> Result<String, DecodeError> {
+        let len = self.u16()? as usize;
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Malformed("string not UTF-8"))
+    }
+}
+
+/// Reads the fixed header's length field, checking magic and version; `buf`
+/// must hold at least `FIXED_HEADER_BYTES`.
+pub fn peek_header_bytes(buf: &[u8]) -> Result<usize, DecodeError> {
+    if buf.len() < FIXED_HEADER_BYTES {
+        return Err(DecodeError::Short(FIXED_HEADER_BYTES));
+    }
+    let magic = u32::from_le_bytes(buf[0..4].try_into().unwrap());
+    if magic != MAGIC {
+        return Err(if magic == 0 { DecodeError::Padding } else { DecodeError::BadMagic(magic) });
+    }
+    if buf[4] != VERSION {
+        return Err(DecodeError::BadVersion(buf[4]));
+    }
+    let header_bytes = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+    if !(FIXED_HEADER_BYTES..=HEADER_BYTES_MAX).contains(&header_bytes) {
+        return Err(DecodeError::Malformed("header length out of range"));
+    }
+    Ok(header_bytes)
+}
+
+/// Decodes and verifies the header at the start of `buf`. Returns the header
+/// and its length in bytes; `Short(n)` asks for at least `n` bytes.
+pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
+    let header_bytes = peek_header_bytes(buf)?;
+    if buf.len() < header_bytes {
+        return Err(DecodeError::Short(header_bytes));
+    }
+    let raw = &buf[..header_bytes];
+    let crc_stored = u32::from_le_bytes(raw[12..16].try_into().unwrap());
+    let mut crc = crc32c::crc32c(&raw[..12]);
+    crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc = crc32c::crc32c_append(crc, &raw[16..]);
+    if crc != crc_stored {
+        return Err(DecodeError::HeaderCrc);
+    }
+    let kind = Kind::from_u8(raw[5]).ok_or(DecodeError::Malformed("unknown kind"))?;
+    let payload_bytes = u64::from_le_bytes(raw[16..24].try_into().unwrap());
+    let seq = u64::from_le_bytes(raw[24..32].try_into().unwrap());
+    let mut r = Reader { buf: raw, pos: FIXED_HEADER_BYTES };
+    let bucket = r.str16()?;
+    let key = r.str16()?;
+    let blocks = r.u32()? as u64;
+    if blocks != block_count(payload_bytes) {
+        return Err(DecodeError::Malformed("block count does not match payload"));
+    }
+    let mut block_crcs = Vec::with_capacity(blocks as usize);
+    for _ in 0..blocks {
+        block_crcs.push(r.u32()?);
+    }
+    let body = decode_body(&mut r, kind)?;
+    if r.pos != header_bytes {
+        return Err(DecodeError::Malformed("trailing bytes in header"));
+    }
+    Ok((Header { seq, bucket, key, payload_bytes, block_crcs, body }, header_bytes))
+}
+
+fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
+    Ok(match kind {
+        Kind::Object => {
+            let size_bytes = r.u64()?;
+            let mtime_ms = r.u64()?;
+            let etag = r.str16()?;
+            let content_type = r.str16()?;
+            let count = r.u16()? as usize;
+            if count > HEADERS_COUNT_MAX {
+                return Err(DecodeError::Malformed("too many headers"));
+            }
+            let mut headers = Vec::with_capacity(count);
+            for _ in 0..count {
+                headers.push((r.str16()?, r.str16()?));
+            }
+            let extent_count = r.u32()? as usize;
+            if extent_count > HEADER_BYTES_MAX / 28 {
+                return Err(DecodeError::Malformed("too many extents"));
+            }
+            let mut extents = Vec::with_capacity(extent_count);
+            for _ in 0..extent_count {
+                extents.push(ExtentRef {
+                    segment_id: r.u64()?,
+                    record_offset: r.u64()?,
+                    header_bytes: r.u32()?,
+                    payload_bytes: r.u64()?,
+                });
+            }
+            let meta = ObjectMeta { size_bytes, etag, mtime_ms, content_type, headers };
+            Body::Object { meta, extents }
+        }
+        Kind::Extent => Body::Extent { object_offset: r.u64()? },
+        Kind::Tombstone => Body::Tombstone { mtime_ms: r.u64()? },
+        Kind::Bucket => Body::Bucket { created_ms: r.u64()? },
+        Kind::BucketDelete => Body::BucketDelete { mtime_ms: r.u64()? },
+        Kind::Seal => Body::Seal,
+        Kind::SegmentHeader => Body::SegmentHeader {
+            shard_id: r.u32()?,
+            segment_id: r.u64()?,
+            created_ms: r.u64()?,
+        },
+    })
+}
+
+/// Verifies payload bytes `data`, which start at payload block `first_block`
+/// and cover whole blocks (the last block of the payload may be short).
+pub fn verify_blocks(block_crcs: &[u32], first_block: usize, data: &[u8]) -> bool {
+    let mut index = first_block;
+    for chunk in data.chunks(BLOCK_BYTES as usize) {
+        match block_crcs.get(index) {
+            Some(expected) if *expected == crc32c::crc32c(chunk) => index += 1,
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(payload: &[u8]) -> Header {
+        Header {
+            seq: 42,
+            bucket: "b".into(),
+            key: "dir/k ü".into(),
+            payload_bytes: payload.len() as u64,
+            block_crcs: block_crcs(payload),
+            body: Body::Object {
+                meta: ObjectMeta {
+                    size_bytes: payload.len() as u64,
+                    etag: "0123456789abcdef0123456789abcdef".into(),
+                    mtime_ms: 1_700_000_000_000,
+                    content_type: "text/plain".into(),
+                    headers: vec![("x-amz-meta-a".into(), "1".into())],
+                },
+                extents: vec![ExtentRef { segment_id: 3, record_offset: 8192, header_bytes: 77, payload_bytes: 9 }],
+            },
+        }
+    }
+
+    #[test]
+    fn round_trip_every_kind() {
+        let payload = vec![7u8; 200_000];
+        let bodies = [
+            object(&payload).body,
+            Body::Extent { object_offset: 1 << 20 },
+            Body::Tombstone { mtime_ms: 5 },
+            Body::Bucket { created_ms: 6 },
+            Body::BucketDelete { mtime_ms: 7 },
+            Body::Seal,
+            Body::SegmentHeader { shard_id: 3, segment_id: 9, created_ms: 11 },
+        ];
+        for body in bodies {
+            let mut h = object(&payload);
+            h.body = body;
+            let bytes = encode_header(&h).unwrap();
+            let (decoded, len) = decode_header(&bytes).unwrap();
+            assert_eq!(len, bytes.len());
+            assert_eq!(decoded, h);
+            assert!(verify_blocks(&decoded.block_crcs, 0, &payload));
+            assert!(verify_blocks(&decoded.block_crcs, 2, &payload[2 * BLOCK_BYTES as usize..]));
+        }
+    }
+
+    #[test]
+    fn every_flipped_bit_is_detected() {
+        let bytes = encode_header(&object(b"hello")).unwrap();
+        for bit in 0..bytes.len() * 8 {
+            let mut bad = bytes.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_header(&bad).is_err(), "bit {bit} flip went unnoticed");
+        }
+    }
+
+    #[test]
+    fn payload_corruption_is_detected() {
+        let mut payload = vec![1u8; 3 * BLOCK_BYTES as usize + 10];
+        let crcs = block_crcs(&payload);
+        payload[BLOCK_BYTES as usize + 5] ^= 0x10;
+        assert!(!verify_blocks(&crcs, 0, &payload));
+        assert!(verify_blocks(&crcs, 0, &payload[..BLOCK_BYTES as usize]));
+        assert!(!verify_blocks(&crcs, 1, &payload[BLOCK_BYTES as usize..2 * BLOCK_BYTES as usize]));
+        assert!(!verify_blocks(&crcs, 5, &payload[..10]), "block index past the end must fail");
+    }
+
+    #[test]
+    fn short_padding_and_garbage() {
+        let bytes = encode_header(&object(b"x")).unwrap();
+        assert_eq!(decode_header(&bytes[..10]), Err(DecodeError::Short(FIXED_HEADER_BYTES)));
+        assert_eq!(decode_header(&bytes[..40]), Err(DecodeError::Short(bytes.len())));
+        assert_eq!(decode_header(&[0u8; 64]), Err(DecodeError::Padding));
+        assert!(matches!(decode_header(&[0xffu8; 64]), Err(DecodeError::BadMagic(_))));
+    }
+
+    #[test]
+    fn oversized_fields_are_refused() {
+        let mut h = object(b"");
+        h.key = "k".repeat(KEY_BYTES_MAX + 1);
+        assert_eq!(encode_header(&h), Err(EncodeError::FieldTooLong("key")));
+    }
+}
