@@ -16,6 +16,7 @@ Useful environment variables:
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import re
@@ -50,6 +51,18 @@ KEEP_DATA = os.environ.get("PERCORE_KEEP_DATA", "") not in ("", "0")
 # Credentials the server must not inherit from the caller's environment: the
 # tests use the documented defaults unless a test passes its own.
 _SERVER_ENV_SCRUB = ("PERCORE_ACCESS_KEY", "PERCORE_SECRET_KEY")
+
+
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - not Linux/glibc
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the server gets SIGKILL if the test process dies (Linux)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def shard_params() -> list[int]:
@@ -161,7 +174,8 @@ class Server:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                env=env, cwd=self.workdir, start_new_session=True)
+                env=env, cwd=self.workdir, start_new_session=True,
+                preexec_fn=_die_with_parent)
         with Server._live_lock:
             Server._live.add(self)
         self.last_returncode = None
@@ -309,7 +323,7 @@ atexit.register(kill_all_servers)
 
 
 def make_s3_client(endpoint: str, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY,
-                   max_attempts: int = 1, connect_timeout: float = 5, read_timeout: float = 60,
+                   max_attempts: int = 1, connect_timeout: float = 5, read_timeout: float = 30,
                    s3: dict | None = None, **config):
     """boto3 S3 client: path-style, SigV4, retries off (max_attempts=1) by default."""
     if boto3 is None:

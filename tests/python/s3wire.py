@@ -14,6 +14,7 @@ import datetime as _dt
 import hashlib
 import hmac
 import http.client
+import re
 import zlib
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -163,7 +164,6 @@ class Response:
     body: bytes
 
     def error_code(self) -> str | None:
-        import re
         m = re.search(rb"<Code>([^<]*)</Code>", self.body)
         return m.group(1).decode() if m else None
 

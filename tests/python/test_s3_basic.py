@@ -482,9 +482,8 @@ def test_delete_object(s3, bucket):
 
 
 def test_missing_key(s3, bucket):
-    with s3_error("NoSuchKey", 404) as ei:
+    with s3_error("NoSuchKey", 404):
         s3.get_object(Bucket=bucket, Key="nope")
-    assert "nope" in str(ei.value.response.get("Error", {}).get("Key", "nope"))
     with s3_error("404", 404):  # HEAD has no body: bare 404
         s3.head_object(Bucket=bucket, Key="nope")
     with s3_error("NoSuchKey", 404):
@@ -748,9 +747,12 @@ def test_sigterm_finishes_in_flight_put(server_factory, shards):
         time.sleep(0.3)
         srv.signal(signal.SIGTERM)
         time.sleep(0.4)
-        conn.send(payload[MiB:])
-        resp = conn.getresponse()
-        body = resp.read()
+        try:
+            conn.send(payload[MiB:])
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise AssertionError(f"the in-flight PUT was cut off by SIGTERM: {e!r}") from e
         assert resp.status == 200, (resp.status, body[:500])
         assert resp.getheader("ETag") == etag(payload)
     finally:

@@ -69,6 +69,30 @@ def test_signer_matches_aws_published_chunked_example():
     assert body.endswith(b"0;chunk-signature=" + c3.encode() + b"\r\n\r\n")
 
 
+def test_signer_matches_aws_published_trailer_example():
+    """The AWS docs example of a chunked upload with a signed CRC32C trailer."""
+    s = s3wire.Signer("AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                      "us-east-1", amz_date="20130524T000000Z")
+    headers = {
+        "host": "s3.amazonaws.com",
+        "content-encoding": "aws-chunked",
+        "x-amz-decoded-content-length": "66560",
+        "x-amz-storage-class": "REDUCED_REDUNDANCY",
+        "x-amz-trailer": "x-amz-checksum-crc32c",
+    }
+    _, seed = s.sign("PUT", "/examplebucket/chunkObject.txt", headers,
+                     s3wire.STREAMING_SIGNED_TRAILER)
+    assert seed == "106e2a8a18243abcf37539882f36619c00e2dfc72633413f02d3b74544bfeb8e"
+    body = s3wire.signed_chunked_body(s, seed, b"a" * 66560, 65536,
+                                      ("x-amz-checksum-crc32c", "sOO8/Q=="))
+    assert body.endswith(
+        b"\r\n0;chunk-signature="
+        b"2ca2aba2005185cf7159c6277faf83795951dd77a3a99e6e65d5c9f85863f992\r\n"
+        b"x-amz-checksum-crc32c:sOO8/Q==\r\n"
+        b"x-amz-trailer-signature:"
+        b"d81f82fc3505edab99d459891051a732e8730629a2e4a59689829ca17fe2e435\r\n\r\n")
+
+
 def test_signer_matches_botocore():
     """Our header signer agrees with botocore's on an awkward key."""
     from botocore.auth import S3SigV4Auth

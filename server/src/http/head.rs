@@ -64,7 +64,11 @@ pub enum BodyFraming {
 impl RequestHead {
     /// The first value of a header field; `lower_name` must be lowercase.
     pub fn header(&self, lower_name: &str) -> Option<&[u8]> {
-        self.header_all(lower_name).next()
+        debug_assert!(!lower_name.bytes().any(|b| b.is_ascii_uppercase()));
+        self.headers
+            .iter()
+            .find(|(name, _)| name == lower_name)
+            .map(|(_, value)| value.as_slice())
     }
 
     /// Every value of a header field, in arrival order.
@@ -220,7 +224,10 @@ pub(crate) fn parse_head(
     buf: &[u8],
     limits: &Limits,
 ) -> Result<Option<(RequestHead, usize)>, HttpError> {
-    let mut headers = vec![httparse::EMPTY_HEADER; limits.headers_count_max];
+    // A field line takes at least 3 bytes ("a:\n"), so a longer array than
+    // this could never fill; the clamp only guards a silly configuration.
+    let headers_count_max = limits.headers_count_max.min(buf.len() / 3 + 1);
+    let mut headers = vec![httparse::EMPTY_HEADER; headers_count_max];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
         Ok(httparse::Status::Complete(head_bytes)) => {
@@ -272,7 +279,10 @@ pub(crate) fn list_items<'a>(
 pub(crate) fn trim_ows(bytes: &[u8]) -> &[u8] {
     let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
     let start = bytes.iter().position(|b| !is_ows(b)).unwrap_or(bytes.len());
-    let end = bytes.iter().rposition(|b| !is_ows(b)).map_or(start, |e| e + 1);
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ows(b))
+        .map_or(start, |e| e + 1);
     &bytes[start..end]
 }
 
@@ -305,8 +315,9 @@ mod tests {
 
     #[test]
     fn splits_target_and_lowercases_names() {
-        let head = parse("PUT /b/k%20x?uploadId=1&a= HTTP/1.1\r\nHost: h\r\nX-Amz-Meta-A: V a\r\n\r\n")
-            .unwrap();
+        let head =
+            parse("PUT /b/k%20x?uploadId=1&a= HTTP/1.1\r\nHost: h\r\nX-Amz-Meta-A: V a\r\n\r\n")
+                .unwrap();
         assert_eq!(head.method, "PUT");
         assert_eq!(head.target, "/b/k%20x?uploadId=1&a=");
         assert_eq!(head.path, "/b/k%20x");
@@ -316,7 +327,10 @@ mod tests {
         assert_eq!(head.header_str("host"), Some("h"));
         assert_eq!(head.header("missing"), None);
         let no_query = parse("GET /a HTTP/1.0\r\n\r\n").unwrap();
-        assert_eq!((no_query.path.as_str(), no_query.query.as_str()), ("/a", ""));
+        assert_eq!(
+            (no_query.path.as_str(), no_query.query.as_str()),
+            ("/a", "")
+        );
     }
 
     #[test]
@@ -333,11 +347,23 @@ mod tests {
         assert_eq!(cl("0").unwrap(), Some(0));
         assert_eq!(cl("12345").unwrap(), Some(12345));
         assert_eq!(cl("7, 7").unwrap(), Some(7));
-        for bad in ["-1", "abc", "1, 2", "+1", "1.0", "18446744073709551616", "0x10", ","] {
+        for bad in [
+            "-1",
+            "abc",
+            "1, 2",
+            "+1",
+            "1.0",
+            "18446744073709551616",
+            "0x10",
+            ",",
+        ] {
             assert!(matches!(cl(bad), Err(HttpError::BadRequest(_))), "{bad}");
         }
         let twice = with_headers("1", "Content-Length: 3\r\nContent-Length: 4\r\n");
-        assert!(matches!(twice.content_length(), Err(HttpError::BadRequest(_))));
+        assert!(matches!(
+            twice.content_length(),
+            Err(HttpError::BadRequest(_))
+        ));
         let same = with_headers("1", "Content-Length: 3\r\nContent-Length: 3\r\n");
         assert_eq!(same.content_length().unwrap(), Some(3));
         assert_eq!(with_headers("1", "").content_length().unwrap(), None);
@@ -348,10 +374,22 @@ mod tests {
         let te = |v: &str| with_headers("1", &format!("Transfer-Encoding: {v}\r\n"));
         assert!(te("chunked").is_chunked().unwrap());
         assert!(te("CHUNKED").is_chunked().unwrap());
-        assert!(matches!(te("gzip, chunked").is_chunked(), Err(HttpError::NotImplemented)));
-        assert!(matches!(te("identity").is_chunked(), Err(HttpError::NotImplemented)));
-        assert!(matches!(te("chunked, chunked").is_chunked(), Err(HttpError::BadRequest(_))));
-        assert!(matches!(te(",").is_chunked(), Err(HttpError::BadRequest(_))));
+        assert!(matches!(
+            te("gzip, chunked").is_chunked(),
+            Err(HttpError::NotImplemented)
+        ));
+        assert!(matches!(
+            te("identity").is_chunked(),
+            Err(HttpError::NotImplemented)
+        ));
+        assert!(matches!(
+            te("chunked, chunked").is_chunked(),
+            Err(HttpError::BadRequest(_))
+        ));
+        assert!(matches!(
+            te(",").is_chunked(),
+            Err(HttpError::BadRequest(_))
+        ));
         assert!(!with_headers("1", "").is_chunked().unwrap());
         assert_eq!(te("chunked").body_framing().unwrap(), BodyFraming::Chunked);
         let both = with_headers("1", "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n");
@@ -378,13 +416,34 @@ mod tests {
 
     #[test]
     fn version_and_syntax_errors() {
-        assert!(matches!(parse("GET / HTTP/2.0\r\n\r\n"), Err(HttpError::VersionNotSupported)));
-        assert!(matches!(parse("GET / HTTP/1.2\r\n\r\n"), Err(HttpError::VersionNotSupported)));
-        assert!(matches!(parse("GET / HTTP/x\r\n\r\n"), Err(HttpError::BadRequest(_))));
-        assert!(matches!(parse("GET /\r\n\r\n"), Err(HttpError::BadRequest(_))));
-        assert!(matches!(parse("GET / HTTP/1.1\r\nBad Name: v\r\n\r\n"), Err(HttpError::BadRequest(_))));
-        assert!(matches!(parse("GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n"), Err(HttpError::BadRequest(_))));
-        assert!(matches!(parse("G(T / HTTP/1.1\r\n\r\n"), Err(HttpError::BadRequest(_))));
+        assert!(matches!(
+            parse("GET / HTTP/2.0\r\n\r\n"),
+            Err(HttpError::VersionNotSupported)
+        ));
+        assert!(matches!(
+            parse("GET / HTTP/1.2\r\n\r\n"),
+            Err(HttpError::VersionNotSupported)
+        ));
+        assert!(matches!(
+            parse("GET / HTTP/x\r\n\r\n"),
+            Err(HttpError::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse("GET /\r\n\r\n"),
+            Err(HttpError::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\nBad Name: v\r\n\r\n"),
+            Err(HttpError::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse("GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n"),
+            Err(HttpError::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse("G(T / HTTP/1.1\r\n\r\n"),
+            Err(HttpError::BadRequest(_))
+        ));
     }
 
     #[test]
@@ -394,7 +453,10 @@ mod tests {
         assert_eq!(find_head_end(b"GET / HTTP/1.1\r\nA: b\r\n", 0), None);
         assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r", 0), None);
         assert_eq!(find_head_end(b"\r\n\r\nGET", 0), Some(4));
-        assert_eq!(find_head_end(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n", 3), Some(22));
+        assert_eq!(
+            find_head_end(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n", 3),
+            Some(22)
+        );
     }
 
     #[test]

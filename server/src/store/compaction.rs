@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::channel::oneshot;
 
 use super::file::{self, SegFile};
 use super::record::{self, Body, ExtentRef, Kind};
@@ -104,6 +105,7 @@ impl Store {
         //    re-encoded record in step 2.
         let mut relocated: Vec<(Key, u64, Loc)> = Vec::new();
         let mut drop_tombstones: Vec<(Key, u64)> = Vec::new();
+        let mut pending = Vec::new();
         for r in current {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             let Some(entry) = self.is_current(&key, segment_id, r.offset) else { continue };
@@ -117,18 +119,26 @@ impl Store {
                     continue;
                 }
             }
-            let loc = self.copy_record(&file, segment_id, r, &mut report).await?;
-            relocated.push((key, entry.seq, loc));
+            let rx = self.copy_record(&file, segment_id, r, &mut report).await?;
+            pending.push((key, entry.seq, rx));
+        }
+        for (key, seq, rx) in pending {
+            let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
+            relocated.push((key, seq, loc));
         }
 
         // 2. Copy extents, then write each affected object's record again.
         for (key, rs) in &moved_extents {
             let Some(entry) = self.lookup(&key.0, &key.1) else { continue };
             let mut new_extents: HashMap<u64, ExtentRef> = HashMap::new();
+            let mut copies = Vec::with_capacity(rs.len());
             for r in rs {
-                let loc = self.copy_record(&file, segment_id, r, &mut report).await?;
+                copies.push((r.offset, self.copy_record(&file, segment_id, r, &mut report).await?));
+            }
+            for (offset, rx) in copies {
+                let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
                 new_extents.insert(
-                    r.offset,
+                    offset,
                     ExtentRef { segment_id: loc.segment_id, record_offset: loc.offset, header_bytes: loc.header_bytes, payload_bytes: loc.payload_bytes },
                 );
             }
@@ -170,8 +180,15 @@ impl Store {
         Ok(report)
     }
 
-    /// Copies one record's bytes unchanged to the end of the log.
-    async fn copy_record(&self, file: &SegFile, segment_id: u64, r: &Scanned, report: &mut CompactionReport) -> Result<Loc> {
+    /// Queues a copy of one record's bytes, unchanged, at the end of the log.
+    /// Copies are queued together so that group commit packs them densely.
+    async fn copy_record(
+        &self,
+        file: &SegFile,
+        segment_id: u64,
+        r: &Scanned,
+        report: &mut CompactionReport,
+    ) -> Result<oneshot::Receiver<Result<Loc>>> {
         // Never propagate corruption: a record that fails its CRC stays put
         // (the victim is kept) and the error is reported.
         if r.header.payload_bytes > 0 && !verify_payload(file, r).await? {
@@ -186,11 +203,11 @@ impl Store {
         let header = raw[..header_bytes].to_vec();
         let payload = Bytes::copy_from_slice(&raw[header_bytes..]);
         let copied = (raw.len()) as u64;
-        let loc = self.append_durable(header, payload).await?;
+        let rx = self.append(header, payload).await?;
         report.bytes_copied += copied;
         report.records_relocated += 1;
         self.throttle(copied).await;
-        Ok(loc)
+        Ok(rx)
     }
 
     /// Keeps compaction within its byte rate so foreground I/O keeps going.

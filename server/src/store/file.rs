@@ -132,6 +132,20 @@ impl SegFile {
     }
 }
 
+/// glommio decides per device and per thread whether reads may use the
+/// io_uring poll ring by reading the first block of the first DMA file opened
+/// there. On an empty file that read "succeeds" with 0 bytes, polling gets
+/// enabled, and every later read fails with EOPNOTSUPP on devices without
+/// poll queues (virtio disks). Opening a non-empty file first makes the probe
+/// real. Call once per executor thread before any other DMA file is opened.
+pub async fn prime_iopoll_probe(dir: &Path) -> io::Result<()> {
+    let path = dir.join(format!(".percore-iopoll-probe-{}", std::process::id()));
+    std::fs::write(&path, [0u8; 4096])?;
+    let opened = DmaFile::open(&path).await.map_err(glommio_err);
+    let _ = std::fs::remove_file(&path);
+    opened?.close().await.map_err(glommio_err)
+}
+
 /// Makes a directory entry change (create, unlink) durable.
 pub fn sync_dir(path: &Path) -> io::Result<()> {
     std::fs::File::open(path)?.sync_all()

@@ -267,6 +267,9 @@ impl Store {
     /// compactor tasks on the current executor.
     pub async fn open(cfg: StoreConfig) -> Result<(Store, RecoveryReport)> {
         std::fs::create_dir_all(&cfg.dir)?;
+        if cfg.direct_io {
+            file::prime_iopoll_probe(&cfg.dir).await?;
+        }
         let (doorbell, doorbell_rx) = glommio::channels::local_channel::new_bounded(1);
         let inner = Rc::new(Inner {
             cfg,
@@ -882,6 +885,8 @@ impl Store {
         }
         self.inner.shutting_down.set(true);
         let _ = self.inner.doorbell.try_send(());
+        // A sealed segment needs no payload verification at the next start.
+        self.seal_active().await;
     }
 
     /// (segment id, end bytes, live bytes, sealed) for every segment.

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Installs what the build and the test suite need; safe to run repeatedly.
+#   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
+#   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
+set -euo pipefail
+
+say() { echo "install-test-deps: $*"; }
+
+PYTHON="${PYTHON:-python3}"
+SUDO=""
+if [ "$(id -u)" != "0" ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        say "not root and no sudo: apt installs may fail"
+    fi
+fi
+
+# --- Debian packages -------------------------------------------------------
+APT_PACKAGES=(libhwloc-dev libudev-dev pkg-config)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install ${missing[*]}"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}"
+    else
+        say "apt-get not found; please install: ${missing[*]}"
+        exit 1
+    fi
+else
+    say "apt packages present: ${APT_PACKAGES[*]}"
+fi
+
+# --- Python packages ---------------------------------------------------------
+pip_specs=()
+if ! "$PYTHON" -c "import pytest" >/dev/null 2>&1; then
+    pip_specs+=("pytest>=7,<10")
+fi
+if ! "$PYTHON" -c "import boto3" >/dev/null 2>&1; then
+    pip_specs+=("boto3>=1.34,<2")
+fi
+if ! command -v aws >/dev/null 2>&1; then
+    # awscli v1 pins an exact botocore; installed together with boto3 pip
+    # picks a compatible pair.
+    pip_specs+=("awscli>=1.32,<2")
+    if "$PYTHON" -c "import boto3" >/dev/null 2>&1; then
+        pip_specs+=("boto3>=1.34,<2")
+    fi
+fi
+if [ "${#pip_specs[@]}" -gt 0 ]; then
+    say "pip install ${pip_specs[*]}"
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+    if ! "$PYTHON" -m pip install -q "${pip_specs[@]}"; then
+        say "retrying with --break-system-packages (externally managed python)"
+        "$PYTHON" -m pip install -q --break-system-packages "${pip_specs[@]}"
+    fi
+    hash -r
+    if command -v pyenv >/dev/null 2>&1; then
+        pyenv rehash || true  # new console scripts (aws) need pyenv shims
+    fi
+else
+    say "python packages present: pytest boto3 awscli"
+fi
+
+# pip may put console scripts in a directory that is not on PATH (--user installs).
+if ! command -v aws >/dev/null 2>&1; then
+    user_bin="$("$PYTHON" -c 'import site, os; print(os.path.join(site.getuserbase(), "bin"))')"
+    if [ -x "$user_bin/aws" ]; then
+        say "aws installed in $user_bin, which is not on PATH"
+    else
+        say "aws cli still not on PATH after install"
+    fi
+    exit 1
+fi
+
+say "ok: $("$PYTHON" -m pytest --version 2>&1 | head -1); boto3 $("$PYTHON" -c 'import boto3; print(boto3.__version__)'); $(aws --version 2>&1 | head -1)"
