@@ -61,7 +61,10 @@ mod tests {
     fn hash_is_stable() {
         // Pinned values: if these change, every existing data directory and
         // every deployed client breaks. Never update them casually.
-        assert_eq!(object_hash(HASH_SEED_DEFAULT, b"bucket", b"key"), PINNED_BUCKET_KEY);
+        assert_eq!(
+            object_hash(HASH_SEED_DEFAULT, b"bucket", b"key"),
+            PINNED_BUCKET_KEY
+        );
         assert_eq!(object_hash(0, b"", b""), PINNED_EMPTY);
     }
 

@@ -4,4 +4,12 @@
 //! `shard` the per-core runtime and cross-shard messaging, `http` and `s3` the
 //! S3 front door.
 
+pub mod checks;
+pub mod config;
+pub mod http;
+pub mod metadata;
+pub mod s3;
+pub mod server;
+pub mod shard;
 pub mod store;
+pub mod topology;

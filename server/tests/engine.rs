@@ -19,7 +19,11 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()> + 'static,
 {
-    LocalExecutorBuilder::default().spawn(f).unwrap().join().unwrap();
+    LocalExecutorBuilder::default()
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
 }
 
 fn small_config(dir: &Path) -> StoreConfig {
@@ -41,7 +45,11 @@ fn payload(key: &str, version: u64, len: usize) -> Bytes {
 }
 
 fn meta(etag: &str) -> ObjectMeta {
-    ObjectMeta { etag: etag.into(), content_type: "application/octet-stream".into(), ..Default::default() }
+    ObjectMeta {
+        etag: etag.into(),
+        content_type: "application/octet-stream".into(),
+        ..Default::default()
+    }
 }
 
 async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
@@ -57,11 +65,17 @@ async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>, Sto
 
 async fn check_model(store: &Store, model: &BTreeMap<String, Bytes>) {
     for (key, data) in model {
-        let got = read_all(store, "b", key).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        let got = read_all(store, "b", key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
         assert!(got == data[..], "{key}: content differs");
         assert_eq!(store.head("b", key).unwrap().size_bytes, data.len() as u64);
     }
-    let listed: Vec<String> = store.list("b", "", "", None, usize::MAX).into_iter().map(|i| i.name().to_string()).collect();
+    let listed: Vec<String> = store
+        .list("b", "", "", None, usize::MAX)
+        .into_iter()
+        .map(|i| i.name().to_string())
+        .collect();
     let expected: Vec<String> = model.keys().cloned().collect();
     assert_eq!(listed, expected);
 }
@@ -94,8 +108,13 @@ fn model_test_with_compaction_and_reopen() {
                         assert_eq!(existed, model.remove(&key).is_some());
                     }
                     65..=84 => match model.get(&key) {
-                        Some(data) => assert!(read_all(&store, "b", &key).await.unwrap() == data[..]),
-                        None => assert!(matches!(store.open_read("b", &key).await, Err(StoreError::NotFound))),
+                        Some(data) => {
+                            assert!(read_all(&store, "b", &key).await.unwrap() == data[..])
+                        }
+                        None => assert!(matches!(
+                            store.open_read("b", &key).await,
+                            Err(StoreError::NotFound)
+                        )),
                     },
                     85..=94 => {
                         if store.compact_once().await.unwrap().is_some() {
@@ -115,7 +134,11 @@ fn model_test_with_compaction_and_reopen() {
             while store.compact_once().await.unwrap().is_some() {
                 compactions += 1;
                 rounds += 1;
-                assert!(rounds < 1000, "compaction does not converge: {:?}", store.segment_table());
+                assert!(
+                    rounds < 1000,
+                    "compaction does not converge: {:?}",
+                    store.segment_table()
+                );
             }
             check_model(&store, &model).await;
             store.shutdown().await;
@@ -127,7 +150,11 @@ fn model_test_with_compaction_and_reopen() {
             // Deleted keys stay deleted after all that compaction (no resurrection).
             for i in 0..40 {
                 let key = format!("k/{i:02}");
-                assert_eq!(store.head("b", &key).is_some(), model.contains_key(&key), "{key}");
+                assert_eq!(
+                    store.head("b", &key).is_some(),
+                    model.contains_key(&key),
+                    "{key}"
+                );
             }
         });
     }
@@ -140,20 +167,44 @@ fn list_with_prefix_delimiter_and_start_after() {
     run(move || async move {
         let (store, _) = Store::open(small_config(&path)).await.unwrap();
         for key in ["a", "a/b", "a/c/d", "a/c/e", "b/x", "b/y", "c"] {
-            store.put("b", key, meta("e"), Bytes::from_static(b"x")).await.unwrap();
+            store
+                .put("b", key, meta("e"), Bytes::from_static(b"x"))
+                .await
+                .unwrap();
         }
-        let names = |items: Vec<ListItem>| items.into_iter().map(|i| i.name().to_string()).collect::<Vec<_>>();
-        assert_eq!(names(store.list("b", "", "", Some("/"), 100)), ["a", "a/", "b/", "c"]);
-        assert_eq!(names(store.list("b", "a/", "", Some("/"), 100)), ["a/b", "a/c/"]);
-        assert_eq!(names(store.list("b", "", "a/", Some("/"), 100)), ["b/", "c"]);
-        assert_eq!(names(store.list("b", "", "a", None, 3)), ["a/b", "a/c/d", "a/c/e"]);
+        let names = |items: Vec<ListItem>| {
+            items
+                .into_iter()
+                .map(|i| i.name().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(store.list("b", "", "", Some("/"), 100)),
+            ["a", "a/", "b/", "c"]
+        );
+        assert_eq!(
+            names(store.list("b", "a/", "", Some("/"), 100)),
+            ["a/b", "a/c/"]
+        );
+        assert_eq!(
+            names(store.list("b", "", "a/", Some("/"), 100)),
+            ["b/", "c"]
+        );
+        assert_eq!(
+            names(store.list("b", "", "a", None, 3)),
+            ["a/b", "a/c/d", "a/c/e"]
+        );
         assert_eq!(names(store.list("b", "b", "", None, 100)), ["b/x", "b/y"]);
         assert!(store.list("other", "", "", None, 100).is_empty());
     });
 }
 
 fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "pcs")).collect();
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcs"))
+        .collect();
     v.sort();
     v
 }
@@ -166,7 +217,10 @@ fn damage_and_reopen(damage: impl FnOnce(&Path) + Send + 'static) -> (usize, u64
     run(move || async move {
         let (store, _) = Store::open(small_config(&p)).await.unwrap();
         for i in 0..10 {
-            store.put("b", &format!("k{i}"), meta("e"), payload("k", i, 3000)).await.unwrap();
+            store
+                .put("b", &format!("k{i}"), meta("e"), payload("k", i, 3000))
+                .await
+                .unwrap();
         }
         // Leave the segment unsealed, as a crash would.
         drop(store);
@@ -183,7 +237,10 @@ fn damage_and_reopen(damage: impl FnOnce(&Path) + Send + 'static) -> (usize, u64
                 for i in 0..10 {
                     let key = format!("k{i}");
                     if let Ok(data) = read_all(&store, "b", &key).await {
-                        assert!(data == payload("k", i, 3000)[..], "wrong bytes served for {key}");
+                        assert!(
+                            data == payload("k", i, 3000)[..],
+                            "wrong bytes served for {key}"
+                        );
                         good += 1;
                     }
                 }
@@ -248,8 +305,14 @@ fn bit_rot_in_a_sealed_segment_is_detected_on_read() {
     let p = path.clone();
     run(move || async move {
         let (store, _) = Store::open(small_config(&p)).await.unwrap();
-        store.put("b", "big", meta("e"), payload("big", 1, 100_000)).await.unwrap();
-        store.put("b", "small", meta("e"), payload("small", 1, 1000)).await.unwrap();
+        store
+            .put("b", "big", meta("e"), payload("big", 1, 100_000))
+            .await
+            .unwrap();
+        store
+            .put("b", "small", meta("e"), payload("small", 1, 1000))
+            .await
+            .unwrap();
         store.shutdown().await;
     });
     // Flip a byte in the big object's second extent payload.
@@ -265,7 +328,10 @@ fn bit_rot_in_a_sealed_segment_is_detected_on_read() {
         let first = r.read(0, 16 * 1024).await.unwrap();
         assert!(first[..] == payload("big", 1, 100_000)[..16 * 1024]);
         let bad = r.read(32 * 1024, 16 * 1024).await;
-        assert!(matches!(bad, Err(StoreError::Corrupt { .. })), "corrupt extent must not be served");
+        assert!(
+            matches!(bad, Err(StoreError::Corrupt { .. })),
+            "corrupt extent must not be served"
+        );
         assert!(read_all(&store, "b", "small").await.is_ok());
         assert!(store.stats().corrupt_reads >= 1);
     });
@@ -279,21 +345,33 @@ fn enospc_fails_the_write_and_the_store_recovers() {
         let fail = Rc::new(RefCell::new(false));
         let flag = fail.clone();
         let mut cfg = small_config(&path);
-        cfg.faults = Some(Rc::new(RefCell::new(move |p: FaultPoint| -> Option<io::Error> {
-            (*flag.borrow() && matches!(p, FaultPoint::Write { .. } | FaultPoint::Create { .. }))
+        cfg.faults = Some(Rc::new(RefCell::new(
+            move |p: FaultPoint| -> Option<io::Error> {
+                (*flag.borrow()
+                    && matches!(p, FaultPoint::Write { .. } | FaultPoint::Create { .. }))
                 .then(|| io::Error::from_raw_os_error(libc::ENOSPC))
-        })));
+            },
+        )));
         let (store, _) = Store::open(cfg.clone()).await.unwrap();
-        store.put("b", "before", meta("e"), payload("before", 1, 5000)).await.unwrap();
+        store
+            .put("b", "before", meta("e"), payload("before", 1, 5000))
+            .await
+            .unwrap();
         *fail.borrow_mut() = true;
-        let err = store.put("b", "during", meta("e"), payload("during", 1, 5000)).await.unwrap_err();
+        let err = store
+            .put("b", "during", meta("e"), payload("during", 1, 5000))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::NoSpace(_)), "{err}");
         assert!(store.delete("b", "before").await.is_err());
         // Reads go on.
         assert!(read_all(&store, "b", "before").await.unwrap() == payload("before", 1, 5000)[..]);
         assert!(store.head("b", "during").is_none());
         *fail.borrow_mut() = false;
-        store.put("b", "after", meta("e"), payload("after", 1, 5000)).await.unwrap();
+        store
+            .put("b", "after", meta("e"), payload("after", 1, 5000))
+            .await
+            .unwrap();
         store.shutdown().await;
         drop(store);
         cfg.faults = None;
@@ -315,7 +393,9 @@ fn group_commit_shares_flushes() {
             .map(|i| {
                 let s = store.clone();
                 glommio::spawn_local(async move {
-                    s.put("b", &format!("g{i}"), meta("e"), payload("g", i, 500)).await.unwrap();
+                    s.put("b", &format!("g{i}"), meta("e"), payload("g", i, 500))
+                        .await
+                        .unwrap();
                 })
             })
             .collect();
@@ -323,7 +403,10 @@ fn group_commit_shares_flushes() {
             t.await;
         }
         let flushes = store.stats().flushes - before;
-        assert!(flushes < 32, "64 concurrent PUTs took {flushes} flushes: no group commit");
+        assert!(
+            flushes < 32,
+            "64 concurrent PUTs took {flushes} flushes: no group commit"
+        );
         assert_eq!(store.object_count("b"), 64);
     });
 }

@@ -35,7 +35,9 @@ impl Store {
     /// Compacts the sealed segment with the most garbage if it passes the
     /// configured ratio. Returns what was done, or None if nothing qualified.
     pub async fn compact_once(&self) -> Result<Option<CompactionReport>> {
-        let Some(victim) = self.pick_victim() else { return Ok(None) };
+        let Some(victim) = self.pick_victim() else {
+            return Ok(None);
+        };
         self.compact_segment(victim).await.map(Some)
     }
 
@@ -47,7 +49,9 @@ impl Store {
             .filter(|(id, s)| Some(**id) != active && s.end_bytes > 0)
             .map(|(id, s)| (*id, s.end_bytes.saturating_sub(s.live_bytes), s.end_bytes))
             .filter(|(_, garbage, end)| {
-                *garbage > 0 && (*garbage as f64) >= self.inner.cfg.compaction_garbage_ratio_min * (*end as f64)
+                *garbage > 0
+                    && (*garbage as f64)
+                        >= self.inner.cfg.compaction_garbage_ratio_min * (*end as f64)
             })
             .max_by_key(|(_, garbage, _)| *garbage)
             .map(|(id, _, _)| id)
@@ -61,7 +65,9 @@ impl Store {
     /// Relocates the live records of `segment_id` and deletes it.
     pub async fn compact_segment(&self, segment_id: u64) -> Result<CompactionReport> {
         if self.inner.active.get() == Some(segment_id) {
-            return Err(StoreError::Invalid("cannot compact the active segment".into()));
+            return Err(StoreError::Invalid(
+                "cannot compact the active segment".into(),
+            ));
         }
         let (file, end_bytes, live_bytes) = {
             let segments = self.inner.segments.borrow();
@@ -70,7 +76,12 @@ impl Store {
         };
         let size_bytes = file.size_bytes().await?;
         let scan = scan_segment(&file, size_bytes).await?;
-        let mut report = CompactionReport { segment_id, segment_bytes: end_bytes, live_bytes_before: live_bytes, ..Default::default() };
+        let mut report = CompactionReport {
+            segment_id,
+            segment_bytes: end_bytes,
+            live_bytes_before: live_bytes,
+            ..Default::default()
+        };
 
         // Records in the victim that are not current: their keys lose one
         // older record once the file is gone.
@@ -84,7 +95,11 @@ impl Store {
                 Kind::Extent => {
                     if let Some(entry) = self.lookup(&key.0, &key.1) {
                         if let State::Live(info) = &entry.state {
-                            if info.extents.iter().any(|e| e.segment_id == segment_id && e.record_offset == r.offset) {
+                            if info
+                                .extents
+                                .iter()
+                                .any(|e| e.segment_id == segment_id && e.record_offset == r.offset)
+                            {
                                 moved_extents.entry(key).or_default().push(r);
                             }
                         }
@@ -108,12 +123,16 @@ impl Store {
         let mut pending = Vec::new();
         for r in current {
             let key = (r.header.bucket.clone(), r.header.key.clone());
-            let Some(entry) = self.is_current(&key, segment_id, r.offset) else { continue };
+            let Some(entry) = self.is_current(&key, segment_id, r.offset) else {
+                continue;
+            };
             if moved_extents.contains_key(&key) {
                 continue;
             }
             if entry.state == State::Deleted {
-                let remaining = entry.older_on_disk.saturating_sub(*stale.get(&key).unwrap_or(&0));
+                let remaining = entry
+                    .older_on_disk
+                    .saturating_sub(*stale.get(&key).unwrap_or(&0));
                 if remaining == 0 {
                     drop_tombstones.push((key, entry.seq));
                     continue;
@@ -129,27 +148,41 @@ impl Store {
 
         // 2. Copy extents, then write each affected object's record again.
         for (key, rs) in &moved_extents {
-            let Some(entry) = self.lookup(&key.0, &key.1) else { continue };
+            let Some(entry) = self.lookup(&key.0, &key.1) else {
+                continue;
+            };
             let mut new_extents: HashMap<u64, ExtentRef> = HashMap::new();
             let mut copies = Vec::with_capacity(rs.len());
             for r in rs {
-                copies.push((r.offset, self.copy_record(&file, segment_id, r, &mut report).await?));
+                copies.push((
+                    r.offset,
+                    self.copy_record(&file, segment_id, r, &mut report).await?,
+                ));
             }
             for (offset, rx) in copies {
                 let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
                 new_extents.insert(
                     offset,
-                    ExtentRef { segment_id: loc.segment_id, record_offset: loc.offset, header_bytes: loc.header_bytes, payload_bytes: loc.payload_bytes },
+                    ExtentRef {
+                        segment_id: loc.segment_id,
+                        record_offset: loc.offset,
+                        header_bytes: loc.header_bytes,
+                        payload_bytes: loc.payload_bytes,
+                    },
                 );
             }
-            if self.rewrite_object(&entry, segment_id, &new_extents).await? {
+            if self
+                .rewrite_object(&entry, segment_id, &new_extents)
+                .await?
+            {
                 report.records_relocated += 1;
             }
         }
 
         // 3. Everything copied is durable: point the index at the copies.
         for ((bucket, key), seq, loc) in relocated {
-            self.relocate_entry(&bucket, &key, seq, segment_id, loc).await?;
+            self.relocate_entry(&bucket, &key, seq, segment_id, loc)
+                .await?;
         }
 
         // 4. Delete the victim, then settle counts and drop tombstones.
@@ -165,7 +198,9 @@ impl Store {
             }
             for ((bucket, key), seq) in drop_tombstones {
                 if let Some(keys) = index.get_mut(&bucket) {
-                    if keys.get(&key).is_some_and(|e| e.seq == seq && e.state == State::Deleted && e.loc.segment_id == segment_id) {
+                    if keys.get(&key).is_some_and(|e| {
+                        e.seq == seq && e.state == State::Deleted && e.loc.segment_id == segment_id
+                    }) {
                         keys.remove(&key);
                         report.tombstones_dropped += 1;
                     }
@@ -176,7 +211,12 @@ impl Store {
         stats.segments_compacted += 1;
         stats.compaction_bytes_copied += report.bytes_copied;
         stats.compaction_bytes_freed += end_bytes;
-        tracing::info!(shard = self.inner.cfg.shard_id, segment_id, copied = report.bytes_copied, "compacted segment");
+        tracing::info!(
+            shard = self.inner.cfg.shard_id,
+            segment_id,
+            copied = report.bytes_copied,
+            "compacted segment"
+        );
         Ok(report)
     }
 
@@ -193,12 +233,20 @@ impl Store {
         // (the victim is kept) and the error is reported.
         if r.header.payload_bytes > 0 && !verify_payload(file, r).await? {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
-            return Err(StoreError::Corrupt { segment_id, offset: r.offset });
+            return Err(StoreError::Corrupt {
+                segment_id,
+                offset: r.offset,
+            });
         }
         let header_bytes = r.header_bytes as usize;
-        let raw = file.read_at(r.offset, header_bytes + r.header.payload_bytes as usize).await?;
+        let raw = file
+            .read_at(r.offset, header_bytes + r.header.payload_bytes as usize)
+            .await?;
         if raw.len() != header_bytes + r.header.payload_bytes as usize {
-            return Err(StoreError::Corrupt { segment_id, offset: r.offset });
+            return Err(StoreError::Corrupt {
+                segment_id,
+                offset: r.offset,
+            });
         }
         let header = raw[..header_bytes].to_vec();
         let payload = Bytes::copy_from_slice(&raw[header_bytes..]);
@@ -224,11 +272,22 @@ impl Store {
     /// Writes the object's record again with extents in `segment_id` replaced
     /// by their copies and points the index at it. Returns false if the
     /// object changed meanwhile (the copies are then garbage).
-    async fn rewrite_object(&self, entry: &Entry, segment_id: u64, moved: &HashMap<u64, ExtentRef>) -> Result<bool> {
-        let file = self.segment_file(entry.loc.segment_id).ok_or(StoreError::NotFound)?;
-        let raw = file.read_at(entry.loc.offset, entry.loc.header_bytes as usize).await?;
-        let (mut header, _) = record::decode_header(&raw)
-            .map_err(|_| StoreError::Corrupt { segment_id: entry.loc.segment_id, offset: entry.loc.offset })?;
+    async fn rewrite_object(
+        &self,
+        entry: &Entry,
+        segment_id: u64,
+        moved: &HashMap<u64, ExtentRef>,
+    ) -> Result<bool> {
+        let file = self
+            .segment_file(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
+        let raw = file
+            .read_at(entry.loc.offset, entry.loc.header_bytes as usize)
+            .await?;
+        let (mut header, _) = record::decode_header(&raw).map_err(|_| StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        })?;
         debug_assert_eq!(header.seq, entry.seq);
         let Body::Object { extents, .. } = &mut header.body else {
             return Err(StoreError::Invalid("extent owner is not an object".into()));
@@ -240,13 +299,24 @@ impl Store {
                 }
             }
         }
-        let bytes = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let bytes =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = self.append_durable(bytes, Bytes::new()).await?;
-        let Body::Object { meta, extents } = header.body else { unreachable!() };
+        let Body::Object { meta, extents } = header.body else {
+            unreachable!()
+        };
         // Still the same version? Then the new record (with new extents) replaces it.
-        let still = self.lookup(&header.bucket, &header.key).is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
+        let still = self
+            .lookup(&header.bucket, &header.key)
+            .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
         if !still {
-            if let Some(e) = self.inner.index.borrow_mut().get_mut(&header.bucket).and_then(|k| k.get_mut(&header.key)) {
+            if let Some(e) = self
+                .inner
+                .index
+                .borrow_mut()
+                .get_mut(&header.bucket)
+                .and_then(|k| k.get_mut(&header.key))
+            {
                 e.older_on_disk += 1;
             }
             return Ok(false);
@@ -257,20 +327,49 @@ impl Store {
             mtime_ms: meta.mtime_ms,
             extents: extents.into(),
         };
-        self.replace_entry(&header.bucket, &header.key, entry.loc, Entry { seq: entry.seq, loc, state: State::Live(info), older_on_disk: 0 }, segment_id);
+        self.replace_entry(
+            &header.bucket,
+            &header.key,
+            entry.loc,
+            Entry {
+                seq: entry.seq,
+                loc,
+                state: State::Live(info),
+                older_on_disk: 0,
+            },
+            segment_id,
+        );
         Ok(true)
     }
 
-    async fn relocate_entry(&self, bucket: &str, key: &str, seq: u64, victim: u64, loc: Loc) -> Result<()> {
-        let Some(entry) = self.lookup(bucket, key) else { return Ok(()) };
+    async fn relocate_entry(
+        &self,
+        bucket: &str,
+        key: &str,
+        seq: u64,
+        victim: u64,
+        loc: Loc,
+    ) -> Result<()> {
+        let Some(entry) = self.lookup(bucket, key) else {
+            return Ok(());
+        };
         if entry.seq != seq || entry.loc.segment_id != victim {
             // Overwritten meanwhile: the copy is one more stale record.
-            if let Some(e) = self.inner.index.borrow_mut().get_mut(bucket).and_then(|k| k.get_mut(key)) {
+            if let Some(e) = self
+                .inner
+                .index
+                .borrow_mut()
+                .get_mut(bucket)
+                .and_then(|k| k.get_mut(key))
+            {
                 e.older_on_disk += 1;
             }
             return Ok(());
         }
-        let new = Entry { loc, ..entry.clone() };
+        let new = Entry {
+            loc,
+            ..entry.clone()
+        };
         self.replace_entry(bucket, key, entry.loc, new, victim);
         Ok(())
     }
@@ -280,7 +379,9 @@ impl Store {
     fn replace_entry(&self, bucket: &str, key: &str, old_loc: Loc, mut new: Entry, victim: u64) {
         let old = {
             let mut index = self.inner.index.borrow_mut();
-            let Some(slot) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) else { return };
+            let Some(slot) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) else {
+                return;
+            };
             if slot.loc != old_loc {
                 return;
             }

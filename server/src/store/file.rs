@@ -16,10 +16,21 @@ pub const WRITE_ALIGN_BYTES: u64 = 4096;
 /// A point where the store performs I/O, for fault injection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
-    Create { segment_id: u64 },
-    Write { segment_id: u64, offset: u64, len_bytes: u64 },
-    Sync { segment_id: u64 },
-    Read { segment_id: u64, offset: u64 },
+    Create {
+        segment_id: u64,
+    },
+    Write {
+        segment_id: u64,
+        offset: u64,
+        len_bytes: u64,
+    },
+    Sync {
+        segment_id: u64,
+    },
+    Read {
+        segment_id: u64,
+        offset: u64,
+    },
 }
 
 /// Returns `Some(error)` to make that I/O fail.
@@ -64,9 +75,13 @@ impl SegFile {
 
     async fn open_with(path: &Path, direct: bool, opts: &OpenOptions) -> io::Result<SegFile> {
         if direct {
-            Ok(SegFile::Direct(opts.dma_open(path).await.map_err(glommio_err)?))
+            Ok(SegFile::Direct(
+                opts.dma_open(path).await.map_err(glommio_err)?,
+            ))
         } else {
-            Ok(SegFile::Buffered(opts.buffered_open(path).await.map_err(glommio_err)?))
+            Ok(SegFile::Buffered(
+                opts.buffered_open(path).await.map_err(glommio_err)?,
+            ))
         }
     }
 
@@ -97,7 +112,10 @@ impl SegFile {
             _ => return Err(io::Error::other("write buffer does not match file mode")),
         };
         if written != expected {
-            return Err(io::Error::new(io::ErrorKind::WriteZero, format!("short write: {written} of {expected} bytes")));
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {written} of {expected} bytes"),
+            ));
         }
         Ok(())
     }

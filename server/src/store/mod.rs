@@ -225,7 +225,12 @@ pub struct RecoveryReport {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListItem {
-    Object { key: String, size_bytes: u64, etag: Box<str>, mtime_ms: u64 },
+    Object {
+        key: String,
+        size_bytes: u64,
+        etag: Box<str>,
+        mtime_ms: u64,
+    },
     Prefix(String),
 }
 
@@ -294,7 +299,12 @@ impl Store {
     }
 
     fn spawn_tasks(&self) {
-        let rx = self.inner.doorbell_rx.borrow_mut().take().expect("tasks spawned once");
+        let rx = self
+            .inner
+            .doorbell_rx
+            .borrow_mut()
+            .take()
+            .expect("tasks spawned once");
         let flusher = self.clone();
         glommio::spawn_local(async move { flusher.flush_loop(rx).await }).detach();
         if self.inner.cfg.compaction_interval_ms > 0 {
@@ -349,9 +359,19 @@ impl Store {
     // ----------------------------------------------------------------------
 
     /// Queues a record; the receiver resolves once it is durable.
-    async fn append(&self, header: Vec<u8>, payload: Bytes) -> Result<oneshot::Receiver<Result<Loc>>> {
+    async fn append(
+        &self,
+        header: Vec<u8>,
+        payload: Bytes,
+    ) -> Result<oneshot::Receiver<Result<Loc>>> {
         let span = record::record_span_bytes(header.len() as u64, payload.len() as u64);
-        debug_assert!(span <= self.inner.cfg.batch_bytes_max.max(self.inner.cfg.chunk_bytes * 2));
+        debug_assert!(
+            span <= self
+                .inner
+                .cfg
+                .batch_bytes_max
+                .max(self.inner.cfg.chunk_bytes * 2)
+        );
         // Back-pressure: wait while the queue is over its bound.
         while self.inner.queue_bytes.get() + span > self.inner.cfg.queue_bytes_max
             && !self.inner.queue.borrow().is_empty()
@@ -367,8 +387,14 @@ impl Store {
             return Err(StoreError::ShuttingDown);
         }
         let (done, rx) = oneshot::channel();
-        self.inner.queue_bytes.set(self.inner.queue_bytes.get() + span);
-        self.inner.queue.borrow_mut().push_back(Pending { header, payload, done });
+        self.inner
+            .queue_bytes
+            .set(self.inner.queue_bytes.get() + span);
+        self.inner.queue.borrow_mut().push_back(Pending {
+            header,
+            payload,
+            done,
+        });
         let _ = self.inner.doorbell.try_send(());
         Ok(rx)
     }
@@ -404,7 +430,11 @@ impl Store {
         let segment_id = self.inner.active.get().expect("active segment");
         let start = self.inner.write_offset.get();
         debug_assert_eq!(start % WRITE_ALIGN_BYTES, 0);
-        let room = self.inner.cfg.segment_bytes_max.saturating_sub(start + WRITE_ALIGN_BYTES);
+        let room = self
+            .inner
+            .cfg
+            .segment_bytes_max
+            .saturating_sub(start + WRITE_ALIGN_BYTES);
         let batch = self.take_batch(room);
         if batch.is_empty() {
             // The next record does not fit: seal and move on.
@@ -420,7 +450,11 @@ impl Store {
             }
             Err(e) => {
                 self.inner.stats.borrow_mut().write_errors += 1;
-                tracing::error!(shard = self.inner.cfg.shard_id, segment_id, "write failed: {e}");
+                tracing::error!(
+                    shard = self.inner.cfg.shard_id,
+                    segment_id,
+                    "write failed: {e}"
+                );
                 // Abandon this segment: later writes go to a fresh one, so a
                 // partial write never sits in front of acknowledged data.
                 self.inner.active.set(None);
@@ -437,14 +471,18 @@ impl Store {
         let mut bytes = 0u64;
         while let Some(p) = queue.front() {
             let span = p.span_bytes();
-            if bytes + span > room_bytes || (bytes > 0 && bytes + span > self.inner.cfg.batch_bytes_max) {
+            if bytes + span > room_bytes
+                || (bytes > 0 && bytes + span > self.inner.cfg.batch_bytes_max)
+            {
                 break;
             }
             bytes += span;
             batch.push(queue.pop_front().unwrap());
         }
         drop(queue);
-        self.inner.queue_bytes.set(self.inner.queue_bytes.get() - bytes);
+        self.inner
+            .queue_bytes
+            .set(self.inner.queue_bytes.get() - bytes);
         for w in self.inner.space_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
         }
@@ -459,8 +497,15 @@ impl Store {
         }
     }
 
-    async fn write_batch(&self, segment_id: u64, start: u64, batch: &[Pending]) -> Result<Vec<Loc>> {
-        let file = self.segment_file(segment_id).expect("active segment is open");
+    async fn write_batch(
+        &self,
+        segment_id: u64,
+        start: u64,
+        batch: &[Pending],
+    ) -> Result<Vec<Loc>> {
+        let file = self
+            .segment_file(segment_id)
+            .expect("active segment is open");
         let mut locs = Vec::with_capacity(batch.len());
         let mut end = start;
         for p in batch {
@@ -483,10 +528,17 @@ impl Store {
                 out[at..at + p.payload.len()].copy_from_slice(&p.payload);
             }
         }
-        self.fault(FaultPoint::Write { segment_id, offset: start, len_bytes: len })
+        self.fault(FaultPoint::Write {
+            segment_id,
+            offset: start,
+            len_bytes: len,
+        })
+        .map_err(StoreError::from_io)?;
+        file.write_at(buf, start)
+            .await
             .map_err(StoreError::from_io)?;
-        file.write_at(buf, start).await.map_err(StoreError::from_io)?;
-        self.fault(FaultPoint::Sync { segment_id }).map_err(StoreError::from_io)?;
+        self.fault(FaultPoint::Sync { segment_id })
+            .map_err(StoreError::from_io)?;
         file.sync().await.map_err(StoreError::from_io)?;
         self.inner.write_offset.set(start + len);
         if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
@@ -500,7 +552,11 @@ impl Store {
     }
 
     fn segment_file(&self, segment_id: u64) -> Option<Rc<SegFile>> {
-        self.inner.segments.borrow().get(&segment_id).map(|s| s.file.clone())
+        self.inner
+            .segments
+            .borrow()
+            .get(&segment_id)
+            .map(|s| s.file.clone())
     }
 
     /// Creates a new active segment if there is none.
@@ -509,9 +565,12 @@ impl Store {
             return Ok(());
         }
         let segment_id = self.inner.next_segment_id.get();
-        self.fault(FaultPoint::Create { segment_id }).map_err(StoreError::from_io)?;
+        self.fault(FaultPoint::Create { segment_id })
+            .map_err(StoreError::from_io)?;
         let path = segment_path(&self.inner.cfg.dir, segment_id);
-        let file = SegFile::create(&path, self.inner.cfg.direct_io).await.map_err(StoreError::from_io)?;
+        let file = SegFile::create(&path, self.inner.cfg.direct_io)
+            .await
+            .map_err(StoreError::from_io)?;
         // Consume the id only once the file exists.
         self.inner.next_segment_id.set(segment_id + 1);
         let header = record::encode_header(&Header {
@@ -520,13 +579,21 @@ impl Store {
             key: String::new(),
             payload_bytes: 0,
             block_crcs: Vec::new(),
-            body: Body::SegmentHeader { shard_id: self.inner.cfg.shard_id, segment_id, created_ms: now_ms() },
+            body: Body::SegmentHeader {
+                shard_id: self.inner.cfg.shard_id,
+                segment_id,
+                created_ms: now_ms(),
+            },
         })
         .expect("segment header encodes");
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
         let written = async {
-            self.fault(FaultPoint::Write { segment_id, offset: 0, len_bytes: WRITE_ALIGN_BYTES })?;
+            self.fault(FaultPoint::Write {
+                segment_id,
+                offset: 0,
+                len_bytes: WRITE_ALIGN_BYTES,
+            })?;
             file.write_at(buf, 0).await?;
             file.sync().await?;
             file::sync_dir(&self.inner.cfg.dir)
@@ -538,7 +605,12 @@ impl Store {
         }
         self.inner.segments.borrow_mut().insert(
             segment_id,
-            Segment { file: Rc::new(file), end_bytes: header.len() as u64, live_bytes: 0, sealed: false },
+            Segment {
+                file: Rc::new(file),
+                end_bytes: header.len() as u64,
+                live_bytes: 0,
+                sealed: false,
+            },
         );
         self.inner.active.set(Some(segment_id));
         self.inner.write_offset.set(WRITE_ALIGN_BYTES);
@@ -549,8 +621,12 @@ impl Store {
     /// Writes a Seal record at the end of the active segment. Best effort: a
     /// segment without a seal is fully verified at recovery instead.
     async fn seal_active(&self) {
-        let Some(segment_id) = self.inner.active.take() else { return };
-        let Some(file) = self.segment_file(segment_id) else { return };
+        let Some(segment_id) = self.inner.active.take() else {
+            return;
+        };
+        let Some(file) = self.segment_file(segment_id) else {
+            return;
+        };
         let offset = self.inner.write_offset.get();
         let header = record::encode_header(&Header {
             seq: 0,
@@ -564,7 +640,11 @@ impl Store {
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
         let sealed = async {
-            self.fault(FaultPoint::Write { segment_id, offset, len_bytes: WRITE_ALIGN_BYTES })?;
+            self.fault(FaultPoint::Write {
+                segment_id,
+                offset,
+                len_bytes: WRITE_ALIGN_BYTES,
+            })?;
             file.write_at(buf, offset).await?;
             file.sync().await
         }
@@ -576,7 +656,11 @@ impl Store {
             }
         }
         if let Err(e) = sealed {
-            tracing::warn!(shard = self.inner.cfg.shard_id, segment_id, "sealing failed: {e}");
+            tracing::warn!(
+                shard = self.inner.cfg.shard_id,
+                segment_id,
+                "sealing failed: {e}"
+            );
         }
     }
 
@@ -588,7 +672,10 @@ impl Store {
         let mut spans = vec![(entry.loc.segment_id, entry.loc.span_bytes())];
         if let State::Live(info) = &entry.state {
             for e in info.extents.iter() {
-                spans.push((e.segment_id, record::record_span_bytes(u64::from(e.header_bytes), e.payload_bytes)));
+                spans.push((
+                    e.segment_id,
+                    record::record_span_bytes(u64::from(e.header_bytes), e.payload_bytes),
+                ));
             }
         }
         spans
@@ -650,7 +737,13 @@ impl Store {
     // ----------------------------------------------------------------------
 
     /// Stores a whole object held in memory.
-    pub async fn put(&self, bucket: &str, key: &str, meta: ObjectMeta, data: Bytes) -> Result<ObjectInfo> {
+    pub async fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        data: Bytes,
+    ) -> Result<ObjectInfo> {
         let mut w = self.put_stream(bucket, key, meta);
         w.write(data).await?;
         w.finish().await
@@ -683,26 +776,46 @@ impl Store {
     /// later removes them).
     pub async fn open_read(&self, bucket: &str, key: &str) -> Result<ObjectReader> {
         let entry = self.lookup(bucket, key).ok_or(StoreError::NotFound)?;
-        let State::Live(info) = &entry.state else { return Err(StoreError::NotFound) };
-        let file = self.segment_file(entry.loc.segment_id).ok_or(StoreError::NotFound)?;
+        let State::Live(info) = &entry.state else {
+            return Err(StoreError::NotFound);
+        };
+        let file = self
+            .segment_file(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
         let inline = info.extents.is_empty();
         // Small inline records are read whole at once: one I/O per GET.
         let whole = inline && entry.loc.span_bytes() <= 256 * 1024;
-        let read_len = if whole { entry.loc.header_bytes as u64 + entry.loc.payload_bytes } else { entry.loc.header_bytes as u64 };
-        self.fault(FaultPoint::Read { segment_id: entry.loc.segment_id, offset: entry.loc.offset })?;
+        let read_len = if whole {
+            entry.loc.header_bytes as u64 + entry.loc.payload_bytes
+        } else {
+            entry.loc.header_bytes as u64
+        };
+        self.fault(FaultPoint::Read {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        })?;
         let raw = file.read_at(entry.loc.offset, read_len as usize).await?;
-        let corrupt = || StoreError::Corrupt { segment_id: entry.loc.segment_id, offset: entry.loc.offset };
+        let corrupt = || StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        };
         let (header, header_bytes) = record::decode_header(&raw).map_err(|_| {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             corrupt()
         })?;
-        let Body::Object { meta, extents } = header.body else { return Err(corrupt()) };
+        let Body::Object { meta, extents } = header.body else {
+            return Err(corrupt());
+        };
         if header.seq != entry.seq || header.bucket != bucket || header.key != key {
             return Err(corrupt());
         }
         let mut parts = Vec::new();
         if inline {
-            let cached = if whole { ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize) } else { None };
+            let cached = if whole {
+                ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize)
+            } else {
+                None
+            };
             if let Some(c) = &cached {
                 if !record::verify_blocks(&header.block_crcs, 0, c) {
                     self.inner.stats.borrow_mut().corrupt_reads += 1;
@@ -736,13 +849,21 @@ impl Store {
                 object_offset += e.payload_bytes;
             }
         }
-        Ok(ObjectReader { store: self.clone(), seq: entry.seq, meta, parts })
+        Ok(ObjectReader {
+            store: self.clone(),
+            seq: entry.seq,
+            meta,
+            parts,
+        })
     }
 
     /// Deletes the current version. Returns whether a live object existed.
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<bool> {
         match self.lookup(bucket, key) {
-            Some(Entry { state: State::Live(_), .. }) => {}
+            Some(Entry {
+                state: State::Live(_),
+                ..
+            }) => {}
             _ => return Ok(false),
         }
         self.write_tombstone(bucket, key, Kind::Tombstone).await?;
@@ -755,19 +876,45 @@ impl Store {
             Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
             _ => Body::Tombstone { mtime_ms: now_ms() },
         };
-        let header = Header { seq, bucket: bucket.into(), key: key.into(), payload_bytes: 0, block_crcs: Vec::new(), body };
-        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let header = Header {
+            seq,
+            bucket: bucket.into(),
+            key: key.into(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body,
+        };
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = self.append_durable(header, Bytes::new()).await?;
-        self.install(bucket, key, Entry { seq, loc, state: State::Deleted, older_on_disk: 0 });
+        self.install(
+            bucket,
+            key,
+            Entry {
+                seq,
+                loc,
+                state: State::Deleted,
+                older_on_disk: 0,
+            },
+        );
         Ok(())
     }
 
     /// Keys of `bucket` in order, after `start_after`, starting with
     /// `prefix`; with a delimiter, keys sharing the part up to the next
     /// delimiter collapse into one `Prefix` item. At most `limit` items.
-    pub fn list(&self, bucket: &str, prefix: &str, start_after: &str, delimiter: Option<&str>, limit: usize) -> Vec<ListItem> {
+    pub fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: &str,
+        delimiter: Option<&str>,
+        limit: usize,
+    ) -> Vec<ListItem> {
         let index = self.inner.index.borrow();
-        let Some(keys) = index.get(bucket) else { return Vec::new() };
+        let Some(keys) = index.get(bucket) else {
+            return Vec::new();
+        };
         let mut items = Vec::new();
         let mut lower: Bound<String> = if start_after >= prefix {
             Bound::Excluded(start_after.to_string())
@@ -785,11 +932,15 @@ impl Store {
         'outer: while items.len() < limit {
             let mut range = keys.range::<String, _>((lower.clone(), Bound::Unbounded));
             loop {
-                let Some((key, entry)) = range.next() else { break 'outer };
+                let Some((key, entry)) = range.next() else {
+                    break 'outer;
+                };
                 if !key.starts_with(prefix) {
                     break 'outer;
                 }
-                let State::Live(info) = &entry.state else { continue };
+                let State::Live(info) = &entry.state else {
+                    continue;
+                };
                 if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
                     if let Some(pos) = key[prefix.len()..].find(d) {
                         let common = key[..prefix.len() + pos + d.len()].to_string();
@@ -815,7 +966,11 @@ impl Store {
     /// Live objects in `bucket` on this shard.
     pub fn object_count(&self, bucket: &str) -> usize {
         let index = self.inner.index.borrow();
-        index.get(bucket).map_or(0, |keys| keys.values().filter(|e| matches!(e.state, State::Live(_))).count())
+        index.get(bucket).map_or(0, |keys| {
+            keys.values()
+                .filter(|e| matches!(e.state, State::Live(_)))
+                .count()
+        })
     }
 
     /// Live objects on this shard, all buckets.
@@ -824,7 +979,11 @@ impl Store {
         index
             .iter()
             .filter(|(b, _)| b.as_str() != BUCKETS_NAMESPACE)
-            .map(|(_, keys)| keys.values().filter(|e| matches!(e.state, State::Live(_))).count())
+            .map(|(_, keys)| {
+                keys.values()
+                    .filter(|e| matches!(e.state, State::Live(_)))
+                    .count()
+            })
             .sum()
     }
 
@@ -847,10 +1006,25 @@ impl Store {
             block_crcs: Vec::new(),
             body: Body::Bucket { created_ms },
         };
-        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = self.append_durable(header, Bytes::new()).await?;
-        let info = ObjectInfo { size_bytes: 0, etag: "".into(), mtime_ms: created_ms, extents: Box::new([]) };
-        self.install(BUCKETS_NAMESPACE, name, Entry { seq, loc, state: State::Live(info), older_on_disk: 0 });
+        let info = ObjectInfo {
+            size_bytes: 0,
+            etag: "".into(),
+            mtime_ms: created_ms,
+            extents: Box::new([]),
+        };
+        self.install(
+            BUCKETS_NAMESPACE,
+            name,
+            Entry {
+                seq,
+                loc,
+                state: State::Live(info),
+                older_on_disk: 0,
+            },
+        );
         Ok(true)
     }
 
@@ -858,7 +1032,8 @@ impl Store {
         if self.head(BUCKETS_NAMESPACE, name).is_none() {
             return Ok(false);
         }
-        self.write_tombstone(BUCKETS_NAMESPACE, name, Kind::BucketDelete).await?;
+        self.write_tombstone(BUCKETS_NAMESPACE, name, Kind::BucketDelete)
+            .await?;
         Ok(true)
     }
 
@@ -891,7 +1066,12 @@ impl Store {
 
     /// (segment id, end bytes, live bytes, sealed) for every segment.
     pub fn segment_table(&self) -> Vec<(u64, u64, u64, bool)> {
-        self.inner.segments.borrow().iter().map(|(id, s)| (*id, s.end_bytes, s.live_bytes, s.sealed)).collect()
+        self.inner
+            .segments
+            .borrow()
+            .iter()
+            .map(|(id, s)| (*id, s.end_bytes, s.live_bytes, s.sealed))
+            .collect()
     }
 }
 
@@ -919,6 +1099,14 @@ pub struct PutWriter {
 const PUT_EXTENTS_IN_FLIGHT_MAX: usize = 4;
 
 impl PutWriter {
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    pub fn set_etag(&mut self, etag: String) {
+        self.meta.etag = etag;
+    }
+
     pub fn written_bytes(&self) -> u64 {
         self.written_bytes + self.buffer.len() as u64
     }
@@ -958,7 +1146,8 @@ impl PutWriter {
             block_crcs: record::block_crcs(&piece),
             body: Body::Extent { object_offset },
         };
-        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         self.written_bytes += piece.len() as u64;
         let rx = self.store.append(header, piece).await?;
         self.in_flight.push_back((object_offset, rx));
@@ -994,7 +1183,11 @@ impl PutWriter {
             Bytes::new()
         };
         let store = self.store.clone();
-        let size_bytes = if inline { payload.len() as u64 } else { self.written_bytes };
+        let size_bytes = if inline {
+            payload.len() as u64
+        } else {
+            self.written_bytes
+        };
         self.meta.size_bytes = size_bytes;
         if self.meta.mtime_ms == 0 {
             self.meta.mtime_ms = now_ms();
@@ -1012,11 +1205,24 @@ impl PutWriter {
             key: self.key.clone(),
             payload_bytes: payload.len() as u64,
             block_crcs: record::block_crcs(&payload),
-            body: Body::Object { meta: self.meta.clone(), extents: self.extents.clone() },
+            body: Body::Object {
+                meta: self.meta.clone(),
+                extents: self.extents.clone(),
+            },
         };
-        let header = record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = store.append_durable(header, payload).await?;
-        store.install(&self.bucket, &self.key, Entry { seq, loc, state: State::Live(info.clone()), older_on_disk: 0 });
+        store.install(
+            &self.bucket,
+            &self.key,
+            Entry {
+                seq,
+                loc,
+                state: State::Live(info.clone()),
+                older_on_disk: 0,
+            },
+        );
         Ok(info)
     }
 }
@@ -1050,7 +1256,11 @@ impl ObjectReader {
     /// Returns up to `len_bytes` starting at `offset` (fewer at a part
     /// boundary; call again for the rest). Empty only at or past the end.
     pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<ReadResult> {
-        let Some(index) = self.parts.iter().position(|p| offset < p.object_offset + p.payload_bytes) else {
+        let Some(index) = self
+            .parts
+            .iter()
+            .position(|p| offset < p.object_offset + p.payload_bytes)
+        else {
             return Ok(ReadResult::default());
         };
         let store = self.store.clone();
@@ -1058,14 +1268,27 @@ impl ObjectReader {
         let within = offset - part.object_offset;
         let len = len_bytes.min(part.payload_bytes - within);
         if let Some(cached) = &part.cached {
-            return Ok(ReadResult::slice(cached, within as usize, len as usize).expect("slice in range"));
+            return Ok(
+                ReadResult::slice(cached, within as usize, len as usize).expect("slice in range")
+            );
         }
-        let corrupt = StoreError::Corrupt { segment_id: part.segment_id, offset: part.record_offset };
+        let corrupt = StoreError::Corrupt {
+            segment_id: part.segment_id,
+            offset: part.record_offset,
+        };
         if part.block_crcs.is_none() {
-            store.fault(FaultPoint::Read { segment_id: part.segment_id, offset: part.record_offset })?;
-            let raw = part.file.read_at(part.record_offset, part.header_bytes as usize).await?;
+            store.fault(FaultPoint::Read {
+                segment_id: part.segment_id,
+                offset: part.record_offset,
+            })?;
+            let raw = part
+                .file
+                .read_at(part.record_offset, part.header_bytes as usize)
+                .await?;
             let header = match record::decode_header(&raw) {
-                Ok((h, _)) if h.kind() == Kind::Extent && h.payload_bytes == part.payload_bytes => h,
+                Ok((h, _)) if h.kind() == Kind::Extent && h.payload_bytes == part.payload_bytes => {
+                    h
+                }
                 _ => {
                     store.inner.stats.borrow_mut().corrupt_reads += 1;
                     return Err(corrupt);
@@ -1078,14 +1301,25 @@ impl ObjectReader {
         let read_start = first_block * record::BLOCK_BYTES;
         let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
         let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
-        store.fault(FaultPoint::Read { segment_id: part.segment_id, offset: file_offset })?;
-        let raw = part.file.read_at(file_offset, (read_end - read_start) as usize).await?;
+        store.fault(FaultPoint::Read {
+            segment_id: part.segment_id,
+            offset: file_offset,
+        })?;
+        let raw = part
+            .file
+            .read_at(file_offset, (read_end - read_start) as usize)
+            .await?;
         let crcs = part.block_crcs.as_ref().unwrap();
-        if raw.len() as u64 != read_end - read_start || !record::verify_blocks(crcs, first_block as usize, &raw) {
+        if raw.len() as u64 != read_end - read_start
+            || !record::verify_blocks(crcs, first_block as usize, &raw)
+        {
             store.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt);
         }
-        Ok(ReadResult::slice(&raw, (within - read_start) as usize, len as usize).expect("slice in range"))
+        Ok(
+            ReadResult::slice(&raw, (within - read_start) as usize, len as usize)
+                .expect("slice in range"),
+        )
     }
 }
 
@@ -1100,7 +1334,13 @@ pub fn debug_index(store: &Store) -> Vec<(String, String, u64, bool, u32)> {
     let mut out = Vec::new();
     for (b, keys) in index.iter() {
         for (k, e) in keys {
-            out.push((b.clone(), k.clone(), e.seq, e.state == State::Deleted, e.older_on_disk));
+            out.push((
+                b.clone(),
+                k.clone(),
+                e.seq,
+                e.state == State::Deleted,
+                e.older_on_disk,
+            ));
         }
     }
     out

@@ -88,13 +88,28 @@ pub struct ObjectMeta {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
-    Object { meta: ObjectMeta, extents: Vec<ExtentRef> },
-    Extent { object_offset: u64 },
-    Tombstone { mtime_ms: u64 },
-    Bucket { created_ms: u64 },
-    BucketDelete { mtime_ms: u64 },
+    Object {
+        meta: ObjectMeta,
+        extents: Vec<ExtentRef>,
+    },
+    Extent {
+        object_offset: u64,
+    },
+    Tombstone {
+        mtime_ms: u64,
+    },
+    Bucket {
+        created_ms: u64,
+    },
+    BucketDelete {
+        mtime_ms: u64,
+    },
     Seal,
-    SegmentHeader { shard_id: u32, segment_id: u64, created_ms: u64 },
+    SegmentHeader {
+        shard_id: u32,
+        segment_id: u64,
+        created_ms: u64,
+    },
 }
 
 impl Body {
@@ -159,7 +174,10 @@ pub fn block_count(payload_bytes: u64) -> u64 {
 }
 
 pub fn block_crcs(payload: &[u8]) -> Vec<u32> {
-    payload.chunks(BLOCK_BYTES as usize).map(crc32c::crc32c).collect()
+    payload
+        .chunks(BLOCK_BYTES as usize)
+        .map(crc32c::crc32c)
+        .collect()
 }
 
 /// Total on-disk bytes of a record including alignment padding.
@@ -202,7 +220,9 @@ pub fn encode_header(h: &Header) -> Result<Vec<u8>, EncodeError> {
     if h.key.len() > KEY_BYTES_MAX {
         return Err(EncodeError::FieldTooLong("key"));
     }
-    let mut w = Writer { buf: Vec::with_capacity(128 + h.key.len() + 4 * h.block_crcs.len()) };
+    let mut w = Writer {
+        buf: Vec::with_capacity(128 + h.key.len() + 4 * h.block_crcs.len()),
+    };
     w.u32(MAGIC);
     w.u8(VERSION);
     w.u8(h.kind() as u8);
@@ -256,7 +276,11 @@ fn encode_body(w: &mut Writer, body: &Body) -> Result<(), EncodeError> {
         Body::Tombstone { mtime_ms } | Body::BucketDelete { mtime_ms } => w.u64(*mtime_ms),
         Body::Bucket { created_ms } => w.u64(*created_ms),
         Body::Seal => {}
-        Body::SegmentHeader { shard_id, segment_id, created_ms } => {
+        Body::SegmentHeader {
+            shard_id,
+            segment_id,
+            created_ms,
+        } => {
             w.u32(*shard_id);
             w.u64(*segment_id);
             w.u64(*created_ms);
@@ -272,8 +296,14 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.pos.checked_add(n).ok_or(DecodeError::Malformed("length overflow"))?;
-        let s = self.buf.get(self.pos..end).ok_or(DecodeError::Malformed("field past header end"))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or(DecodeError::Malformed("length overflow"))?;
+        let s = self
+            .buf
+            .get(self.pos..end)
+            .ok_or(DecodeError::Malformed("field past header end"))?;
         self.pos = end;
         Ok(s)
     }
@@ -301,7 +331,11 @@ pub fn peek_header_bytes(buf: &[u8]) -> Result<usize, DecodeError> {
     }
     let magic = u32::from_le_bytes(buf[0..4].try_into().unwrap());
     if magic != MAGIC {
-        return Err(if magic == 0 { DecodeError::Padding } else { DecodeError::BadMagic(magic) });
+        return Err(if magic == 0 {
+            DecodeError::Padding
+        } else {
+            DecodeError::BadMagic(magic)
+        });
     }
     if buf[4] != VERSION {
         return Err(DecodeError::BadVersion(buf[4]));
@@ -331,7 +365,10 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
     let kind = Kind::from_u8(raw[5]).ok_or(DecodeError::Malformed("unknown kind"))?;
     let payload_bytes = u64::from_le_bytes(raw[16..24].try_into().unwrap());
     let seq = u64::from_le_bytes(raw[24..32].try_into().unwrap());
-    let mut r = Reader { buf: raw, pos: FIXED_HEADER_BYTES };
+    let mut r = Reader {
+        buf: raw,
+        pos: FIXED_HEADER_BYTES,
+    };
     let bucket = r.str16()?;
     let key = r.str16()?;
     let blocks = r.u32()? as u64;
@@ -346,7 +383,17 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
     if r.pos != header_bytes {
         return Err(DecodeError::Malformed("trailing bytes in header"));
     }
-    Ok((Header { seq, bucket, key, payload_bytes, block_crcs, body }, header_bytes))
+    Ok((
+        Header {
+            seq,
+            bucket,
+            key,
+            payload_bytes,
+            block_crcs,
+            body,
+        },
+        header_bytes,
+    ))
 }
 
 fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
@@ -377,12 +424,22 @@ fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
                     payload_bytes: r.u64()?,
                 });
             }
-            let meta = ObjectMeta { size_bytes, etag, mtime_ms, content_type, headers };
+            let meta = ObjectMeta {
+                size_bytes,
+                etag,
+                mtime_ms,
+                content_type,
+                headers,
+            };
             Body::Object { meta, extents }
         }
-        Kind::Extent => Body::Extent { object_offset: r.u64()? },
+        Kind::Extent => Body::Extent {
+            object_offset: r.u64()?,
+        },
         Kind::Tombstone => Body::Tombstone { mtime_ms: r.u64()? },
-        Kind::Bucket => Body::Bucket { created_ms: r.u64()? },
+        Kind::Bucket => Body::Bucket {
+            created_ms: r.u64()?,
+        },
         Kind::BucketDelete => Body::BucketDelete { mtime_ms: r.u64()? },
         Kind::Seal => Body::Seal,
         Kind::SegmentHeader => Body::SegmentHeader {
@@ -425,7 +482,12 @@ mod tests {
                     content_type: "text/plain".into(),
                     headers: vec![("x-amz-meta-a".into(), "1".into())],
                 },
-                extents: vec![ExtentRef { segment_id: 3, record_offset: 8192, header_bytes: 77, payload_bytes: 9 }],
+                extents: vec![ExtentRef {
+                    segment_id: 3,
+                    record_offset: 8192,
+                    header_bytes: 77,
+                    payload_bytes: 9,
+                }],
             },
         }
     }
@@ -435,12 +497,18 @@ mod tests {
         let payload = vec![7u8; 200_000];
         let bodies = [
             object(&payload).body,
-            Body::Extent { object_offset: 1 << 20 },
+            Body::Extent {
+                object_offset: 1 << 20,
+            },
             Body::Tombstone { mtime_ms: 5 },
             Body::Bucket { created_ms: 6 },
             Body::BucketDelete { mtime_ms: 7 },
             Body::Seal,
-            Body::SegmentHeader { shard_id: 3, segment_id: 9, created_ms: 11 },
+            Body::SegmentHeader {
+                shard_id: 3,
+                segment_id: 9,
+                created_ms: 11,
+            },
         ];
         for body in bodies {
             let mut h = object(&payload);
@@ -450,7 +518,11 @@ mod tests {
             assert_eq!(len, bytes.len());
             assert_eq!(decoded, h);
             assert!(verify_blocks(&decoded.block_crcs, 0, &payload));
-            assert!(verify_blocks(&decoded.block_crcs, 2, &payload[2 * BLOCK_BYTES as usize..]));
+            assert!(verify_blocks(
+                &decoded.block_crcs,
+                2,
+                &payload[2 * BLOCK_BYTES as usize..]
+            ));
         }
     }
 
@@ -460,7 +532,10 @@ mod tests {
         for bit in 0..bytes.len() * 8 {
             let mut bad = bytes.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
-            assert!(decode_header(&bad).is_err(), "bit {bit} flip went unnoticed");
+            assert!(
+                decode_header(&bad).is_err(),
+                "bit {bit} flip went unnoticed"
+            );
         }
     }
 
@@ -471,17 +546,33 @@ mod tests {
         payload[BLOCK_BYTES as usize + 5] ^= 0x10;
         assert!(!verify_blocks(&crcs, 0, &payload));
         assert!(verify_blocks(&crcs, 0, &payload[..BLOCK_BYTES as usize]));
-        assert!(!verify_blocks(&crcs, 1, &payload[BLOCK_BYTES as usize..2 * BLOCK_BYTES as usize]));
-        assert!(!verify_blocks(&crcs, 5, &payload[..10]), "block index past the end must fail");
+        assert!(!verify_blocks(
+            &crcs,
+            1,
+            &payload[BLOCK_BYTES as usize..2 * BLOCK_BYTES as usize]
+        ));
+        assert!(
+            !verify_blocks(&crcs, 5, &payload[..10]),
+            "block index past the end must fail"
+        );
     }
 
     #[test]
     fn short_padding_and_garbage() {
         let bytes = encode_header(&object(b"x")).unwrap();
-        assert_eq!(decode_header(&bytes[..10]), Err(DecodeError::Short(FIXED_HEADER_BYTES)));
-        assert_eq!(decode_header(&bytes[..40]), Err(DecodeError::Short(bytes.len())));
+        assert_eq!(
+            decode_header(&bytes[..10]),
+            Err(DecodeError::Short(FIXED_HEADER_BYTES))
+        );
+        assert_eq!(
+            decode_header(&bytes[..40]),
+            Err(DecodeError::Short(bytes.len()))
+        );
         assert_eq!(decode_header(&[0u8; 64]), Err(DecodeError::Padding));
-        assert!(matches!(decode_header(&[0xffu8; 64]), Err(DecodeError::BadMagic(_))));
+        assert!(matches!(
+            decode_header(&[0xffu8; 64]),
+            Err(DecodeError::BadMagic(_))
+        ));
     }
 
     #[test]

@@ -16,7 +16,10 @@ use std::time::Instant;
 
 use super::file::{SegFile, WRITE_ALIGN_BYTES};
 use super::record::{self, Body, DecodeError, Header, Kind};
-use super::{parse_segment_name, Entry, Loc, ObjectInfo, RecoveryReport, Result, Segment, State, Store, StoreError};
+use super::{
+    parse_segment_name, Entry, Loc, ObjectInfo, RecoveryReport, Result, Segment, State, Store,
+    StoreError,
+};
 
 /// Bytes read per scan I/O.
 const SCAN_WINDOW_BYTES: usize = 4 << 20;
@@ -49,9 +52,15 @@ pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64) -> Result<Scan
         let mut need = record::FIXED_HEADER_BYTES;
         let header = loop {
             let at = offset.wrapping_sub(window_start);
-            let have = if offset >= window_start && at < window.len() as u64 { window.len() as u64 - at } else { 0 };
+            let have = if offset >= window_start && at < window.len() as u64 {
+                window.len() as u64 - at
+            } else {
+                0
+            };
             if have < need as u64 {
-                let len = SCAN_WINDOW_BYTES.max(need).min((size_bytes - offset) as usize);
+                let len = SCAN_WINDOW_BYTES
+                    .max(need)
+                    .min((size_bytes - offset) as usize);
                 if len < need {
                     break Err(DecodeError::Short(need));
                 }
@@ -81,7 +90,11 @@ pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64) -> Result<Scan
                     valid_end = offset + span;
                     break;
                 }
-                records.push(Scanned { offset, header_bytes: header_bytes as u32, header });
+                records.push(Scanned {
+                    offset,
+                    header_bytes: header_bytes as u32,
+                    header,
+                });
                 offset += span;
                 valid_end = offset;
             }
@@ -89,7 +102,12 @@ pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64) -> Result<Scan
             Err(_) => break,
         }
     }
-    Ok(ScanResult { records, valid_end, sealed, bytes_scanned })
+    Ok(ScanResult {
+        records,
+        valid_end,
+        sealed,
+        bytes_scanned,
+    })
 }
 
 /// Checks a record's payload against its block CRCs.
@@ -101,7 +119,9 @@ pub(super) async fn verify_payload(file: &SegFile, r: &Scanned) -> Result<bool> 
         let at = r.offset + u64::from(r.header_bytes) + verified;
         let data = file.read_at(at, len as usize).await?;
         let first_block = (verified / record::BLOCK_BYTES) as usize;
-        if data.len() as u64 != len || !record::verify_blocks(&r.header.block_crcs, first_block, &data) {
+        if data.len() as u64 != len
+            || !record::verify_blocks(&r.header.block_crcs, first_block, &data)
+        {
             return Ok(false);
         }
         verified += len;
@@ -125,7 +145,10 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         }
     }
     ids.sort_unstable();
-    let mut report = RecoveryReport { segments: ids.len() as u64, ..Default::default() };
+    let mut report = RecoveryReport {
+        segments: ids.len() as u64,
+        ..Default::default()
+    };
     let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
     // Extents known good: (segment, offset) -> span bytes.
     let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
@@ -141,11 +164,21 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             report.records += 1;
             if !scan.sealed && r.header.payload_bytes > 0 && !verify_payload(&file, r).await? {
                 report.corrupt_records += 1;
-                tracing::warn!(shard = cfg.shard_id, segment_id, offset = r.offset, "dropping record whose payload fails its CRC");
+                tracing::warn!(
+                    shard = cfg.shard_id,
+                    segment_id,
+                    offset = r.offset,
+                    "dropping record whose payload fails its CRC"
+                );
                 continue;
             }
             max_seq = max_seq.max(r.header.seq);
-            let loc = Loc { segment_id, offset: r.offset, header_bytes: r.header_bytes, payload_bytes: r.header.payload_bytes };
+            let loc = Loc {
+                segment_id,
+                offset: r.offset,
+                header_bytes: r.header_bytes,
+                payload_bytes: r.header.payload_bytes,
+            };
             if r.header.kind() == Kind::Extent {
                 extents_ok.insert((segment_id, r.offset));
                 continue;
@@ -157,7 +190,12 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 count_record(&mut candidates, &r.header, None);
                 continue;
             };
-            let entry = Entry { seq: r.header.seq, loc, state, older_on_disk: 0 };
+            let entry = Entry {
+                seq: r.header.seq,
+                loc,
+                state,
+                older_on_disk: 0,
+            };
             count_record(&mut candidates, &r.header, Some(entry));
         }
         let mut end_bytes = scan.valid_end;
@@ -166,7 +204,13 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             let cut_at = scan.valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
             if size_bytes > cut_at {
                 report.torn_tails_cut += 1;
-                tracing::warn!(shard = cfg.shard_id, segment_id, cut_at, size_bytes, "cutting torn tail");
+                tracing::warn!(
+                    shard = cfg.shard_id,
+                    segment_id,
+                    cut_at,
+                    size_bytes,
+                    "cutting torn tail"
+                );
             }
             if let Some(seal_end) = seal_segment(store, &file, segment_id, cut_at).await {
                 end_bytes = seal_end;
@@ -175,7 +219,12 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         }
         store.inner.segments.borrow_mut().insert(
             segment_id,
-            Segment { file: Rc::new(file), end_bytes, live_bytes: 0, sealed },
+            Segment {
+                file: Rc::new(file),
+                end_bytes,
+                live_bytes: 0,
+                sealed,
+            },
         );
     }
     for ((bucket, key), c) in candidates {
@@ -186,7 +235,10 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     }
     report.objects = store.objects_total() as u64;
     store.inner.next_seq.set(max_seq + 1);
-    store.inner.next_segment_id.set(ids.last().map_or(1, |id| id + 1));
+    store
+        .inner
+        .next_segment_id
+        .set(ids.last().map_or(1, |id| id + 1));
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -207,7 +259,10 @@ fn check_segment_header(scan: &ScanResult, shard_id: u32, segment_id: u64) -> Re
 fn keyed_state(h: &Header, extents_ok: &HashSet<(u64, u64)>) -> Option<State> {
     match &h.body {
         Body::Object { meta, extents } => {
-            if !extents.iter().all(|e| extents_ok.contains(&(e.segment_id, e.record_offset))) {
+            if !extents
+                .iter()
+                .all(|e| extents_ok.contains(&(e.segment_id, e.record_offset)))
+            {
                 return None;
             }
             Some(State::Live(ObjectInfo {
@@ -228,13 +283,20 @@ fn keyed_state(h: &Header, extents_ok: &HashSet<(u64, u64)>) -> Option<State> {
     }
 }
 
-fn count_record(candidates: &mut HashMap<(String, String), Candidate>, h: &Header, entry: Option<Entry>) {
+fn count_record(
+    candidates: &mut HashMap<(String, String), Candidate>,
+    h: &Header,
+    entry: Option<Entry>,
+) {
     if matches!(h.kind(), Kind::SegmentHeader | Kind::Seal | Kind::Extent) {
         return;
     }
     let c = candidates
         .entry((h.bucket.clone(), h.key.clone()))
-        .or_insert(Candidate { entry: None, records_on_disk: 0 });
+        .or_insert(Candidate {
+            entry: None,
+            records_on_disk: 0,
+        });
     c.records_on_disk += 1;
     if let Some(new) = entry {
         let better = match &c.entry {
@@ -261,7 +323,11 @@ async fn seal_segment(store: &Store, file: &SegFile, segment_id: u64, offset: u6
     let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
     buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
     let result = async {
-        store.fault(super::file::FaultPoint::Write { segment_id, offset, len_bytes: WRITE_ALIGN_BYTES })?;
+        store.fault(super::file::FaultPoint::Write {
+            segment_id,
+            offset,
+            len_bytes: WRITE_ALIGN_BYTES,
+        })?;
         file.write_at(buf, offset).await?;
         file.truncate(offset + WRITE_ALIGN_BYTES).await?;
         file.sync().await
@@ -270,7 +336,11 @@ async fn seal_segment(store: &Store, file: &SegFile, segment_id: u64, offset: u6
     match result {
         Ok(()) => Some(offset + header.len() as u64),
         Err(e) => {
-            tracing::warn!(shard = store.inner.cfg.shard_id, segment_id, "could not seal recovered segment: {e}");
+            tracing::warn!(
+                shard = store.inner.cfg.shard_id,
+                segment_id,
+                "could not seal recovered segment: {e}"
+            );
             None
         }
     }

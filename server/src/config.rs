@@ -1,0 +1,225 @@
+//! Configuration: CLI flags > environment > TOML file > defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+pub const ACCESS_KEY_DEFAULT: &str = "percore";
+pub const SECRET_KEY_DEFAULT: &str = "percore-secret";
+pub const S3_ADDR_DEFAULT: &str = "127.0.0.1:9000";
+pub const NATIVE_ADDR_DEFAULT: &str = "127.0.0.1:9100";
+pub const ADMIN_ADDR_DEFAULT: &str = "127.0.0.1:9300";
+pub const DATA_DIR_DEFAULT: &str = "./percore-data";
+
+/// `percore serve` flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory (default ./percore-data).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// S3 endpoint address (default 127.0.0.1:9000).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub s3: Option<SocketAddr>,
+    /// Native protocol address (default 127.0.0.1:9100; the protocol itself is not served yet).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub native: Option<SocketAddr>,
+    /// Admin (health) address (default 127.0.0.1:9300).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub admin: Option<SocketAddr>,
+    /// Number of shards (default: one per physical core).
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+    /// CPUs to pin shards to, e.g. 0-3,8 (default: the first hardware thread of each core).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Do not pin shards to CPUs (lets tests run more shards than cores).
+    #[arg(long)]
+    pub unpinned: bool,
+    /// TOML configuration file (flags override it).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// The TOML file; every key optional, unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data: Option<PathBuf>,
+    pub s3: Option<SocketAddr>,
+    pub native: Option<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub shards: Option<usize>,
+    pub cpus: Option<String>,
+    pub unpinned: Option<bool>,
+    pub region: Option<String>,
+    pub segment_bytes_max: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data: PathBuf,
+    pub s3: SocketAddr,
+    pub native: SocketAddr,
+    pub admin: SocketAddr,
+    pub shards: Option<usize>,
+    pub cpus: Option<Vec<usize>>,
+    pub unpinned: bool,
+    pub region: String,
+    pub segment_bytes_max: u64,
+    pub access_key: String,
+    pub secret_key: String,
+    pub default_credentials: bool,
+}
+
+impl ServerConfig {
+    /// Resolves flags, environment and file into one validated config.
+    pub fn resolve(
+        args: &ServeArgs,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<ServerConfig, String> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| format!("config file {}: {e}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let parse_addr = |v: String, what: &str| {
+            v.parse::<SocketAddr>()
+                .map_err(|_| format!("{what}: '{v}' is not ADDR:PORT"))
+        };
+        let s3 = match (args.s3, env("PERCORE_S3")) {
+            (Some(a), _) => a,
+            (None, Some(v)) => parse_addr(v, "PERCORE_S3")?,
+            (None, None) => file.s3.unwrap_or_else(|| S3_ADDR_DEFAULT.parse().unwrap()),
+        };
+        let cpus_text = args.cpus.clone().or(env("PERCORE_CPUS")).or(file.cpus);
+        let cpus = cpus_text
+            .map(|t| crate::topology::parse_cpu_list(&t))
+            .transpose()?;
+        let shards = match (args.shards, env("PERCORE_SHARDS")) {
+            (Some(n), _) => Some(n),
+            (None, Some(v)) => Some(
+                v.parse::<usize>()
+                    .map_err(|_| format!("PERCORE_SHARDS: '{v}' is not a number"))?,
+            ),
+            (None, None) => file.shards,
+        };
+        if let Some(n) = shards {
+            if n == 0 || n > percore_protocol::routing::SHARD_COUNT_MAX {
+                return Err(format!(
+                    "shards must be between 1 and {}",
+                    percore_protocol::routing::SHARD_COUNT_MAX
+                ));
+            }
+        }
+        let (access_key, secret_key, default_credentials) =
+            match (env("PERCORE_ACCESS_KEY"), env("PERCORE_SECRET_KEY")) {
+                (Some(a), Some(s)) if !a.is_empty() && !s.is_empty() => (a, s, false),
+                (None, None) => (
+                    ACCESS_KEY_DEFAULT.to_string(),
+                    SECRET_KEY_DEFAULT.to_string(),
+                    true,
+                ),
+                _ => return Err(
+                    "set both PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY (non-empty), or neither"
+                        .into(),
+                ),
+            };
+        let segment_bytes_max = file.segment_bytes_max.unwrap_or(256 << 20);
+        if !(4 << 20..=16 << 30).contains(&segment_bytes_max) {
+            return Err("segment_bytes_max must be between 4 MiB and 16 GiB".into());
+        }
+        Ok(ServerConfig {
+            data: args
+                .data
+                .clone()
+                .or(env("PERCORE_DATA").map(PathBuf::from))
+                .or(file.data)
+                .unwrap_or_else(|| DATA_DIR_DEFAULT.into()),
+            s3,
+            native: args
+                .native
+                .or(file.native)
+                .unwrap_or_else(|| NATIVE_ADDR_DEFAULT.parse().unwrap()),
+            admin: args
+                .admin
+                .or(file.admin)
+                .unwrap_or_else(|| ADMIN_ADDR_DEFAULT.parse().unwrap()),
+            shards,
+            cpus,
+            unpinned: args.unpinned || file.unpinned.unwrap_or(false),
+            region: file.region.unwrap_or_else(|| "us-east-1".into()),
+            segment_bytes_max,
+            access_key,
+            secret_key,
+            default_credentials,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ServerConfig::resolve(&ServeArgs::default(), &no_env).unwrap();
+        assert_eq!(c.s3.to_string(), S3_ADDR_DEFAULT);
+        assert_eq!(c.admin.to_string(), ADMIN_ADDR_DEFAULT);
+        assert!(c.default_credentials);
+        assert_eq!(c.data, PathBuf::from(DATA_DIR_DEFAULT));
+    }
+
+    #[test]
+    fn precedence_flag_over_env_over_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "s3 = \"127.0.0.1:1\"\nshards = 3\nregion = \"eu-west-1\"\n",
+        )
+        .unwrap();
+        let mut args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let env = |k: &str| (k == "PERCORE_S3").then(|| "127.0.0.1:2".to_string());
+        let c = ServerConfig::resolve(&args, &env).unwrap();
+        assert_eq!(
+            (c.s3.port(), c.shards, c.region.as_str()),
+            (2, Some(3), "eu-west-1")
+        );
+        args.s3 = Some("127.0.0.1:3".parse().unwrap());
+        assert_eq!(ServerConfig::resolve(&args, &env).unwrap().s3.port(), 3);
+        assert_eq!(ServerConfig::resolve(&args, &no_env).unwrap().s3.port(), 3);
+    }
+
+    #[test]
+    fn validation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "shard = 3\n").unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        assert!(ServerConfig::resolve(&args, &no_env)
+            .unwrap_err()
+            .contains("unknown field"));
+        let only_access = |k: &str| (k == "PERCORE_ACCESS_KEY").then(|| "a".to_string());
+        assert!(ServerConfig::resolve(&ServeArgs::default(), &only_access).is_err());
+        let args = ServeArgs {
+            shards: Some(0),
+            ..Default::default()
+        };
+        assert!(ServerConfig::resolve(&args, &no_env).is_err());
+    }
+}

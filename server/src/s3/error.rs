@@ -1,0 +1,93 @@
+//! S3 errors: one type, mapped once to status, code and XML.
+
+use crate::http::HttpError;
+use crate::s3::sigv4::AuthError;
+use crate::shard::msg::ShardError;
+
+#[derive(Debug, Clone)]
+pub struct S3Error {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl S3Error {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> S3Error {
+        S3Error {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn no_such_bucket() -> S3Error {
+        S3Error::new(404, "NoSuchBucket", "The specified bucket does not exist")
+    }
+
+    pub fn no_such_key() -> S3Error {
+        S3Error::new(404, "NoSuchKey", "The specified key does not exist.")
+    }
+
+    pub fn invalid_argument(message: impl Into<String>) -> S3Error {
+        S3Error::new(400, "InvalidArgument", message)
+    }
+
+    pub fn not_implemented(what: &str) -> S3Error {
+        S3Error::new(
+            501,
+            "NotImplemented",
+            format!("{what} is not implemented by percore yet"),
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> S3Error {
+        S3Error::new(500, "InternalError", message)
+    }
+}
+
+impl From<ShardError> for S3Error {
+    fn from(e: ShardError) -> S3Error {
+        match e {
+            ShardError::NoSuchKey => S3Error::no_such_key(),
+            ShardError::NoSuchBucket => S3Error::no_such_bucket(),
+            ShardError::BucketNotEmpty => {
+                S3Error::new(409, "BucketNotEmpty", "The bucket you tried to delete is not empty")
+            }
+            ShardError::Busy => S3Error::new(503, "SlowDown", "Please reduce your request rate."),
+            ShardError::NoSpace(m) => S3Error::new(
+                507,
+                "InsufficientStorage",
+                format!("The server is out of disk space ({m}); free space or add capacity, then retry."),
+            ),
+            ShardError::Corrupt(m) => {
+                S3Error::internal(format!("Stored data failed its checksum and was not served: {m}"))
+            }
+            ShardError::Internal(m) => S3Error::internal(m),
+            ShardError::ShuttingDown => S3Error::new(503, "ServiceUnavailable", "The server is shutting down."),
+        }
+    }
+}
+
+impl From<AuthError> for S3Error {
+    fn from(e: AuthError) -> S3Error {
+        S3Error {
+            status: e.http_status(),
+            code: e.s3_code(),
+            message: e.message(),
+        }
+    }
+}
+
+impl From<HttpError> for S3Error {
+    fn from(e: HttpError) -> S3Error {
+        let code = match e.status() {
+            408 => "RequestTimeout",
+            413 => "EntityTooLarge",
+            431 => "RequestHeaderSectionTooLarge",
+            501 => "NotImplemented",
+            505 => "HttpVersionNotSupported",
+            _ => "BadRequest",
+        };
+        S3Error::new(e.status(), code, e.to_string())
+    }
+}

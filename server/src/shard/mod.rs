@@ -1,0 +1,475 @@
+//! The per-core shard: its store, its replicated bucket view, and the
+//! channels to every other shard.
+//!
+//! A request that arrives on shard A for a key owned by shard B is sent to B as
+//! an `Op` over a bounded single-producer channel (A -> B); B runs it on its
+//! own executor and the `Reply` comes back over B -> A. Nothing is shared
+//! between shards but these channels.
+//!
+//! Buckets live on the bucket-owner shard (shard 0) as durable records; every
+//! shard keeps a read-only copy of the bucket set, updated by shard 0 before
+//! it acknowledges a CreateBucket or DeleteBucket.
+
+pub mod msg;
+pub mod object;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use bytes::Bytes;
+use futures::channel::oneshot;
+use glommio::channels::shared_channel::{
+    ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
+};
+use percore_protocol::routing;
+
+use crate::store::{ObjectReader, PutWriter, Store, StoreError};
+use msg::{Msg, Op, Reply, SessionId, ShardError};
+
+/// The shard that holds bucket records.
+pub const BUCKET_OWNER_SHARD: usize = 0;
+/// Messages queued per directed shard pair before senders wait.
+pub const CHANNEL_CAPACITY: usize = 1024;
+/// Open read/put sessions held for other shards, per shard.
+pub const SESSIONS_MAX: usize = 4096;
+
+/// One end of the channels from and to every other shard, built on the main
+/// thread and moved into each shard's thread.
+pub struct Wiring {
+    /// `to[j]`: sender to shard j (None for self).
+    pub to: Vec<Option<SharedSender<Msg>>>,
+    /// `from[j]`: receiver from shard j (None for self).
+    pub from: Vec<Option<SharedReceiver<Msg>>>,
+}
+
+/// Builds the full mesh of directed channels for `n` shards.
+pub fn wire(n: usize) -> Vec<Wiring> {
+    let mut wirings: Vec<Wiring> = (0..n)
+        .map(|_| Wiring {
+            to: (0..n).map(|_| None).collect(),
+            from: (0..n).map(|_| None).collect(),
+        })
+        .collect();
+    for i in 0..n {
+        for j in 0..n {
+            if i != j {
+                let (tx, rx) = glommio::channels::shared_channel::new_bounded(CHANNEL_CAPACITY);
+                wirings[i].to[j] = Some(tx);
+                wirings[j].from[i] = Some(rx);
+            }
+        }
+    }
+    wirings
+}
+
+#[derive(Debug, Clone)]
+pub struct BucketView {
+    pub created_ms: u64,
+    /// Set while shard 0 checks emptiness for a DeleteBucket.
+    pub locked: bool,
+}
+
+enum Session {
+    Read(ObjectReader),
+    Put(PutWriter),
+}
+
+pub struct Shard {
+    pub id: usize,
+    pub count: usize,
+    pub seed: u64,
+    pub store: Store,
+    senders: RefCell<Vec<Option<Rc<ConnectedSender<Msg>>>>>,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_request_id: Cell<u64>,
+    buckets: RefCell<BTreeMap<String, BucketView>>,
+    /// PUTs in progress per bucket on this shard (for DeleteBucket).
+    puts_in_flight: RefCell<HashMap<String, usize>>,
+    sessions: RefCell<HashMap<SessionId, Session>>,
+    next_session: Cell<SessionId>,
+    started: Cell<bool>,
+    start_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+}
+
+impl Shard {
+    pub fn new(id: usize, count: usize, seed: u64, store: Store) -> Rc<Shard> {
+        assert!(id < count);
+        Rc::new(Shard {
+            id,
+            count,
+            seed,
+            store,
+            senders: RefCell::new(Vec::new()),
+            pending: RefCell::new(HashMap::new()),
+            next_request_id: Cell::new(1),
+            buckets: RefCell::new(BTreeMap::new()),
+            puts_in_flight: RefCell::new(HashMap::new()),
+            sessions: RefCell::new(HashMap::new()),
+            next_session: Cell::new(1),
+            started: Cell::new(false),
+            start_waiters: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// Connects the channels and starts one receive task per peer. Each
+    /// connect waits for the other end, so all of them run concurrently.
+    pub async fn connect(self: &Rc<Self>, wiring: Wiring) {
+        let senders = futures::future::join_all(wiring.to.into_iter().map(|tx| async move {
+            match tx {
+                Some(tx) => Some(Rc::new(tx.connect().await)),
+                None => None,
+            }
+        }));
+        let receivers = futures::future::join_all(wiring.from.into_iter().map(|rx| async move {
+            match rx {
+                Some(rx) => Some(rx.connect().await),
+                None => None,
+            }
+        }));
+        let (senders, receivers) = futures::future::join(senders, receivers).await;
+        *self.senders.borrow_mut() = senders;
+        for (peer, rx) in receivers.into_iter().enumerate() {
+            if let Some(rx) = rx {
+                let me = self.clone();
+                glommio::spawn_local(async move { me.receive_loop(peer, rx).await }).detach();
+            }
+        }
+    }
+
+    async fn receive_loop(self: Rc<Self>, peer: usize, rx: ConnectedReceiver<Msg>) {
+        while let Some(msg) = rx.recv().await {
+            match msg {
+                Msg::Req { id, op } => {
+                    let me = self.clone();
+                    glommio::spawn_local(async move {
+                        let reply = me.execute(op).await;
+                        let tx = me.senders.borrow()[peer].clone().expect("peer sender");
+                        let _ = tx.send(Msg::Resp { id, reply }).await;
+                    })
+                    .detach();
+                }
+                Msg::Resp { id, reply } => {
+                    if let Some(waiter) = self.pending.borrow_mut().remove(&id) {
+                        let _ = waiter.send(reply);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The shard that owns (bucket, key): the one placement function.
+    pub fn owner_of(&self, bucket: &str, key: &str) -> usize {
+        routing::owner_shard(self.seed, self.count, bucket.as_bytes(), key.as_bytes())
+    }
+
+    /// Runs `op` on shard `target`: directly if that is us, else by message.
+    pub async fn call(self: &Rc<Self>, target: usize, op: Op) -> Reply {
+        if target == self.id {
+            return self.execute(op).await;
+        }
+        let id = self.next_request_id.get();
+        self.next_request_id.set(id + 1);
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(id, tx);
+        let sender = self.senders.borrow()[target]
+            .clone()
+            .expect("sender to peer");
+        if sender.send(Msg::Req { id, op }).await.is_err() {
+            self.pending.borrow_mut().remove(&id);
+            return Reply::Err(ShardError::ShuttingDown);
+        }
+        rx.await.unwrap_or(Reply::Err(ShardError::ShuttingDown))
+    }
+
+    /// Runs `op` on every shard concurrently; replies in shard order.
+    pub async fn call_all(self: &Rc<Self>, make: impl Fn() -> Op) -> Vec<Reply> {
+        let calls: Vec<_> = (0..self.count).map(|s| self.call(s, make())).collect();
+        futures::future::join_all(calls).await
+    }
+
+    /// Waits for the bucket-owner shard's start signal.
+    pub async fn wait_started(&self) {
+        if self.started.get() {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.start_waiters.borrow_mut().push(tx);
+        let _ = rx.await;
+    }
+
+    // ----------------------------------------------------------------------
+    // Buckets (replicated view)
+    // ----------------------------------------------------------------------
+
+    pub fn bucket_exists(&self, name: &str) -> bool {
+        self.buckets.borrow().get(name).is_some_and(|b| !b.locked)
+    }
+
+    pub fn bucket_list(&self) -> Vec<(String, u64)> {
+        self.buckets
+            .borrow()
+            .iter()
+            .map(|(n, b)| (n.clone(), b.created_ms))
+            .collect()
+    }
+
+    /// On the bucket-owner shard at start-up: push the recovered bucket set
+    /// to every shard before anyone serves requests.
+    pub async fn publish_buckets(self: &Rc<Self>) {
+        assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        for (name, created_ms) in self.store.bucket_records() {
+            for s in 0..self.count {
+                self.call(
+                    s,
+                    Op::BucketApply {
+                        name: name.clone(),
+                        created_ms: Some(created_ms),
+                    },
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn bucket_create(self: &Rc<Self>, name: String) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        match self.store.bucket_create(&name).await {
+            Ok(true) => {}
+            Ok(false) => return Reply::Created(false),
+            Err(e) => return Reply::Err(store_error(e)),
+        }
+        let created_ms = self
+            .store
+            .bucket_records()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, c)| c);
+        self.call_all(|| Op::BucketApply {
+            name: name.clone(),
+            created_ms: Some(created_ms),
+        })
+        .await;
+        Reply::Created(true)
+    }
+
+    /// Lock the bucket everywhere, count its objects, delete if empty.
+    async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        if !self.bucket_exists(&name) {
+            return Reply::Err(ShardError::NoSuchBucket);
+        }
+        let counts = self
+            .call_all(|| Op::BucketLock { name: name.clone() })
+            .await;
+        let objects: usize = counts
+            .iter()
+            .map(|r| if let Reply::Count(n) = r { *n } else { 1 })
+            .sum();
+        if objects > 0 {
+            self.call_all(|| Op::BucketUnlock { name: name.clone() })
+                .await;
+            return Reply::Err(ShardError::BucketNotEmpty);
+        }
+        if let Err(e) = self.store.bucket_delete(&name).await {
+            self.call_all(|| Op::BucketUnlock { name: name.clone() })
+                .await;
+            return Reply::Err(store_error(e));
+        }
+        self.call_all(|| Op::BucketApply {
+            name: name.clone(),
+            created_ms: None,
+        })
+        .await;
+        Reply::Ok
+    }
+
+    /// Tracks a PUT into `bucket` so that DeleteBucket sees it.
+    fn put_started(&self, bucket: &str) {
+        *self
+            .puts_in_flight
+            .borrow_mut()
+            .entry(bucket.to_string())
+            .or_default() += 1;
+    }
+
+    fn put_ended(&self, bucket: &str) {
+        let mut map = self.puts_in_flight.borrow_mut();
+        if let Some(n) = map.get_mut(bucket) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(bucket);
+            }
+        }
+    }
+
+    // ----------------------------------------------------------------------
+    // Executing operations on the owner
+    // ----------------------------------------------------------------------
+
+    fn new_session(&self, s: Session) -> Result<SessionId, ShardError> {
+        let mut sessions = self.sessions.borrow_mut();
+        if sessions.len() >= SESSIONS_MAX {
+            return Err(ShardError::Busy);
+        }
+        let id = self.next_session.get();
+        self.next_session.set(id + 1);
+        sessions.insert(id, s);
+        Ok(id)
+    }
+
+    pub async fn execute(self: &Rc<Self>, op: Op) -> Reply {
+        match op {
+            Op::Head { bucket, key } => Reply::Head(self.store.head(&bucket, &key)),
+            Op::ReadOpen { bucket, key } => match self.store.open_read(&bucket, &key).await {
+                Ok(reader) => {
+                    let meta = reader.meta.clone();
+                    match self.new_session(Session::Read(reader)) {
+                        Ok(session) => Reply::Opened { session, meta },
+                        Err(e) => Reply::Err(e),
+                    }
+                }
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::ReadChunk {
+                session,
+                offset,
+                len_bytes,
+            } => {
+                let Some(Session::Read(mut reader)) = self.sessions.borrow_mut().remove(&session)
+                else {
+                    return Reply::Err(ShardError::Internal("unknown read session".into()));
+                };
+                let result = reader.read(offset, len_bytes).await;
+                self.sessions
+                    .borrow_mut()
+                    .insert(session, Session::Read(reader));
+                match result {
+                    Ok(data) => Reply::Data(Bytes::copy_from_slice(&data)),
+                    Err(e) => Reply::Err(store_error(e)),
+                }
+            }
+            Op::ReadClose { session } | Op::PutAbort { session } => {
+                if let Some(Session::Put(w)) = self.sessions.borrow_mut().remove(&session) {
+                    self.put_ended(w.bucket());
+                }
+                Reply::Ok
+            }
+            Op::PutOpen { bucket, key, meta } => {
+                if !self.bucket_exists(&bucket) {
+                    return Reply::Err(ShardError::NoSuchBucket);
+                }
+                self.put_started(&bucket);
+                let writer = self.store.put_stream(&bucket, &key, meta);
+                match self.new_session(Session::Put(writer)) {
+                    Ok(id) => Reply::Session(id),
+                    Err(e) => {
+                        self.put_ended(&bucket);
+                        Reply::Err(e)
+                    }
+                }
+            }
+            Op::PutData { session, data } => {
+                let Some(Session::Put(mut w)) = self.sessions.borrow_mut().remove(&session) else {
+                    return Reply::Err(ShardError::Internal("unknown put session".into()));
+                };
+                match w.write(data).await {
+                    Ok(()) => {
+                        self.sessions.borrow_mut().insert(session, Session::Put(w));
+                        Reply::Ok
+                    }
+                    Err(e) => {
+                        self.put_ended(w.bucket());
+                        Reply::Err(store_error(e))
+                    }
+                }
+            }
+            Op::PutFinish { session, etag } => {
+                let Some(Session::Put(mut w)) = self.sessions.borrow_mut().remove(&session) else {
+                    return Reply::Err(ShardError::Internal("unknown put session".into()));
+                };
+                let bucket = w.bucket().to_string();
+                w.set_etag(etag);
+                let result = w.finish().await;
+                self.put_ended(&bucket);
+                match result {
+                    Ok(info) => Reply::Put(info),
+                    Err(e) => Reply::Err(store_error(e)),
+                }
+            }
+            Op::Delete { bucket, key } => match self.store.delete(&bucket, &key).await {
+                Ok(existed) => Reply::Deleted(existed),
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::List {
+                bucket,
+                prefix,
+                start_after,
+                delimiter,
+                limit,
+            } => Reply::List(self.store.list(
+                &bucket,
+                &prefix,
+                &start_after,
+                delimiter.as_deref(),
+                limit,
+            )),
+            Op::BucketCreate { name } => self.bucket_create(name).await,
+            Op::BucketDelete { name } => self.bucket_delete(name).await,
+            Op::BucketApply { name, created_ms } => {
+                let mut buckets = self.buckets.borrow_mut();
+                match created_ms {
+                    Some(created_ms) => {
+                        buckets.insert(
+                            name,
+                            BucketView {
+                                created_ms,
+                                locked: false,
+                            },
+                        );
+                    }
+                    None => {
+                        buckets.remove(&name);
+                    }
+                }
+                Reply::Ok
+            }
+            Op::BucketLock { name } => {
+                if let Some(b) = self.buckets.borrow_mut().get_mut(&name) {
+                    b.locked = true;
+                }
+                let writing = self
+                    .puts_in_flight
+                    .borrow()
+                    .get(&name)
+                    .copied()
+                    .unwrap_or(0);
+                Reply::Count(self.store.object_count(&name) + writing)
+            }
+            Op::Start => {
+                self.started.set(true);
+                for w in self.start_waiters.borrow_mut().drain(..) {
+                    let _ = w.send(());
+                }
+                Reply::Ok
+            }
+            Op::BucketUnlock { name } => {
+                if let Some(b) = self.buckets.borrow_mut().get_mut(&name) {
+                    b.locked = false;
+                }
+                Reply::Ok
+            }
+        }
+    }
+}
+
+pub fn store_error(e: StoreError) -> ShardError {
+    match e {
+        StoreError::NotFound => ShardError::NoSuchKey,
+        StoreError::NoSpace(e) => ShardError::NoSpace(e.to_string()),
+        StoreError::Corrupt { .. } => ShardError::Corrupt(e.to_string()),
+        StoreError::ShuttingDown => ShardError::ShuttingDown,
+        StoreError::Busy => ShardError::Busy,
+        other => ShardError::Internal(other.to_string()),
+    }
+}

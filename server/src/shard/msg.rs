@@ -1,0 +1,117 @@
+//! Messages between shards. Everything here is `Send`: it crosses threads
+//! over bounded glommio shared channels, once per hop.
+
+use bytes::Bytes;
+
+use crate::store::record::ObjectMeta;
+use crate::store::{ListItem, ObjectInfo};
+
+pub type SessionId = u64;
+
+#[derive(Debug)]
+pub enum Op {
+    Head {
+        bucket: String,
+        key: String,
+    },
+    ReadOpen {
+        bucket: String,
+        key: String,
+    },
+    ReadChunk {
+        session: SessionId,
+        offset: u64,
+        len_bytes: u64,
+    },
+    ReadClose {
+        session: SessionId,
+    },
+    PutOpen {
+        bucket: String,
+        key: String,
+        meta: ObjectMeta,
+    },
+    PutData {
+        session: SessionId,
+        data: Bytes,
+    },
+    PutFinish {
+        session: SessionId,
+        etag: String,
+    },
+    PutAbort {
+        session: SessionId,
+    },
+    Delete {
+        bucket: String,
+        key: String,
+    },
+    List {
+        bucket: String,
+        prefix: String,
+        start_after: String,
+        delimiter: Option<String>,
+        limit: usize,
+    },
+    /// To the bucket-owner shard.
+    BucketCreate {
+        name: String,
+    },
+    /// To the bucket-owner shard.
+    BucketDelete {
+        name: String,
+    },
+    /// From the bucket-owner shard: `name` now exists (Some) or not (None).
+    BucketApply {
+        name: String,
+        created_ms: Option<u64>,
+    },
+    /// From the bucket-owner shard: refuse new PUTs into `name` and report
+    /// how many objects (stored or being written) it holds here.
+    BucketLock {
+        name: String,
+    },
+    BucketUnlock {
+        name: String,
+    },
+    /// From the bucket-owner shard at start-up: buckets are published,
+    /// start serving.
+    Start,
+}
+
+#[derive(Debug)]
+pub enum Reply {
+    Ok,
+    Err(ShardError),
+    Head(Option<ObjectInfo>),
+    Opened {
+        session: SessionId,
+        meta: ObjectMeta,
+    },
+    Data(Bytes),
+    Session(SessionId),
+    Put(ObjectInfo),
+    Deleted(bool),
+    List(Vec<ListItem>),
+    Created(bool),
+    Count(usize),
+}
+
+/// Errors that cross shards; mapped to S3 errors by the front door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardError {
+    NoSuchKey,
+    NoSuchBucket,
+    BucketNotEmpty,
+    /// Too many sessions or queued bytes: retry later (S3 SlowDown).
+    Busy,
+    NoSpace(String),
+    Corrupt(String),
+    Internal(String),
+    ShuttingDown,
+}
+
+pub enum Msg {
+    Req { id: u64, op: Op },
+    Resp { id: u64, reply: Reply },
+}

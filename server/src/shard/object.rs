@@ -1,0 +1,264 @@
+//! Reading and writing one object from the shard a request arrived on:
+//! directly when this shard owns the key, through a session on the owner
+//! otherwise. The front doors use only these two types.
+
+use std::ops::Deref;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use glommio::io::ReadResult;
+
+use super::msg::{Op, Reply, SessionId, ShardError};
+use super::{store_error, Shard};
+use crate::store::record::ObjectMeta;
+use crate::store::{ObjectInfo, ObjectReader, PutWriter};
+
+/// Bytes of an object: a verified view of a read buffer (local) or a copy
+/// that crossed from the owner shard (remote).
+pub enum Chunk {
+    Local(ReadResult),
+    Remote(Bytes),
+}
+
+impl Deref for Chunk {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Chunk::Local(r) => r,
+            Chunk::Remote(b) => b,
+        }
+    }
+}
+
+fn unexpected(r: Reply) -> ShardError {
+    match r {
+        Reply::Err(e) => e,
+        other => ShardError::Internal(format!("unexpected reply {other:?}")),
+    }
+}
+
+pub enum ObjectSource {
+    Local(ObjectReader),
+    Remote {
+        shard: Rc<Shard>,
+        owner: usize,
+        session: Option<SessionId>,
+    },
+}
+
+impl ObjectSource {
+    pub async fn open(
+        shard: &Rc<Shard>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(ObjectSource, ObjectMeta), ShardError> {
+        let owner = shard.owner_of(bucket, key);
+        if owner == shard.id {
+            let reader = shard
+                .store
+                .open_read(bucket, key)
+                .await
+                .map_err(store_error)?;
+            let meta = reader.meta.clone();
+            return Ok((ObjectSource::Local(reader), meta));
+        }
+        match shard
+            .call(
+                owner,
+                Op::ReadOpen {
+                    bucket: bucket.into(),
+                    key: key.into(),
+                },
+            )
+            .await
+        {
+            Reply::Opened { session, meta } => Ok((
+                ObjectSource::Remote {
+                    shard: shard.clone(),
+                    owner,
+                    session: Some(session),
+                },
+                meta,
+            )),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `len_bytes` at `offset`; shorter at internal boundaries.
+    pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<Chunk, ShardError> {
+        match self {
+            ObjectSource::Local(r) => r
+                .read(offset, len_bytes)
+                .await
+                .map(Chunk::Local)
+                .map_err(store_error),
+            ObjectSource::Remote {
+                shard,
+                owner,
+                session,
+            } => {
+                let session = session.expect("open session");
+                match shard
+                    .call(
+                        *owner,
+                        Op::ReadChunk {
+                            session,
+                            offset,
+                            len_bytes,
+                        },
+                    )
+                    .await
+                {
+                    Reply::Data(b) => Ok(Chunk::Remote(b)),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ObjectSource {
+    fn drop(&mut self) {
+        if let ObjectSource::Remote {
+            shard,
+            owner,
+            session,
+        } = self
+        {
+            if let Some(session) = session.take() {
+                let (shard, owner) = (shard.clone(), *owner);
+                glommio::spawn_local(async move {
+                    shard.call(owner, Op::ReadClose { session }).await;
+                })
+                .detach();
+            }
+        }
+    }
+}
+
+pub enum ObjectSink {
+    Local {
+        shard: Rc<Shard>,
+        writer: Option<PutWriter>,
+    },
+    Remote {
+        shard: Rc<Shard>,
+        owner: usize,
+        session: Option<SessionId>,
+    },
+}
+
+impl ObjectSink {
+    /// Starts a PUT on the owner; fails with NoSuchBucket if the bucket is
+    /// missing or being deleted.
+    pub async fn open(
+        shard: &Rc<Shard>,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+    ) -> Result<ObjectSink, ShardError> {
+        let owner = shard.owner_of(bucket, key);
+        if owner == shard.id {
+            if !shard.bucket_exists(bucket) {
+                return Err(ShardError::NoSuchBucket);
+            }
+            shard.put_started(bucket);
+            let writer = shard.store.put_stream(bucket, key, meta);
+            return Ok(ObjectSink::Local {
+                shard: shard.clone(),
+                writer: Some(writer),
+            });
+        }
+        match shard
+            .call(
+                owner,
+                Op::PutOpen {
+                    bucket: bucket.into(),
+                    key: key.into(),
+                    meta,
+                },
+            )
+            .await
+        {
+            Reply::Session(session) => Ok(ObjectSink::Remote {
+                shard: shard.clone(),
+                owner,
+                session: Some(session),
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn write(&mut self, data: Bytes) -> Result<(), ShardError> {
+        match self {
+            ObjectSink::Local { writer, .. } => writer
+                .as_mut()
+                .expect("open writer")
+                .write(data)
+                .await
+                .map_err(store_error),
+            ObjectSink::Remote {
+                shard,
+                owner,
+                session,
+            } => {
+                let session = session.expect("open session");
+                match shard.call(*owner, Op::PutData { session, data }).await {
+                    Reply::Ok => Ok(()),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+
+    /// Makes the object durable and visible.
+    pub async fn finish(mut self, etag: String) -> Result<ObjectInfo, ShardError> {
+        match &mut self {
+            ObjectSink::Local { shard, writer } => {
+                let mut w = writer.take().expect("open writer");
+                w.set_etag(etag);
+                let bucket = w.bucket().to_string();
+                let result = w.finish().await.map_err(store_error);
+                shard.put_ended(&bucket);
+                result
+            }
+            ObjectSink::Remote {
+                shard,
+                owner,
+                session,
+            } => {
+                let session = session.take().expect("open session");
+                match shard.call(*owner, Op::PutFinish { session, etag }).await {
+                    Reply::Put(info) => Ok(info),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ObjectSink {
+    /// An unfinished PUT leaves nothing visible; release its session.
+    fn drop(&mut self) {
+        match self {
+            ObjectSink::Local { shard, writer } => {
+                if let Some(w) = writer.take() {
+                    shard.put_ended(w.bucket());
+                }
+            }
+            ObjectSink::Remote {
+                shard,
+                owner,
+                session,
+            } => {
+                if let Some(session) = session.take() {
+                    let (shard, owner) = (shard.clone(), *owner);
+                    glommio::spawn_local(async move {
+                        shard.call(owner, Op::PutAbort { session }).await;
+                    })
+                    .detach();
+                }
+            }
+        }
+    }
+}
