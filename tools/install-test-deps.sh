@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the build and the test suite need; safe to run repeatedly.
+# With --build, only the packages needed to build and run the server.
 #   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 set -euo pipefail
@@ -36,6 +37,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 else
     say "apt packages present: ${APT_PACKAGES[*]}"
+fi
+
+# `--build`: only what building and running the server needs.
+if [ "${1:-}" = "--build" ]; then
+    exit 0
 fi
 
 # --- Python packages ---------------------------------------------------------
