@@ -88,7 +88,14 @@ fn key(i: usize) -> String {
     format!("bench/{i:010}")
 }
 
-async fn run_parallel(store: &Store, count: usize, concurrency: usize, op: impl Fn(Store, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> + Clone + 'static) -> f64 {
+async fn run_parallel(
+    store: &Store,
+    count: usize,
+    concurrency: usize,
+    op: impl Fn(Store, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+        + Clone
+        + 'static,
+) -> f64 {
     let started = Instant::now();
     let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
     let tasks: Vec<_> = (0..concurrency)
@@ -128,7 +135,10 @@ fn engine(dir: PathBuf, sizes: Vec<usize>, bytes: u64, concurrency: usize, cpu: 
                 let put_s = run_parallel(&store, count, concurrency, move |s, i| {
                     let p = p.clone();
                     Box::pin(async move {
-                        let meta = ObjectMeta { etag: "e".into(), ..Default::default() };
+                        let meta = ObjectMeta {
+                            etag: "e".into(),
+                            ..Default::default()
+                        };
                         s.put("b", &key(i), meta, p).await.unwrap();
                     })
                 })
@@ -180,7 +190,11 @@ fn recovery(dir: PathBuf, objects: usize, size: usize, cpu: Option<usize>) {
             run_parallel(&store, objects, 256, move |s, i| {
                 let p = payload.clone();
                 Box::pin(async move {
-                    let meta = ObjectMeta { etag: "0123456789abcdef0123456789abcdef".into(), content_type: "application/octet-stream".into(), ..Default::default() };
+                    let meta = ObjectMeta {
+                        etag: "0123456789abcdef0123456789abcdef".into(),
+                        content_type: "application/octet-stream".into(),
+                        ..Default::default()
+                    };
                     s.put("b", &key(i), meta, p).await.unwrap();
                     if i % step == 0 {
                         eprint!("\rwriting {i}/{objects}");
@@ -188,7 +202,10 @@ fn recovery(dir: PathBuf, objects: usize, size: usize, cpu: Option<usize>) {
                 })
             })
             .await;
-            eprintln!("\rwrote {objects} objects of {size} B in {:.1} s", started.elapsed().as_secs_f64());
+            eprintln!(
+                "\rwrote {objects} objects of {size} B in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
             store.shutdown().await;
         })
         .unwrap()
@@ -223,7 +240,18 @@ fn recovery(dir: PathBuf, objects: usize, size: usize, cpu: Option<usize>) {
 
 fn main() {
     match Cli::parse().command {
-        Cmd::Engine { dir, sizes, bytes, concurrency, cpu } => engine(dir, sizes, bytes, concurrency, cpu),
-        Cmd::Recovery { dir, objects, size, cpu } => recovery(dir, objects, size, cpu),
+        Cmd::Engine {
+            dir,
+            sizes,
+            bytes,
+            concurrency,
+            cpu,
+        } => engine(dir, sizes, bytes, concurrency, cpu),
+        Cmd::Recovery {
+            dir,
+            objects,
+            size,
+            cpu,
+        } => recovery(dir, objects, size, cpu),
     }
 }

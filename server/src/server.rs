@@ -17,6 +17,9 @@ use crate::store::{file, Store, StoreConfig};
 use crate::topology::{self, ShardPlacement};
 use crate::{checks, metadata};
 
+/// Open S3 connections per shard.
+pub const CONNECTIONS_PER_SHARD_MAX: usize = 4096;
+
 /// What shards tell the main thread (start-up and shutdown only).
 enum Event {
     Ready(usize),
@@ -257,6 +260,13 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         loop {
             match listener.accept().await {
                 Ok(stream) => {
+                    // Bounded: past the limit a connection is closed at once
+                    // (clients retry), so the shard keeps serving the others.
+                    if accept_front.connections_open.get() >= CONNECTIONS_PER_SHARD_MAX {
+                        tracing::warn!(shard = accept_front.shard.id, "connection limit {CONNECTIONS_PER_SHARD_MAX} reached; closing a new connection");
+                        drop(stream);
+                        continue;
+                    }
                     glommio::spawn_local(accept_front.clone().serve_connection(stream)).detach();
                 }
                 Err(e) => {

@@ -66,6 +66,7 @@ pub struct S3Front {
     pub cfg: Rc<S3Config>,
     requests_total: Cell<u64>,
     pub requests_in_flight: Cell<usize>,
+    pub connections_open: Cell<usize>,
     pub draining: Cell<bool>,
 }
 
@@ -137,6 +138,7 @@ impl S3Front {
             cfg,
             requests_total: Cell::new(0),
             requests_in_flight: Cell::new(0),
+            connections_open: Cell::new(0),
             draining: Cell::new(false),
         })
     }
@@ -149,6 +151,12 @@ impl S3Front {
 
     /// Serves one connection until it closes, errs or the server drains.
     pub async fn serve_connection(self: Rc<Self>, stream: TcpStream) {
+        self.connections_open.set(self.connections_open.get() + 1);
+        self.serve_connection_inner(stream).await;
+        self.connections_open.set(self.connections_open.get() - 1);
+    }
+
+    async fn serve_connection_inner(&self, stream: TcpStream) {
         let loopback = stream
             .peer_addr()
             .map(|a| a.ip().is_loopback())
