@@ -61,6 +61,22 @@ enum Cmd {
         #[arg(long)]
         cpu: Option<usize>,
     },
+    /// Data ring: NOP round trip through the eventfd bridge, and 4 KiB
+    /// random O_DIRECT reads with glommio's DMA path vs READ_FIXED on the
+    /// shard's own ring, same file, same concurrency.
+    Ring {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 200_000)]
+        reads: usize,
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Use SQPOLL with the poller on this CPU.
+        #[arg(long)]
+        sqpoll_cpu: Option<u32>,
+        #[arg(long)]
+        cpu: Option<usize>,
+    },
     /// Recovery time and index bytes per object.
     Recovery {
         #[arg(long)]
@@ -238,6 +254,116 @@ fn recovery(dir: PathBuf, objects: usize, size: usize, cpu: Option<usize>) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+fn ring(
+    dir: PathBuf,
+    reads: usize,
+    concurrency: usize,
+    sqpoll_cpu: Option<u32>,
+    cpu: Option<usize>,
+) {
+    use percore_server::ring::{pool::BufferPool, DataRing, RingConfig};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file_bytes: u64 = 1 << 30;
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ring-bench.dat");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0xa5u8; 1 << 20];
+        for _ in 0..file_bytes >> 20 {
+            f.write_all(&chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let p = path.clone();
+    executor(cpu)
+        .spawn(move || async move {
+            let mut cfg = RingConfig::default();
+            if let Some(c) = sqpoll_cpu {
+                cfg.sqpoll_idle_ms = Some(100);
+                cfg.sqpoll_cpu = Some(c);
+            }
+            let pool = BufferPool::new(4096, concurrency.max(1)).unwrap();
+            let ring = DataRing::new(cfg, Some(pool.clone())).unwrap();
+            // Round trips: one NOP at a time, through submit + eventfd + wake.
+            let mut lat = Vec::with_capacity(20_000);
+            for _ in 0..20_000 {
+                let t = Instant::now();
+                ring.nop().await;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            println!("| NOP round trip (sqpoll {}) | p50 {:.1} us | p99 {:.1} us |", sqpoll_cpu.is_some(), percentile(&lat, 0.5), percentile(&lat, 0.99));
+            let offsets: Vec<u64> = {
+                use rand::Rng;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+                (0..reads).map(|_| rng.gen_range(0..file_bytes / 4096) * 4096).collect()
+            };
+            let offsets = std::rc::Rc::new(offsets);
+            // glommio DMA path.
+            let dma = std::rc::Rc::new(glommio::io::DmaFile::open(&p).await.unwrap());
+            let next = std::rc::Rc::new(std::cell::Cell::new(0usize));
+            let t = Instant::now();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|_| {
+                    let (dma, next, offsets) = (dma.clone(), next.clone(), offsets.clone());
+                    glommio::spawn_local(async move {
+                        loop {
+                            let i = next.get();
+                            if i >= offsets.len() {
+                                break;
+                            }
+                            next.set(i + 1);
+                            let r = dma.read_at_aligned(offsets[i], 4096).await.unwrap();
+                            assert_eq!(r.len(), 4096);
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+            let glommio_s = t.elapsed().as_secs_f64();
+            // Our ring, READ_FIXED into registered buffers.
+            let file = std::rc::Rc::new(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(&p).unwrap());
+            next.set(0);
+            let t = Instant::now();
+            let tasks: Vec<_> = (0..concurrency)
+                .map(|_| {
+                    let (ring, pool, file, next, offsets) = (ring.clone(), pool.clone(), file.clone(), next.clone(), offsets.clone());
+                    glommio::spawn_local(async move {
+                        loop {
+                            let i = next.get();
+                            if i >= offsets.len() {
+                                break;
+                            }
+                            next.set(i + 1);
+                            let buf = pool.acquire().await;
+                            let (n, _buf) = ring.read_fixed(file.as_raw_fd(), buf, offsets[i], 4096).await;
+                            assert_eq!(n.unwrap(), 4096);
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+            let ring_s = t.elapsed().as_secs_f64();
+            let stats = ring.stats();
+            println!("| 4 KiB random reads, depth {concurrency} | glommio DMA {:.0} IOPS | ring READ_FIXED {:.0} IOPS | ratio {:.2} | SQEs per submit {:.1} |",
+                reads as f64 / glommio_s, reads as f64 / ring_s, glommio_s / ring_s, stats.submitted as f64 / stats.submit_calls.max(1) as f64);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
 fn main() {
     match Cli::parse().command {
         Cmd::Engine {
@@ -253,5 +379,12 @@ fn main() {
             size,
             cpu,
         } => recovery(dir, objects, size, cpu),
+        Cmd::Ring {
+            dir,
+            reads,
+            concurrency,
+            sqpoll_cpu,
+            cpu,
+        } => ring(dir, reads, concurrency, sqpoll_cpu, cpu),
     }
 }

@@ -76,6 +76,22 @@ fn completions_wake_a_parked_executor() {
 }
 
 #[test]
+fn sqpoll_ring_completes_reads_and_wakes() {
+    run(|| async {
+        let cfg = RingConfig {
+            sqpoll_idle_ms: Some(10),
+            sqpoll_cpu: Some(0),
+            ..Default::default()
+        };
+        let ring = DataRing::new(cfg, None).unwrap();
+        assert_eq!(ring.timeout(Duration::from_millis(30)).await, -libc::ETIME);
+        // Past the poller's idle time it sleeps; submitting must wake it.
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+        assert_eq!(ring.nop().await, 0);
+    });
+}
+
+#[test]
 fn read_fixed_from_an_o_direct_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");

@@ -125,7 +125,11 @@ impl DataRing {
     /// buffers and the eventfd, and starts the reaper task.
     pub fn new(cfg: RingConfig, pool: Option<BufferPool>) -> io::Result<Rc<DataRing>> {
         let mut builder = IoUring::builder();
-        builder.setup_single_issuer().setup_coop_taskrun();
+        builder.setup_single_issuer();
+        if cfg.sqpoll_idle_ms.is_none() {
+            // The kernel refuses COOP_TASKRUN together with SQPOLL.
+            builder.setup_coop_taskrun();
+        }
         if let Some(idle) = cfg.sqpoll_idle_ms {
             builder.setup_sqpoll(idle);
             if let Some(cpu) = cfg.sqpoll_cpu {

@@ -775,7 +775,12 @@ impl S3Front {
                     while at < n {
                         let used = d.feed(&input[at..n], &mut decoded)?;
                         if used == 0 {
-                            break;
+                            // The final chunk was seen and bytes follow it.
+                            return Err(S3Error::new(
+                                400,
+                                "IncompleteBody",
+                                "Unexpected data after the final aws-chunked chunk.",
+                            ));
                         }
                         at += used;
                     }
