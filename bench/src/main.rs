@@ -94,8 +94,8 @@ fn executor(cpu: Option<usize>) -> LocalExecutorBuilder {
     LocalExecutorBuilder::new(cpu.map_or(Placement::Unbound, Placement::Fixed)).io_memory(4 << 20)
 }
 
-fn config(dir: &PathBuf) -> StoreConfig {
-    let mut cfg = StoreConfig::new(0, dir.clone());
+fn config(dir: &std::path::Path) -> StoreConfig {
+    let mut cfg = StoreConfig::new(0, dir.to_path_buf());
     cfg.compaction_interval_ms = 0;
     cfg
 }

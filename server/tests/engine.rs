@@ -38,7 +38,7 @@ fn small_config(dir: &Path) -> StoreConfig {
 }
 
 fn payload(key: &str, version: u64, len: usize) -> Bytes {
-    let mut rng = StdRng::seed_from_u64(version ^ key.len() as u64 * 7919);
+    let mut rng = StdRng::seed_from_u64(version ^ (key.len() as u64 * 7919));
     let mut v = vec![0u8; len];
     rng.fill(&mut v[..]);
     Bytes::from(v)

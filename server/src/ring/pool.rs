@@ -100,7 +100,7 @@ impl BufferPool {
     /// Maps `count` buffers of `buf_bytes` (a multiple of 4096).
     pub fn new(buf_bytes: usize, count: usize) -> io::Result<BufferPool> {
         assert!(
-            buf_bytes > 0 && buf_bytes % 4096 == 0,
+            buf_bytes > 0 && buf_bytes.is_multiple_of(4096),
             "buffers must be whole 4 KiB pages"
         );
         assert!(count > 0 && count <= POOL_BUFFERS_MAX);

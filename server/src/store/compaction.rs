@@ -261,8 +261,7 @@ impl Store {
     /// Keeps compaction within its byte rate so foreground I/O keeps going.
     async fn throttle(&self, bytes: u64) {
         let rate = self.inner.cfg.compaction_bytes_per_sec_max;
-        if rate > 0 {
-            let pause_us = bytes.saturating_mul(1_000_000) / rate;
+        if let Some(pause_us) = bytes.saturating_mul(1_000_000).checked_div(rate) {
             if pause_us > 0 {
                 glommio::timer::sleep(Duration::from_micros(pause_us)).await;
             }
