@@ -162,14 +162,28 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
 
     let mut ready = 0;
     while ready < n {
-        match events_rx.recv() {
+        match events_rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Event::Ready(id)) => {
                 tracing::debug!(shard = id, "ready");
                 ready += 1;
             }
             Ok(Event::Failed(id, msg)) => return Err(format!("shard {id} failed to start: {msg}")),
-            Ok(Event::Drained(_)) => {}
-            Err(_) => return Err("a shard exited during start-up".into()),
+            Ok(Event::Drained(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err("a shard exited during start-up".into())
+            }
+        }
+        // Signals are blocked in every thread: poll for one so that a
+        // SIGTERM during a long recovery is not ignored.
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let sig = unsafe { libc::sigtimedwait(&sigset, std::ptr::null_mut(), &zero) };
+        if sig > 0 {
+            return Err(format!(
+                "signal {sig} during start-up ({ready} of {n} shards ready); nothing was served"
+            ));
         }
     }
     println!(

@@ -121,6 +121,8 @@ impl Store {
         let mut relocated: Vec<(Key, u64, Loc)> = Vec::new();
         let mut drop_tombstones: Vec<(Key, u64)> = Vec::new();
         let mut pending = Vec::new();
+        let mut staged = Vec::new();
+        let mut staged_bytes = 0u64;
         for r in current {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             let Some(entry) = self.is_current(&key, segment_id, r.offset) else {
@@ -138,10 +140,19 @@ impl Store {
                     continue;
                 }
             }
-            let rx = self.copy_record(&file, segment_id, r, &mut report).await?;
-            pending.push((key, entry.seq, rx));
+            let (header, payload) = self.read_for_copy(&file, segment_id, r).await?;
+            staged_bytes += (header.len() + payload.len()) as u64;
+            staged.push(((key, entry.seq), header, payload));
+            if staged_bytes >= self.inner.cfg.batch_bytes_max {
+                pending.extend(
+                    self.append_copies(std::mem::take(&mut staged), &mut report)
+                        .await?,
+                );
+                staged_bytes = 0;
+            }
         }
-        for (key, seq, rx) in pending {
+        pending.extend(self.append_copies(staged, &mut report).await?);
+        for ((key, seq), rx) in pending {
             let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
             relocated.push((key, seq, loc));
         }
@@ -152,14 +163,12 @@ impl Store {
                 continue;
             };
             let mut new_extents: HashMap<u64, ExtentRef> = HashMap::new();
-            let mut copies = Vec::with_capacity(rs.len());
+            let mut staged = Vec::with_capacity(rs.len());
             for r in rs {
-                copies.push((
-                    r.offset,
-                    self.copy_record(&file, segment_id, r, &mut report).await?,
-                ));
+                let (header, payload) = self.read_for_copy(&file, segment_id, r).await?;
+                staged.push((r.offset, header, payload));
             }
-            for (offset, rx) in copies {
+            for (offset, rx) in self.append_copies(staged, &mut report).await? {
                 let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
                 new_extents.insert(
                     offset,
@@ -222,13 +231,12 @@ impl Store {
 
     /// Queues a copy of one record's bytes, unchanged, at the end of the log.
     /// Copies are queued together so that group commit packs them densely.
-    async fn copy_record(
+    async fn read_for_copy(
         &self,
         file: &SegFile,
         segment_id: u64,
         r: &Scanned,
-        report: &mut CompactionReport,
-    ) -> Result<oneshot::Receiver<Result<Loc>>> {
+    ) -> Result<(Vec<u8>, Bytes)> {
         // Never propagate corruption: a record that fails its CRC stays put
         // (the victim is kept) and the error is reported.
         if r.header.payload_bytes > 0 && !verify_payload(file, r).await? {
@@ -248,14 +256,29 @@ impl Store {
                 offset: r.offset,
             });
         }
-        let header = raw[..header_bytes].to_vec();
-        let payload = Bytes::copy_from_slice(&raw[header_bytes..]);
-        let copied = (raw.len()) as u64;
-        let rx = self.append(header, payload).await?;
-        report.bytes_copied += copied;
-        report.records_relocated += 1;
-        self.throttle(copied).await;
-        Ok(rx)
+        Ok((
+            raw[..header_bytes].to_vec(),
+            Bytes::copy_from_slice(&raw[header_bytes..]),
+        ))
+    }
+
+    /// Queues copies back to back, so that group commit packs them into as
+    /// few batches as possible, then pauses for the rate limit.
+    async fn append_copies<T>(
+        &self,
+        staged: Vec<(T, Vec<u8>, Bytes)>,
+        report: &mut CompactionReport,
+    ) -> Result<Vec<(T, oneshot::Receiver<Result<Loc>>)>> {
+        let mut out = Vec::with_capacity(staged.len());
+        let mut bytes = 0u64;
+        for (tag, header, payload) in staged {
+            bytes += (header.len() + payload.len()) as u64;
+            out.push((tag, self.append(header, payload).await?));
+            report.records_relocated += 1;
+        }
+        report.bytes_copied += bytes;
+        self.throttle(bytes).await;
+        Ok(out)
     }
 
     /// Keeps compaction within its byte rate so foreground I/O keeps going.

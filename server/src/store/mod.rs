@@ -164,6 +164,25 @@ struct Segment {
     sealed: bool,
 }
 
+/// Batches being written at once (pipelined group commit).
+const FLUSHES_IN_FLIGHT_MAX: usize = 2;
+
+/// Record locations of a batch written at `start`, and the end of its data.
+fn layout(segment_id: u64, start: u64, batch: &[Pending]) -> (Vec<Loc>, u64) {
+    let mut locs = Vec::with_capacity(batch.len());
+    let mut end = start;
+    for p in batch {
+        locs.push(Loc {
+            segment_id,
+            offset: end,
+            header_bytes: p.header.len() as u32,
+            payload_bytes: p.payload.len() as u64,
+        });
+        end += p.span_bytes();
+    }
+    (locs, end)
+}
+
 /// Largest single write of a group-commit batch.
 const WRITE_PIECE_BYTES: u64 = 1 << 20;
 
@@ -212,6 +231,10 @@ struct Inner {
     space_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     shutting_down: Cell<bool>,
     stats: RefCell<StoreStats>,
+    flushes_in_flight: Cell<usize>,
+    flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// Completion of the last batch started (true: durable).
+    previous_flush: RefCell<Option<oneshot::Receiver<bool>>>,
 }
 
 /// Counters, read by tests, benchmarks and (later) /metrics.
@@ -307,6 +330,9 @@ impl Store {
             space_waiters: RefCell::new(Vec::new()),
             shutting_down: Cell::new(false),
             stats: RefCell::new(StoreStats::default()),
+            flushes_in_flight: Cell::new(0),
+            flush_waiters: RefCell::new(Vec::new()),
+            previous_flush: RefCell::new(None),
         });
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
@@ -424,6 +450,7 @@ impl Store {
         loop {
             if self.inner.queue.borrow().is_empty() {
                 if self.inner.shutting_down.get() {
+                    self.wait_flushes_below(1).await;
                     return;
                 }
                 if rx.recv().await.is_none() {
@@ -431,14 +458,34 @@ impl Store {
                 }
                 continue;
             }
-            self.flush_once().await;
+            // A second batch goes out while one is in flight only when enough
+            // is queued to fill it; otherwise waiting packs more into it
+            // (each batch wastes up to 4 KiB of padding).
+            if self.inner.queue_bytes.get() < self.inner.cfg.batch_bytes_max / 2 {
+                self.wait_flushes_below(1).await;
+            } else {
+                self.wait_flushes_below(FLUSHES_IN_FLIGHT_MAX).await;
+            }
+            self.start_flush().await;
+        }
+    }
+
+    /// Waits until fewer than `n` batches are being written.
+    async fn wait_flushes_below(&self, n: usize) {
+        while self.inner.flushes_in_flight.get() >= n {
+            let (tx, rx) = oneshot::channel();
+            self.inner.flush_waiters.borrow_mut().push(tx);
+            let _ = rx.await;
         }
     }
 
     /// Takes up to `batch_bytes_max` of queued records that fit in the active
-    /// segment, writes them with one write and one fdatasync, and completes
-    /// their waiters.
-    async fn flush_once(&self) {
+    /// segment, lays them out after the previous batch and starts writing
+    /// them (one write per MiB, then one fdatasync). Batches are written
+    /// concurrently but acknowledged strictly in order: a batch completes only
+    /// after every batch before it in the segment is durable, so recovery
+    /// never finds a torn batch in front of an acknowledged one.
+    async fn start_flush(&self) {
         if let Err(e) = self.ensure_active_segment().await {
             self.fail_queue_front(e);
             return;
@@ -457,27 +504,81 @@ impl Store {
             self.seal_active().await;
             return;
         }
-        let result = self.write_batch(segment_id, start, &batch).await;
-        match result {
-            Ok(locs) => {
-                for (p, loc) in batch.into_iter().zip(locs) {
-                    let _ = p.done.send(Ok(loc));
-                }
+        let (locs, end) = layout(segment_id, start, &batch);
+        let len = (end - start).next_multiple_of(WRITE_ALIGN_BYTES);
+        self.inner.write_offset.set(start + len);
+        let previous = self.inner.previous_flush.borrow_mut().take();
+        let (done_tx, done_rx) = oneshot::channel();
+        *self.inner.previous_flush.borrow_mut() = Some(done_rx);
+        self.inner
+            .flushes_in_flight
+            .set(self.inner.flushes_in_flight.get() + 1);
+        let store = self.clone();
+        glommio::spawn_local(async move {
+            let written = store
+                .write_batch(segment_id, start, len, &batch, &locs)
+                .await;
+            let previous_ok = match previous {
+                Some(rx) => rx.await.unwrap_or(false),
+                None => true,
+            };
+            let ok = written.is_ok() && previous_ok;
+            if ok {
+                store.batch_durable(segment_id, end, len, batch, locs);
+            } else {
+                let e = written.err().unwrap_or_else(|| {
+                    StoreError::Io(io::Error::other("an earlier write of this segment failed"))
+                });
+                store.batch_failed(segment_id, e, batch);
             }
-            Err(e) => {
-                self.inner.stats.borrow_mut().write_errors += 1;
-                tracing::error!(
-                    shard = self.inner.cfg.shard_id,
-                    segment_id,
-                    "write failed: {e}"
-                );
-                // Abandon this segment: later writes go to a fresh one, so a
-                // partial write never sits in front of acknowledged data.
-                self.inner.active.set(None);
-                for p in batch {
-                    let _ = p.done.send(Err(e.clone_for_waiter()));
-                }
+            let _ = done_tx.send(ok);
+            store
+                .inner
+                .flushes_in_flight
+                .set(store.inner.flushes_in_flight.get() - 1);
+            for w in store.inner.flush_waiters.borrow_mut().drain(..) {
+                let _ = w.send(());
             }
+        })
+        .detach();
+    }
+
+    fn batch_durable(
+        &self,
+        segment_id: u64,
+        end: u64,
+        len: u64,
+        batch: Vec<Pending>,
+        locs: Vec<Loc>,
+    ) {
+        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+            seg.end_bytes = seg.end_bytes.max(end);
+        }
+        {
+            let mut stats = self.inner.stats.borrow_mut();
+            stats.flushes += 1;
+            stats.records_written += batch.len() as u64;
+            stats.bytes_written += len;
+        }
+        for (p, loc) in batch.into_iter().zip(locs) {
+            let _ = p.done.send(Ok(loc));
+        }
+    }
+
+    fn batch_failed(&self, segment_id: u64, e: StoreError, batch: Vec<Pending>) {
+        self.inner.stats.borrow_mut().write_errors += 1;
+        tracing::error!(
+            shard = self.inner.cfg.shard_id,
+            segment_id,
+            "write failed: {e}"
+        );
+        // Abandon this segment: later writes go to a fresh one, so a partial
+        // write never sits in front of acknowledged data.
+        if self.inner.active.get() == Some(segment_id) {
+            self.inner.active.set(None);
+        }
+        for p in batch {
+            let _ = p.done.send(Err(e.clone_for_waiter()));
         }
     }
 
@@ -513,35 +614,26 @@ impl Store {
         }
     }
 
+    /// Writes one laid-out batch and makes it durable.
     async fn write_batch(
         &self,
         segment_id: u64,
         start: u64,
+        len: u64,
         batch: &[Pending],
-    ) -> Result<Vec<Loc>> {
+        locs: &[Loc],
+    ) -> Result<()> {
         let file = self
             .segment_file(segment_id)
-            .expect("active segment is open");
-        let mut locs = Vec::with_capacity(batch.len());
-        let mut end = start;
-        for p in batch {
-            locs.push(Loc {
-                segment_id,
-                offset: end,
-                header_bytes: p.header.len() as u32,
-                payload_bytes: p.payload.len() as u64,
-            });
-            end += p.span_bytes();
-        }
-        let len = (end - start).next_multiple_of(WRITE_ALIGN_BYTES);
-        // The batch goes out as several concurrent writes of at most
-        // WRITE_PIECE_BYTES, so the device sees queue depth, then one fdatasync.
+            .expect("segment with batches in flight is open");
+        // Several concurrent writes of at most WRITE_PIECE_BYTES give the
+        // device queue depth; then one fdatasync.
         let mut pieces: Vec<file::WriteBuf> = (0..len.div_ceil(WRITE_PIECE_BYTES))
             .map(|i| {
                 file.alloc_write_buf((len - i * WRITE_PIECE_BYTES).min(WRITE_PIECE_BYTES) as usize)
             })
             .collect();
-        for (p, loc) in batch.iter().zip(&locs) {
+        for (p, loc) in batch.iter().zip(locs) {
             let at = loc.offset - start;
             copy_into_pieces(&mut pieces, at, &p.header);
             copy_into_pieces(&mut pieces, at + p.header.len() as u64, &p.payload);
@@ -562,15 +654,7 @@ impl Store {
         self.fault(FaultPoint::Sync { segment_id })
             .map_err(StoreError::from_io)?;
         file.sync().await.map_err(StoreError::from_io)?;
-        self.inner.write_offset.set(start + len);
-        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
-            seg.end_bytes = end;
-        }
-        let mut stats = self.inner.stats.borrow_mut();
-        stats.flushes += 1;
-        stats.records_written += batch.len() as u64;
-        stats.bytes_written += len;
-        Ok(locs)
+        Ok(())
     }
 
     fn segment_file(&self, segment_id: u64) -> Option<Rc<SegFile>> {
@@ -583,6 +667,13 @@ impl Store {
 
     /// Creates a new active segment if there is none.
     async fn ensure_active_segment(&self) -> Result<()> {
+        if self.inner.active.get().is_some() {
+            return Ok(());
+        }
+        // Batches of an abandoned segment must settle first: the ordering
+        // chain starts afresh with the new segment.
+        self.wait_flushes_below(1).await;
+        self.inner.previous_flush.borrow_mut().take();
         if self.inner.active.get().is_some() {
             return Ok(());
         }
@@ -643,9 +734,12 @@ impl Store {
     /// Writes a Seal record at the end of the active segment. Best effort: a
     /// segment without a seal is fully verified at recovery instead.
     async fn seal_active(&self) {
+        // The seal goes after every batch of the segment is durable.
+        self.wait_flushes_below(1).await;
         let Some(segment_id) = self.inner.active.take() else {
             return;
         };
+        self.inner.previous_flush.borrow_mut().take();
         let Some(file) = self.segment_file(segment_id) else {
             return;
         };
