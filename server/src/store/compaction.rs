@@ -46,7 +46,7 @@ impl Store {
         let segments = self.inner.segments.borrow();
         segments
             .iter()
-            .filter(|(id, s)| Some(**id) != active && s.end_bytes > 0)
+            .filter(|(id, s)| Some(**id) != active && s.end_bytes > 0 && !self.is_pinned(**id))
             .map(|(id, s)| (*id, s.end_bytes.saturating_sub(s.live_bytes), s.end_bytes))
             .filter(|(_, garbage, end)| {
                 *garbage > 0
@@ -63,10 +63,21 @@ impl Store {
     }
 
     /// Relocates the live records of `segment_id` and deletes it.
+    ///
+    /// Phase A appends copies and changes nothing in the index. Only if every
+    /// current record was copied and every copy is durable does phase B point
+    /// the index at the copies and delete the victim. Otherwise the victim
+    /// stays, nothing is installed, and each durable copy counts as one more
+    /// older record of its key (so no tombstone is dropped too early).
     pub async fn compact_segment(&self, segment_id: u64) -> Result<CompactionReport> {
         if self.inner.active.get() == Some(segment_id) {
             return Err(StoreError::Invalid(
                 "cannot compact the active segment".into(),
+            ));
+        }
+        if self.is_pinned(segment_id) {
+            return Err(StoreError::Invalid(
+                "segment holds extents of a PUT in progress".into(),
             ));
         }
         let (file, end_bytes, live_bytes) = {
@@ -83,26 +94,25 @@ impl Store {
             ..Default::default()
         };
 
+        // Records past `end_bytes` belong to batches that failed: never
+        // acknowledged, never counted; they vanish with the file.
+        let records: Vec<&Scanned> = scan
+            .records
+            .iter()
+            .filter(|r| r.offset < end_bytes)
+            .collect();
         // Records in the victim that are not current: their keys lose one
         // older record once the file is gone.
         let mut stale: HashMap<Key, u32> = HashMap::new();
         let mut current: Vec<&Scanned> = Vec::new();
         let mut moved_extents: HashMap<Key, Vec<&Scanned>> = HashMap::new();
-        for r in &scan.records {
+        for r in records {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             match r.header.kind() {
                 Kind::SegmentHeader | Kind::Seal => {}
                 Kind::Extent => {
-                    if let Some(entry) = self.lookup(&key.0, &key.1) {
-                        if let State::Live(info) = &entry.state {
-                            if info
-                                .extents
-                                .iter()
-                                .any(|e| e.segment_id == segment_id && e.record_offset == r.offset)
-                            {
-                                moved_extents.entry(key).or_default().push(r);
-                            }
-                        }
+                    if self.extent_is_live(&key, segment_id, r.offset) {
+                        moved_extents.entry(key).or_default().push(r);
                     }
                 }
                 _ => {
@@ -115,10 +125,9 @@ impl Store {
             }
         }
 
-        // 1. Copy current keyed records (tombstones only while they still
-        //    hide something), except objects whose extents move: those get a
-        //    re-encoded record in step 2.
-        let mut relocated: Vec<(Key, u64, Loc)> = Vec::new();
+        // Phase A, step 1: copy current keyed records (tombstones only while
+        // they still hide something), except objects whose extents move.
+        let mut keep_victim = false;
         let mut drop_tombstones: Vec<(Key, u64)> = Vec::new();
         let mut pending = Vec::new();
         let mut staged = Vec::new();
@@ -140,61 +149,108 @@ impl Store {
                     continue;
                 }
             }
-            let (header, payload) = self.read_for_copy(&file, segment_id, r).await?;
-            staged_bytes += (header.len() + payload.len()) as u64;
-            staged.push(((key, entry.seq), header, payload));
+            match self.read_for_copy(&file, segment_id, r).await {
+                Ok((header, payload)) => {
+                    staged_bytes += (header.len() + payload.len()) as u64;
+                    staged.push(((key, entry.seq), header, payload));
+                }
+                Err(e) => {
+                    tracing::error!(
+                        shard = self.inner.cfg.shard_id,
+                        segment_id,
+                        offset = r.offset,
+                        "compaction keeps the segment: {e}"
+                    );
+                    keep_victim = true;
+                }
+            }
             if staged_bytes >= self.inner.cfg.batch_bytes_max {
                 pending.extend(
                     self.append_copies(std::mem::take(&mut staged), &mut report)
-                        .await?,
+                        .await,
                 );
                 staged_bytes = 0;
             }
         }
-        pending.extend(self.append_copies(staged, &mut report).await?);
+        pending.extend(self.append_copies(staged, &mut report).await);
+        let mut relocated: Vec<(Key, u64, Loc)> = Vec::new();
         for ((key, seq), rx) in pending {
-            let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
-            relocated.push((key, seq, loc));
+            match rx {
+                Some(rx) => match rx.await {
+                    Ok(Ok(loc)) => relocated.push((key, seq, loc)),
+                    _ => keep_victim = true, // a failed batch: invisible, uncounted
+                },
+                None => keep_victim = true,
+            }
         }
 
-        // 2. Copy extents, then write each affected object's record again.
+        // Phase A, step 2: copy live extents, then write each affected
+        // object's record again (same seq, new extent list).
+        let mut rewritten: Vec<(Key, Entry, Loc, super::ObjectInfo)> = Vec::new();
         for (key, rs) in &moved_extents {
-            let Some(entry) = self.lookup(&key.0, &key.1) else {
-                continue;
-            };
-            let mut new_extents: HashMap<u64, ExtentRef> = HashMap::new();
-            let mut staged = Vec::with_capacity(rs.len());
-            for r in rs {
-                let (header, payload) = self.read_for_copy(&file, segment_id, r).await?;
-                staged.push((r.offset, header, payload));
-            }
-            for (offset, rx) in self.append_copies(staged, &mut report).await? {
-                let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
-                new_extents.insert(
-                    offset,
-                    ExtentRef {
-                        segment_id: loc.segment_id,
-                        record_offset: loc.offset,
-                        header_bytes: loc.header_bytes,
-                        payload_bytes: loc.payload_bytes,
-                    },
-                );
-            }
-            if self
-                .rewrite_object(&entry, segment_id, &new_extents)
-                .await?
+            match self
+                .relocate_extents(&file, segment_id, key, rs, &mut report)
+                .await
             {
-                report.records_relocated += 1;
+                Ok(Some(r)) => rewritten.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(
+                        shard = self.inner.cfg.shard_id,
+                        segment_id,
+                        "compaction keeps the segment: {e}"
+                    );
+                    keep_victim = true;
+                }
             }
         }
 
-        // 3. Everything copied is durable: point the index at the copies.
-        for ((bucket, key), seq, loc) in relocated {
-            self.relocate_entry(&bucket, &key, seq, segment_id, loc)
-                .await?;
+        if keep_victim {
+            // Nothing installed: every durable keyed copy is one more older
+            // record of its key.
+            let mut index = self.inner.index.borrow_mut();
+            let keys = relocated
+                .iter()
+                .map(|(k, _, _)| k)
+                .chain(rewritten.iter().map(|(k, _, _, _)| k));
+            for (bucket, key) in keys {
+                if let Some(e) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) {
+                    e.older_on_disk += 1;
+                }
+            }
+            return Err(StoreError::Corrupt {
+                segment_id,
+                offset: 0,
+            });
         }
 
-        // 4. Delete the victim, then settle counts and drop tombstones.
+        // Phase B: point the index at the copies, delete the victim, then
+        // settle counts and drop tombstones.
+        for ((bucket, key), seq, loc) in relocated {
+            self.relocate_entry(&bucket, &key, seq, segment_id, loc);
+        }
+        for ((bucket, key), old, loc, info) in rewritten {
+            let still = self
+                .lookup(&bucket, &key)
+                .is_some_and(|e| e.seq == old.seq && e.loc == old.loc);
+            if still {
+                let new = Entry {
+                    seq: old.seq,
+                    loc,
+                    state: State::Live(info),
+                    older_on_disk: 0,
+                };
+                self.replace_entry(&bucket, &key, old.loc, new, segment_id);
+            } else if let Some(e) = self
+                .inner
+                .index
+                .borrow_mut()
+                .get_mut(&bucket)
+                .and_then(|k| k.get_mut(&key))
+            {
+                e.older_on_disk += 1;
+            }
+        }
         self.inner.segments.borrow_mut().remove(&segment_id);
         std::fs::remove_file(super::segment_path(&self.inner.cfg.dir, segment_id))?;
         file::sync_dir(&self.inner.cfg.dir)?;
@@ -227,6 +283,106 @@ impl Store {
             "compacted segment"
         );
         Ok(report)
+    }
+
+    /// Is the extent at (`segment_id`, `offset`) part of the current version of `key`?
+    fn extent_is_live(&self, key: &Key, segment_id: u64, offset: u64) -> bool {
+        self.lookup(&key.0, &key.1)
+            .is_some_and(|entry| match &entry.state {
+                State::Live(info) => info
+                    .extents
+                    .iter()
+                    .any(|e| e.segment_id == segment_id && e.record_offset == offset),
+                State::Deleted => false,
+            })
+    }
+
+    /// Copies an object's extents out of the victim and appends its record
+    /// again with the new extent list. Nothing in the index changes here.
+    /// Returns None if the object changed meanwhile.
+    async fn relocate_extents(
+        &self,
+        file: &SegFile,
+        segment_id: u64,
+        key: &Key,
+        rs: &[&Scanned],
+        report: &mut CompactionReport,
+    ) -> Result<Option<(Key, Entry, Loc, super::ObjectInfo)>> {
+        let Some(entry) = self.lookup(&key.0, &key.1) else {
+            return Ok(None);
+        };
+        if !rs
+            .iter()
+            .any(|r| self.extent_is_live(key, segment_id, r.offset))
+        {
+            return Ok(None);
+        }
+        let mut staged = Vec::with_capacity(rs.len());
+        for r in rs {
+            let (header, payload) = self.read_for_copy(file, segment_id, r).await?;
+            staged.push((r.offset, header, payload));
+        }
+        let mut moved: HashMap<u64, ExtentRef> = HashMap::new();
+        for (offset, rx) in self.append_copies(staged, report).await {
+            let rx = rx.ok_or_else(|| StoreError::Invalid("append refused".into()))?;
+            let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
+            moved.insert(
+                offset,
+                ExtentRef {
+                    segment_id: loc.segment_id,
+                    record_offset: loc.offset,
+                    header_bytes: loc.header_bytes,
+                    payload_bytes: loc.payload_bytes,
+                },
+            );
+        }
+        // Re-read the object's record as it is now; it must still be this
+        // version and still an object with extents in the victim.
+        let file_now = self
+            .segment_file(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
+        let raw = file_now
+            .read_at(entry.loc.offset, entry.loc.header_bytes as usize)
+            .await?;
+        let (mut header, _) = record::decode_header(&raw).map_err(|_| StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        })?;
+        let still = self
+            .lookup(&key.0, &key.1)
+            .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
+        let Body::Object { extents, .. } = &mut header.body else {
+            return Ok(None);
+        };
+        if !still || header.seq != entry.seq || !extents.iter().any(|e| e.segment_id == segment_id)
+        {
+            return Ok(None);
+        }
+        for e in extents.iter_mut() {
+            if e.segment_id == segment_id {
+                if let Some(new) = moved.get(&e.record_offset) {
+                    *e = *new;
+                }
+            }
+        }
+        debug_assert_eq!(
+            header.payload_bytes, 0,
+            "objects with extents have no inline payload"
+        );
+        let bytes =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = self.append_durable(bytes, Bytes::new()).await?;
+        let Body::Object { meta, extents } = header.body else {
+            unreachable!()
+        };
+        let info = super::ObjectInfo {
+            size_bytes: meta.size_bytes,
+            etag: meta.etag.into(),
+            mtime_ms: meta.mtime_ms,
+            extents: extents.into(),
+        };
+        report.records_relocated += 1;
+        Ok(Some((key.clone(), entry, loc, info)))
     }
 
     /// Queues a copy of one record's bytes, unchanged, at the end of the log.
@@ -268,17 +424,17 @@ impl Store {
         &self,
         staged: Vec<(T, Vec<u8>, Bytes)>,
         report: &mut CompactionReport,
-    ) -> Result<Vec<(T, oneshot::Receiver<Result<Loc>>)>> {
+    ) -> Vec<(T, Option<oneshot::Receiver<Result<Loc>>>)> {
         let mut out = Vec::with_capacity(staged.len());
         let mut bytes = 0u64;
         for (tag, header, payload) in staged {
             bytes += (header.len() + payload.len()) as u64;
-            out.push((tag, self.append(header, payload).await?));
+            out.push((tag, self.append(header, payload).await.ok()));
             report.records_relocated += 1;
         }
         report.bytes_copied += bytes;
         self.throttle(bytes).await;
-        Ok(out)
+        out
     }
 
     /// Keeps compaction within its byte rate so foreground I/O keeps going.
@@ -291,89 +447,9 @@ impl Store {
         }
     }
 
-    /// Writes the object's record again with extents in `segment_id` replaced
-    /// by their copies and points the index at it. Returns false if the
-    /// object changed meanwhile (the copies are then garbage).
-    async fn rewrite_object(
-        &self,
-        entry: &Entry,
-        segment_id: u64,
-        moved: &HashMap<u64, ExtentRef>,
-    ) -> Result<bool> {
-        let file = self
-            .segment_file(entry.loc.segment_id)
-            .ok_or(StoreError::NotFound)?;
-        let raw = file
-            .read_at(entry.loc.offset, entry.loc.header_bytes as usize)
-            .await?;
-        let (mut header, _) = record::decode_header(&raw).map_err(|_| StoreError::Corrupt {
-            segment_id: entry.loc.segment_id,
-            offset: entry.loc.offset,
-        })?;
-        debug_assert_eq!(header.seq, entry.seq);
-        let Body::Object { extents, .. } = &mut header.body else {
-            return Err(StoreError::Invalid("extent owner is not an object".into()));
-        };
-        for e in extents.iter_mut() {
-            if e.segment_id == segment_id {
-                if let Some(new) = moved.get(&e.record_offset) {
-                    *e = *new;
-                }
-            }
-        }
-        let bytes =
-            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        let loc = self.append_durable(bytes, Bytes::new()).await?;
-        let Body::Object { meta, extents } = header.body else {
-            unreachable!()
-        };
-        // Still the same version? Then the new record (with new extents) replaces it.
-        let still = self
-            .lookup(&header.bucket, &header.key)
-            .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
-        if !still {
-            if let Some(e) = self
-                .inner
-                .index
-                .borrow_mut()
-                .get_mut(&header.bucket)
-                .and_then(|k| k.get_mut(&header.key))
-            {
-                e.older_on_disk += 1;
-            }
-            return Ok(false);
-        }
-        let info = super::ObjectInfo {
-            size_bytes: meta.size_bytes,
-            etag: meta.etag.into(),
-            mtime_ms: meta.mtime_ms,
-            extents: extents.into(),
-        };
-        self.replace_entry(
-            &header.bucket,
-            &header.key,
-            entry.loc,
-            Entry {
-                seq: entry.seq,
-                loc,
-                state: State::Live(info),
-                older_on_disk: 0,
-            },
-            segment_id,
-        );
-        Ok(true)
-    }
-
-    async fn relocate_entry(
-        &self,
-        bucket: &str,
-        key: &str,
-        seq: u64,
-        victim: u64,
-        loc: Loc,
-    ) -> Result<()> {
+    fn relocate_entry(&self, bucket: &str, key: &str, seq: u64, victim: u64, loc: Loc) {
         let Some(entry) = self.lookup(bucket, key) else {
-            return Ok(());
+            return;
         };
         if entry.seq != seq || entry.loc.segment_id != victim {
             // Overwritten meanwhile: the copy is one more stale record.
@@ -386,14 +462,13 @@ impl Store {
             {
                 e.older_on_disk += 1;
             }
-            return Ok(());
+            return;
         }
         let new = Entry {
             loc,
             ..entry.clone()
         };
         self.replace_entry(bucket, key, entry.loc, new, victim);
-        Ok(())
     }
 
     /// Swaps the entry at `old_loc` for `new`, moving live-byte accounting.

@@ -231,6 +231,8 @@ struct Inner {
     space_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     shutting_down: Cell<bool>,
     stats: RefCell<StoreStats>,
+    /// Segments holding extents of PUTs in progress: not compacted.
+    pins: RefCell<std::collections::HashMap<u64, u32>>,
     flushes_in_flight: Cell<usize>,
     flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     /// Completion of the last batch started (true: durable).
@@ -330,6 +332,7 @@ impl Store {
             space_waiters: RefCell::new(Vec::new()),
             shutting_down: Cell::new(false),
             stats: RefCell::new(StoreStats::default()),
+            pins: RefCell::new(std::collections::HashMap::new()),
             flushes_in_flight: Cell::new(0),
             flush_waiters: RefCell::new(Vec::new()),
             previous_flush: RefCell::new(None),
@@ -390,6 +393,24 @@ impl Store {
         Ok(())
     }
 
+    pub(crate) fn is_pinned(&self, segment_id: u64) -> bool {
+        self.inner.pins.borrow().contains_key(&segment_id)
+    }
+
+    fn pin(&self, segment_id: u64) {
+        *self.inner.pins.borrow_mut().entry(segment_id).or_default() += 1;
+    }
+
+    fn unpin(&self, segment_id: u64) {
+        let mut pins = self.inner.pins.borrow_mut();
+        if let Some(n) = pins.get_mut(&segment_id) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&segment_id);
+            }
+        }
+    }
+
     fn take_seq(&self) -> u64 {
         let seq = self.inner.next_seq.get();
         self.inner.next_seq.set(seq + 1);
@@ -406,6 +427,15 @@ impl Store {
         header: Vec<u8>,
         payload: Bytes,
     ) -> Result<oneshot::Receiver<Result<Loc>>> {
+        // A header whose payload length disagrees with the bytes that follow
+        // would make every later record in the segment unreadable.
+        if header.len() < record::FIXED_HEADER_BYTES
+            || u64::from_le_bytes(header[16..24].try_into().unwrap()) != payload.len() as u64
+        {
+            return Err(StoreError::Invalid(
+                "record payload length does not match its header".into(),
+            ));
+        }
         let span = record::record_span_bytes(header.len() as u64, payload.len() as u64);
         debug_assert!(
             span <= self
@@ -876,6 +906,7 @@ impl Store {
             written_bytes: 0,
             extents: Vec::new(),
             in_flight: VecDeque::new(),
+            pinned: Vec::new(),
         }
     }
 
@@ -1209,6 +1240,16 @@ pub struct PutWriter {
     written_bytes: u64,
     extents: Vec<ExtentRef>,
     in_flight: VecDeque<(u64, oneshot::Receiver<Result<Loc>>)>,
+    /// Segments pinned by this PUT's durable extents.
+    pinned: Vec<u64>,
+}
+
+impl Drop for PutWriter {
+    fn drop(&mut self) {
+        for segment_id in self.pinned.drain(..) {
+            self.store.unpin(segment_id);
+        }
+    }
 }
 
 /// Extent writes in flight per PUT: enough to keep the disk busy.
@@ -1273,6 +1314,8 @@ impl PutWriter {
     async fn collect_one(&mut self) -> Result<()> {
         let (_, rx) = self.in_flight.pop_front().expect("in flight");
         let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
+        self.store.pin(loc.segment_id);
+        self.pinned.push(loc.segment_id);
         self.extents.push(ExtentRef {
             segment_id: loc.segment_id,
             record_offset: loc.offset,
@@ -1329,6 +1372,32 @@ impl PutWriter {
         let header =
             record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = store.append_durable(header, payload).await?;
+        // An extent made durable just before its segment was pinned could
+        // have been compacted away: then this version must not become visible
+        // (recovery drops it too, its extents being gone).
+        let segments = store.inner.segments.borrow();
+        if let Some(e) = self
+            .extents
+            .iter()
+            .find(|e| !segments.contains_key(&e.segment_id))
+        {
+            let missing = e.segment_id;
+            drop(segments);
+            // The record is on disk all the same: count it for the key.
+            if let Some(entry) = store
+                .inner
+                .index
+                .borrow_mut()
+                .get_mut(&self.bucket)
+                .and_then(|k| k.get_mut(&self.key))
+            {
+                entry.older_on_disk += 1;
+            }
+            return Err(StoreError::Invalid(format!(
+                "extent segment {missing} vanished during the PUT; retry"
+            )));
+        }
+        drop(segments);
         store.install(
             &self.bucket,
             &self.key,

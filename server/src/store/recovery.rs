@@ -160,10 +160,16 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         let scan = scan_segment(&file, size_bytes).await?;
         report.bytes_scanned += scan.bytes_scanned;
         check_segment_header(&scan, cfg.shard_id, segment_id)?;
+        let mut dropped_here = false;
         for r in &scan.records {
             report.records += 1;
+            // Its seq is taken even if the record is dropped, so that no later
+            // write reuses it and ties with it at a later recovery.
+            max_seq = max_seq.max(r.header.seq);
             if !scan.sealed && r.header.payload_bytes > 0 && !verify_payload(&file, r).await? {
                 report.corrupt_records += 1;
+                dropped_here = true;
+                count_record(&mut candidates, &r.header, None);
                 tracing::warn!(
                     shard = cfg.shard_id,
                     segment_id,
@@ -172,7 +178,6 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 );
                 continue;
             }
-            max_seq = max_seq.max(r.header.seq);
             let loc = Loc {
                 segment_id,
                 offset: r.offset,
@@ -212,7 +217,19 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                     "cutting torn tail"
                 );
             }
-            if let Some(seal_end) = seal_segment(store, &file, segment_id, cut_at).await {
+            if dropped_here {
+                // Stay unsealed, so every later recovery verifies payloads
+                // here again and keeps rejecting the dropped records.
+                if size_bytes > cut_at {
+                    if let Err(e) = file.truncate(cut_at).await {
+                        tracing::warn!(
+                            shard = cfg.shard_id,
+                            segment_id,
+                            "could not cut torn tail: {e}"
+                        );
+                    }
+                }
+            } else if let Some(seal_end) = seal_segment(store, &file, segment_id, cut_at).await {
                 end_bytes = seal_end;
                 sealed = true;
             }
