@@ -13,7 +13,8 @@ const MONTHS: [&[u8; 3]; 12] = [
 pub fn imf_fixdate(unix_secs: u64) -> [u8; IMF_FIXDATE_BYTES] {
     let days = unix_secs / 86_400;
     let secs_of_day = unix_secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
+    let (year, month, day) = civil_from_days(days as i64);
+    let (year, month, day) = (year as u64, month as u64, day as u64);
     let mut out = *b"Thu, 01 Jan 1970 00:00:00 GMT";
     // 1970-01-01 was a Thursday, index 0 of WEEKDAYS.
     out[0..3].copy_from_slice(WEEKDAYS[(days % 7) as usize]);
@@ -36,11 +37,12 @@ fn put_2_digits(out: &mut [u8], value: u64) {
 }
 
 /// (year, month 1..=12, day 1..=31) for days since 1970-01-01, after
-/// Howard Hinnant's `civil_from_days` (proleptic Gregorian).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z - era * 146_097;
+/// Howard Hinnant's `civil_from_days` (proleptic Gregorian). The one copy in
+/// the server: HTTP dates, S3 XML dates and SigV4 dates all use it.
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days - era * 146_097;
     let year_of_era =
         (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
@@ -51,7 +53,8 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     } else {
         month_from_march - 9
     };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    debug_assert!((1..=12).contains(&month) && (1..=31).contains(&day));
     (year, month, day)
 }
 

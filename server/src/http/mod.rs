@@ -14,6 +14,7 @@ mod range;
 mod response;
 
 pub use conn::{HttpConn, BODY_WINDOW_BYTES, DISCARD_BODY_BYTES_MAX, WRITE_COALESCE_BYTES};
+pub(crate) use date::civil_from_days;
 pub use date::imf_fixdate;
 pub use error::HttpError;
 pub use head::{BodyFraming, Limits, RequestHead};

@@ -4,6 +4,7 @@
 //! Output is written straight into one pre-sized String; no XML library,
 //! because S3's response shapes are fixed and small.
 
+use crate::http::civil_from_days;
 use std::fmt::Write as _;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -338,27 +339,6 @@ pub fn iso8601_ms(unix_ms: u64) -> String {
         secs_of_day / 60 % 60,
         secs_of_day % 60
     )
-}
-
-/// (year, month 1-12, day 1-31) of a day count since 1970-01-01, proleptic
-/// Gregorian (H. Hinnant's civil_from_days).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let days = days + 719_468;
-    let era = days.div_euclid(146_097);
-    let day_of_era = days - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    debug_assert!((1..=12).contains(&month) && (1..=31).contains(&day));
-    (year, month as u32, day as u32)
 }
 
 // ---------------------------------------------------------------------------

@@ -761,6 +761,40 @@ impl Store {
         Ok(())
     }
 
+    /// Writes a Seal record in its own block at `offset` (optionally cutting
+    /// the file after it) and syncs. Returns the end of the seal record.
+    pub(crate) async fn write_seal(
+        &self,
+        file: &SegFile,
+        segment_id: u64,
+        offset: u64,
+        truncate: bool,
+    ) -> io::Result<u64> {
+        debug_assert_eq!(offset % WRITE_ALIGN_BYTES, 0);
+        let header = record::encode_header(&Header {
+            seq: 0,
+            bucket: String::new(),
+            key: String::new(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::Seal,
+        })
+        .expect("seal encodes");
+        let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
+        buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
+        self.fault(FaultPoint::Write {
+            segment_id,
+            offset,
+            len_bytes: WRITE_ALIGN_BYTES,
+        })?;
+        file.write_at(buf, offset).await?;
+        if truncate {
+            file.truncate(offset + WRITE_ALIGN_BYTES).await?;
+        }
+        file.sync().await?;
+        Ok(offset + header.len() as u64)
+    }
+
     /// Writes a Seal record at the end of the active segment. Best effort: a
     /// segment without a seal is fully verified at recovery instead.
     async fn seal_active(&self) {
@@ -774,31 +808,11 @@ impl Store {
             return;
         };
         let offset = self.inner.write_offset.get();
-        let header = record::encode_header(&Header {
-            seq: 0,
-            bucket: String::new(),
-            key: String::new(),
-            payload_bytes: 0,
-            block_crcs: Vec::new(),
-            body: Body::Seal,
-        })
-        .expect("seal encodes");
-        let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
-        buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
-        let sealed = async {
-            self.fault(FaultPoint::Write {
-                segment_id,
-                offset,
-                len_bytes: WRITE_ALIGN_BYTES,
-            })?;
-            file.write_at(buf, offset).await?;
-            file.sync().await
-        }
-        .await;
+        let sealed = self.write_seal(&file, segment_id, offset, false).await;
         if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
-            seg.sealed = sealed.is_ok();
-            if sealed.is_ok() {
-                seg.end_bytes = offset + header.len() as u64;
+            if let Ok(end) = sealed {
+                seg.sealed = true;
+                seg.end_bytes = end;
             }
         }
         if let Err(e) = sealed {

@@ -328,30 +328,8 @@ fn count_record(
 
 /// Writes a Seal at `offset` and cuts the file after it. Returns the new end.
 async fn seal_segment(store: &Store, file: &SegFile, segment_id: u64, offset: u64) -> Option<u64> {
-    let header = record::encode_header(&Header {
-        seq: 0,
-        bucket: String::new(),
-        key: String::new(),
-        payload_bytes: 0,
-        block_crcs: Vec::new(),
-        body: Body::Seal,
-    })
-    .expect("seal encodes");
-    let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
-    buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
-    let result = async {
-        store.fault(super::file::FaultPoint::Write {
-            segment_id,
-            offset,
-            len_bytes: WRITE_ALIGN_BYTES,
-        })?;
-        file.write_at(buf, offset).await?;
-        file.truncate(offset + WRITE_ALIGN_BYTES).await?;
-        file.sync().await
-    }
-    .await;
-    match result {
-        Ok(()) => Some(offset + header.len() as u64),
+    match store.write_seal(file, segment_id, offset, true).await {
+        Ok(end) => Some(end),
         Err(e) => {
             tracing::warn!(
                 shard = store.inner.cfg.shard_id,
