@@ -31,6 +31,8 @@ use msg::{Msg, Op, Reply, SessionId, ShardError};
 pub const BUCKET_OWNER_SHARD: usize = 0;
 /// Messages queued per directed shard pair before senders wait.
 pub const CHANNEL_CAPACITY: usize = 1024;
+/// Longest wait for another shard's reply.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Open read/put sessions held for other shards, per shard.
 pub const SESSIONS_MAX: usize = 4096;
 
@@ -179,7 +181,24 @@ impl Shard {
             self.pending.borrow_mut().remove(&id);
             return Reply::Err(ShardError::ShuttingDown);
         }
-        rx.await.unwrap_or(Reply::Err(ShardError::ShuttingDown))
+        // Bounded wait: a stalled owner costs the client a 503, not a hung
+        // connection. The op may still complete on the owner (an S3 5xx is
+        // an indeterminate outcome); its late reply finds no waiter.
+        let timeout = glommio::timer::sleep(CALL_TIMEOUT);
+        match futures::future::select(rx, Box::pin(timeout)).await {
+            futures::future::Either::Left((reply, _)) => {
+                reply.unwrap_or(Reply::Err(ShardError::ShuttingDown))
+            }
+            futures::future::Either::Right(_) => {
+                self.pending.borrow_mut().remove(&id);
+                tracing::warn!(
+                    shard = self.id,
+                    target,
+                    "cross-shard call timed out after {CALL_TIMEOUT:?}"
+                );
+                Reply::Err(ShardError::Busy)
+            }
+        }
     }
 
     /// Runs `op` on every shard concurrently; replies in shard order.
