@@ -11,31 +11,15 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use glommio::LocalExecutorBuilder;
 use percore_server::store::file::FaultPoint;
 use percore_server::store::record::ObjectMeta;
 use percore_server::store::{debug_index, Store, StoreConfig, StoreError};
 
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    LocalExecutorBuilder::default()
-        .spawn(f)
-        .unwrap()
-        .join()
-        .unwrap();
-}
+mod common;
+use common::{run, small_config};
 
 fn cfg(dir: &Path) -> StoreConfig {
-    let mut cfg = StoreConfig::new(0, dir.to_path_buf());
-    cfg.segment_bytes_max = 256 * 1024;
-    cfg.chunk_bytes = 16 * 1024;
-    cfg.batch_bytes_max = 64 * 1024;
-    cfg.compaction_interval_ms = 0;
-    cfg.compaction_garbage_ratio_min = 0.3;
-    cfg.compaction_bytes_per_sec_max = 0;
+    let mut cfg = small_config(dir);
     cfg.direct_io = false;
     cfg
 }

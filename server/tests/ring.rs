@@ -5,21 +5,11 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use glommio::LocalExecutorBuilder;
 use percore_server::ring::pool::BufferPool;
 use percore_server::ring::{DataRing, RingConfig, SendKind};
 
-fn run<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    LocalExecutorBuilder::default()
-        .spawn(f)
-        .unwrap()
-        .join()
-        .unwrap();
-}
+mod common;
+use common::run;
 
 #[test]
 fn pool_is_bounded_and_buffers_come_back() {
