@@ -15,7 +15,7 @@ use percore_server::store::{ListItem, Store, StoreError};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
-use common::{run, small_config};
+use common::{read_all, run, small_config};
 
 fn payload(key: &str, version: u64, len: usize) -> Bytes {
     let mut rng = StdRng::seed_from_u64(version ^ (key.len() as u64 * 7919));
@@ -30,17 +30,6 @@ fn meta(etag: &str) -> ObjectMeta {
         content_type: "application/octet-stream".into(),
         ..Default::default()
     }
-}
-
-async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
-    let mut r = store.open_read(bucket, key).await?;
-    let mut out = Vec::new();
-    while (out.len() as u64) < r.size_bytes() {
-        let piece = r.read(out.len() as u64, 7 * 1024).await?;
-        assert!(!piece.is_empty());
-        out.extend_from_slice(&piece);
-    }
-    Ok(out)
 }
 
 async fn check_model(store: &Store, model: &BTreeMap<String, Bytes>) {

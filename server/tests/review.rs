@@ -13,10 +13,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use percore_server::store::file::FaultPoint;
 use percore_server::store::record::ObjectMeta;
-use percore_server::store::{debug_index, Store, StoreConfig, StoreError};
+use percore_server::store::{debug_index, Store, StoreConfig};
 
 mod common;
-use common::{run, small_config};
+use common::{read_all, run, small_config};
 
 fn cfg(dir: &Path) -> StoreConfig {
     let mut cfg = small_config(dir);
@@ -37,24 +37,6 @@ fn meta() -> ObjectMeta {
         etag: "e".into(),
         ..Default::default()
     }
-}
-
-async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
-    let mut r = store.open_read(bucket, key).await?;
-    let mut out = Vec::new();
-    while (out.len() as u64) < r.size_bytes() {
-        let piece = r.read(out.len() as u64, 64 * 1024).await?;
-        if piece.is_empty() {
-            eprintln!(
-                "read_all: empty read at {} of {}",
-                out.len(),
-                r.size_bytes()
-            );
-            break;
-        }
-        out.extend_from_slice(&piece);
-    }
-    Ok(out)
 }
 
 fn active(store: &Store) -> u64 {

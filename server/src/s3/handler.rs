@@ -297,6 +297,11 @@ impl S3Front {
         Ok(())
     }
 
+    async fn respond_xml(&self, conn: &mut Conn, req: &Request, body: &str) -> Result<(), S3Error> {
+        let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        self.respond(conn, req, head, body.as_bytes()).await
+    }
+
     fn authenticate(&self, req: &Request, loopback: bool) -> Result<Verified, S3Error> {
         let headers: Vec<HeaderView> = req
             .head
@@ -403,13 +408,7 @@ impl S3Front {
             })
             .collect();
         let body = xml::list_buckets(xml::OWNER_ID_DEFAULT, &buckets);
-        self.respond(
-            conn,
-            req,
-            ResponseHead::new(200).with_header("Content-Type", "application/xml"),
-            body.as_bytes(),
-        )
-        .await
+        self.respond_xml(conn, req, &body).await
     }
 
     async fn read_small_body(&self, conn: &mut Conn, req: &Request) -> Result<Vec<u8>, S3Error> {
@@ -495,13 +494,7 @@ impl S3Front {
             self.cfg.region.as_str()
         };
         let body = xml::location_constraint(region);
-        self.respond(
-            conn,
-            req,
-            ResponseHead::new(200).with_header("Content-Type", "application/xml"),
-            body.as_bytes(),
-        )
-        .await
+        self.respond_xml(conn, req, &body).await
     }
 
     /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items
@@ -636,13 +629,7 @@ impl S3Front {
                 common_prefixes,
             })
         };
-        self.respond(
-            conn,
-            req,
-            ResponseHead::new(200).with_header("Content-Type", "application/xml"),
-            body.as_bytes(),
-        )
-        .await
+        self.respond_xml(conn, req, &body).await
     }
 
     // ------------------------------------------------------------------

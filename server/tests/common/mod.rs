@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use glommio::LocalExecutorBuilder;
-use percore_server::store::StoreConfig;
+use percore_server::store::{Store, StoreConfig, StoreError};
 
 /// Runs `f` to completion on a fresh glommio executor thread.
 pub fn run<F, Fut>(f: F)
@@ -30,4 +30,22 @@ pub fn small_config(dir: &Path) -> StoreConfig {
     cfg.compaction_garbage_ratio_min = 0.3;
     cfg.compaction_bytes_per_sec_max = 0;
     cfg
+}
+
+/// Reads a whole object through `ObjectReader` in 7 KiB pieces (an odd size,
+/// so reads straddle 64 KiB CRC blocks and extent boundaries).
+pub async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>, StoreError> {
+    let mut r = store.open_read(bucket, key).await?;
+    let mut out = Vec::new();
+    while (out.len() as u64) < r.size_bytes() {
+        let piece = r.read(out.len() as u64, 7 * 1024).await?;
+        assert!(
+            !piece.is_empty(),
+            "empty read at {} of {}",
+            out.len(),
+            r.size_bytes()
+        );
+        out.extend_from_slice(&piece);
+    }
+    Ok(out)
 }
