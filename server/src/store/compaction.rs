@@ -106,13 +106,17 @@ impl Store {
         let mut stale: HashMap<Key, u32> = HashMap::new();
         let mut current: Vec<&Scanned> = Vec::new();
         let mut moved_extents: HashMap<Key, Vec<&Scanned>> = HashMap::new();
+        let owners = self.extent_owners(segment_id);
         for r in records {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             match r.header.kind() {
                 Kind::SegmentHeader | Kind::Seal => {}
                 Kind::Extent => {
-                    if self.extent_is_live(&key, segment_id, r.offset) {
-                        moved_extents.entry(key).or_default().push(r);
+                    // An extent moves with every object that lists it (a
+                    // multipart part's extents belong to the completed
+                    // object, under another key).
+                    for owner in owners.get(&r.offset).into_iter().flatten() {
+                        moved_extents.entry(owner.clone()).or_default().push(r);
                     }
                 }
                 _ => {
@@ -286,6 +290,26 @@ impl Store {
     }
 
     /// Is the extent at (`segment_id`, `offset`) part of the current version of `key`?
+    /// Record offsets of extents in `segment_id` → the keys whose current
+    /// version lists them. One pass over the index per compacted segment.
+    fn extent_owners(&self, segment_id: u64) -> HashMap<u64, Vec<Key>> {
+        let mut owners: HashMap<u64, Vec<Key>> = HashMap::new();
+        for (bucket, keys) in self.inner.index.borrow().iter() {
+            for (key, entry) in keys {
+                let State::Live(info) = &entry.state else {
+                    continue;
+                };
+                for e in info.extents.iter().filter(|e| e.segment_id == segment_id) {
+                    owners
+                        .entry(e.record_offset)
+                        .or_default()
+                        .push((bucket.clone(), key.clone()));
+                }
+            }
+        }
+        owners
+    }
+
     fn extent_is_live(&self, key: &Key, segment_id: u64, offset: u64) -> bool {
         self.lookup(&key.0, &key.1)
             .is_some_and(|entry| match &entry.state {

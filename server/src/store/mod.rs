@@ -14,6 +14,7 @@
 //!   mostly-dead segments and deletes them.
 
 pub mod file;
+pub mod mpu;
 pub mod record;
 mod recovery;
 
@@ -53,6 +54,8 @@ pub enum StoreError {
     ShuttingDown,
     #[error("write queue full")]
     Busy,
+    #[error("{0}")]
+    Upload(#[from] mpu::UploadError),
 }
 
 impl StoreError {
@@ -340,6 +343,14 @@ impl Store {
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
         store.spawn_tasks();
+        let swept = store.sweep_orphan_parts().await?;
+        if swept > 0 {
+            tracing::info!(
+                shard = store.inner.cfg.shard_id,
+                swept,
+                "dropped multipart parts whose upload had ended"
+            );
+        }
         Ok((store, report))
     }
 
@@ -888,6 +899,20 @@ impl Store {
         }
     }
 
+    /// A durable record of `key` that will never be installed: one more
+    /// older record on disk, so that its tombstone is kept long enough.
+    fn count_stale(&self, bucket: &str, key: &str) {
+        if let Some(entry) = self
+            .inner
+            .index
+            .borrow_mut()
+            .get_mut(bucket)
+            .and_then(|k| k.get_mut(key))
+        {
+            entry.older_on_disk += 1;
+        }
+    }
+
     fn lookup(&self, bucket: &str, key: &str) -> Option<Entry> {
         self.inner.index.borrow().get(bucket)?.get(key).cloned()
     }
@@ -921,6 +946,7 @@ impl Store {
             extents: Vec::new(),
             in_flight: VecDeque::new(),
             pinned: Vec::new(),
+            part_of: None,
         }
     }
 
@@ -1082,6 +1108,11 @@ impl Store {
         } else {
             Bound::Included(prefix.to_string())
         };
+        // Keys starting with NUL are internal (multipart state), never listed.
+        if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
+        {
+            lower = Bound::Included("\u{1}".to_string());
+        }
         // A continuation that ends on a common prefix resumes after all of it.
         if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
             if let Some(rest) = start_after.strip_prefix(prefix) {
@@ -1141,8 +1172,8 @@ impl Store {
             .iter()
             .filter(|(b, _)| b.as_str() != BUCKETS_NAMESPACE)
             .map(|(_, keys)| {
-                keys.values()
-                    .filter(|e| matches!(e.state, State::Live(_)))
+                keys.iter()
+                    .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
                     .count()
             })
             .sum()
@@ -1256,6 +1287,9 @@ pub struct PutWriter {
     in_flight: VecDeque<(u64, oneshot::Receiver<Result<Loc>>)>,
     /// Segments pinned by this PUT's durable extents.
     pinned: Vec<u64>,
+    /// For a multipart part: the upload's index key, which must still be
+    /// live when the part is installed. Parts always use extents.
+    part_of: Option<String>,
 }
 
 impl Drop for PutWriter {
@@ -1342,7 +1376,7 @@ impl PutWriter {
     /// Makes the object durable and visible. `meta.size_bytes` is set here;
     /// `meta.etag` must be set by the caller.
     pub async fn finish(mut self) -> Result<ObjectInfo> {
-        let inline = self.extents.is_empty() && self.in_flight.is_empty();
+        let inline = self.extents.is_empty() && self.in_flight.is_empty() && self.part_of.is_none();
         let payload = if inline {
             Bytes::from(std::mem::take(&mut self.buffer))
         } else {
@@ -1361,6 +1395,7 @@ impl PutWriter {
         } else {
             self.written_bytes
         };
+
         self.meta.size_bytes = size_bytes;
         if self.meta.mtime_ms == 0 {
             self.meta.mtime_ms = now_ms();
@@ -1412,6 +1447,14 @@ impl PutWriter {
             )));
         }
         drop(segments);
+        // A part whose upload was aborted or completed meanwhile stays
+        // invisible (start-up sweeps such records, see `mpu`).
+        if let Some(upload) = &self.part_of {
+            if store.head(&self.bucket, upload).is_none() {
+                store.count_stale(&self.bucket, &self.key);
+                return Err(mpu::UploadError::NoSuchUpload.into());
+            }
+        }
         store.install(
             &self.bucket,
             &self.key,

@@ -24,7 +24,9 @@ pub const RECORD_ALIGN_BYTES: u64 = 8;
 pub const BLOCK_BYTES: u64 = 64 * 1024;
 /// Upper bound of a header (key, metadata, block CRCs, extent list).
 pub const HEADER_BYTES_MAX: usize = 256 * 1024;
-pub const KEY_BYTES_MAX: usize = 1024;
+/// Store-level bound: S3 keys are at most 1024 bytes; the multipart
+/// namespace (`store::mpu`) adds an upload id and part number.
+pub const KEY_BYTES_MAX: usize = 1100;
 pub const BUCKET_BYTES_MAX: usize = 255;
 /// Bound on metadata entries per object (S3 allows 2 KiB of user metadata).
 pub const HEADERS_COUNT_MAX: usize = 64;
