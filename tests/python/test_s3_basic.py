@@ -255,7 +255,6 @@ def test_parallel_ranged_download(s3, bucket, tmp_path):
     assert file_md5(dst) == md5(data)
 
 
-@pytest.mark.xfail(reason="multipart is issue 3", strict=False)
 def test_multipart_upload(server, bucket, tmp_path):
     s3 = server.client(read_timeout=15)
     src = tmp_path / "mp.bin"

@@ -3,6 +3,7 @@
 use crate::http::HttpError;
 use crate::s3::sigv4::AuthError;
 use crate::shard::msg::ShardError;
+use crate::store::mpu::UploadError;
 
 #[derive(Debug, Clone)]
 pub struct S3Error {
@@ -64,6 +65,17 @@ impl From<ShardError> for S3Error {
             }
             ShardError::Internal(m) => S3Error::internal(m),
             ShardError::ShuttingDown => S3Error::new(503, "ServiceUnavailable", "The server is shutting down."),
+            ShardError::Upload(e) => {
+                let message = e.to_string();
+                match e {
+                    UploadError::NoSuchUpload => S3Error::new(404, "NoSuchUpload", "The specified multipart upload does not exist. The upload ID may be invalid, or the upload may have been aborted or completed."),
+                    UploadError::InvalidPart(_) => S3Error::new(400, "InvalidPart", format!("One or more of the specified parts could not be found: {message}. Upload the part again or list the parts for their ETags.")),
+                    UploadError::InvalidPartOrder => S3Error::new(400, "InvalidPartOrder", "The list of parts was not in ascending order. Parts must be ordered by part number."),
+                    UploadError::EntityTooSmall(_) => S3Error::new(400, "EntityTooSmall", format!("Your proposed upload is smaller than the minimum allowed object size: {message}.")),
+                    UploadError::TooManyExtents(_) => S3Error::new(400, "EntityTooLarge", format!("Your proposed upload exceeds the maximum allowed object size: {message}.")),
+                    UploadError::NoParts => S3Error::new(400, "MalformedXML", "The XML you provided was not well-formed or did not validate against our published schema: it lists no parts."),
+                }
+            }
         }
     }
 }

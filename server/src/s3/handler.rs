@@ -21,9 +21,13 @@ use crate::s3::xml;
 use crate::shard::msg::{Op, Reply};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::{Shard, BUCKET_OWNER_SHARD};
-use crate::store::record::{ObjectMeta, KEY_BYTES_MAX};
-use crate::store::ListItem;
+use crate::store::record::ObjectMeta;
+use crate::store::{ListItem, ObjectInfo};
 
+mod ops;
+
+/// S3's key length limit (bytes of UTF-8).
+pub const S3_KEY_BYTES_MAX: usize = 1024;
 /// S3's single-PUT limit.
 pub const PUT_BYTES_MAX: u64 = 5 << 30;
 /// Bytes handed to the owner shard per message.
@@ -235,8 +239,13 @@ impl S3Front {
         let (bucket_raw, key_raw) = path.split_once('/').unwrap_or((&path, ""));
         let bucket = percent_decode(bucket_raw)?;
         let key = percent_decode(key_raw)?;
-        if key.len() > KEY_BYTES_MAX {
+        if key.len() > S3_KEY_BYTES_MAX {
             return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long"));
+        }
+        if key.contains('\0') {
+            return Err(S3Error::invalid_argument(
+                "Object keys may not contain NUL characters",
+            ));
         }
         let query = parse_query(&head.query)?;
         Ok(Request {
@@ -355,6 +364,20 @@ impl S3Front {
                 "HEAD" => self.head_bucket(conn, req).await,
                 "DELETE" if req.query.is_empty() => self.delete_bucket(conn, req).await,
                 "GET" if req.has_q("location") => self.get_bucket_location(conn, req).await,
+                "GET" if req.has_q("uploads") => self.list_multipart_uploads(conn, req).await,
+                "GET" if req.has_q("versions") => self.list_object_versions(conn, req).await,
+                "GET" if req.has_q("versioning") => {
+                    if !self.shard.bucket_exists(&req.bucket) {
+                        return Err(S3Error::no_such_bucket());
+                    }
+                    let body = format!(
+                        "{}<VersioningConfiguration xmlns=\"{}\"/>",
+                        xml::XML_DECLARATION,
+                        xml::S3_XMLNS
+                    );
+                    self.respond_xml(conn, req, &body).await
+                }
+                "POST" if req.has_q("delete") => self.delete_objects(conn, req, &auth).await,
                 "GET" if req.q("list-type") == Some("2") => {
                     self.list_objects(conn, req, true).await
                 }
@@ -370,6 +393,22 @@ impl S3Front {
                     "{method} on a bucket with this query"
                 ))),
             };
+        }
+        if req.has_q("uploadId") {
+            return match method {
+                "PUT" => self.upload_part(conn, req, &auth).await,
+                "POST" => self.complete_multipart(conn, req, &auth).await,
+                "DELETE" => self.abort_multipart(conn, req).await,
+                "GET" => self.list_parts(conn, req).await,
+                _ => Err(S3Error::new(
+                    405,
+                    "MethodNotAllowed",
+                    "The specified method is not allowed against this resource.",
+                )),
+            };
+        }
+        if method == "POST" && req.has_q("uploads") {
+            return self.create_multipart(conn, req).await;
         }
         if req
             .query
@@ -497,6 +536,41 @@ impl S3Front {
         self.respond_xml(conn, req, &body).await
     }
 
+    /// The first `max` items after `from` across all shards, in key order,
+    /// and whether more follow.
+    async fn list_merged(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        from: &str,
+        delimiter: Option<String>,
+        max: usize,
+    ) -> Result<(Vec<ListItem>, bool), S3Error> {
+        let replies = self
+            .shard
+            .call_all(|| Op::List {
+                bucket: bucket.to_string(),
+                prefix: prefix.to_string(),
+                start_after: from.to_string(),
+                delimiter: delimiter.clone(),
+                limit: max + 1,
+            })
+            .await;
+        let mut items: Vec<ListItem> = Vec::new();
+        for r in replies {
+            match r {
+                Reply::List(mut v) => items.append(&mut v),
+                Reply::Err(e) => return Err(e.into()),
+                other => return Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+            }
+        }
+        items.sort_by(|a, b| a.name().cmp(b.name()));
+        items.dedup_by(|a, b| a.name() == b.name());
+        let is_truncated = items.len() > max;
+        items.truncate(max);
+        Ok((items, is_truncated))
+    }
+
     /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items
     /// after the marker; the page is the merged first `max_keys`.
     async fn list_objects(&self, conn: &mut Conn, req: &Request, v2: bool) -> Result<(), S3Error> {
@@ -549,29 +623,15 @@ impl S3Front {
             Some(t) if *t > start_after => t.clone(),
             _ => start_after.clone(),
         };
-        let limit = max_keys as usize + 1;
-        let replies = self
-            .shard
-            .call_all(|| Op::List {
-                bucket: req.bucket.clone(),
-                prefix: prefix.clone(),
-                start_after: from.clone(),
-                delimiter: delimiter.clone(),
-                limit,
-            })
-            .await;
-        let mut items: Vec<ListItem> = Vec::new();
-        for r in replies {
-            match r {
-                Reply::List(mut v) => items.append(&mut v),
-                Reply::Err(e) => return Err(e.into()),
-                other => return Err(S3Error::internal(format!("unexpected reply {other:?}"))),
-            }
-        }
-        items.sort_by(|a, b| a.name().cmp(b.name()));
-        items.dedup_by(|a, b| a.name() == b.name());
-        let is_truncated = items.len() > max_keys as usize;
-        items.truncate(max_keys as usize);
+        let (items, is_truncated) = self
+            .list_merged(
+                &req.bucket,
+                &prefix,
+                &from,
+                delimiter.clone(),
+                max_keys as usize,
+            )
+            .await?;
         let last = items.last().map(|i| i.name().to_string());
         let mut contents = Vec::new();
         let mut common_prefixes = Vec::new();
@@ -691,8 +751,24 @@ impl S3Front {
         auth: &Verified,
     ) -> Result<(), S3Error> {
         if req.head.header("x-amz-copy-source").is_some() {
-            return Err(S3Error::not_implemented("CopyObject"));
+            return self.copy_object(conn, req).await;
         }
+        let meta = self.object_meta_from_request(req)?;
+        let sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
+        let info = self.receive_object(conn, req, auth, sink).await?;
+        let head = ResponseHead::new(200).with_header("ETag", format!("\"{}\"", info.etag));
+        self.respond(conn, req, head, b"").await
+    }
+
+    /// Streams the request body into `sink`, verifying every signature and
+    /// digest before the object (or part) becomes visible.
+    async fn receive_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+        mut sink: ObjectSink,
+    ) -> Result<ObjectInfo, S3Error> {
         let framing = req.head.body_framing()?;
         let declared = match framing {
             BodyFraming::Empty => Some(0),
@@ -738,8 +814,6 @@ impl S3Front {
             ),
             None => None,
         };
-        let meta = self.object_meta_from_request(req)?;
-        let mut sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
@@ -824,8 +898,7 @@ impl S3Front {
         let etag = hex::encode(digest);
         let info = sink.finish(etag).await?;
         debug_assert_eq!(info.size_bytes, total);
-        let head = ResponseHead::new(200).with_header("ETag", format!("\"{}\"", info.etag));
-        self.respond(conn, req, head, b"").await
+        Ok(info)
     }
 
     async fn get_object(
@@ -971,8 +1044,25 @@ fn parse_http_date_ms(v: &str) -> Option<u64> {
 
 /// RFC 7232 evaluation order as S3 applies it. Some(status) ends the request.
 fn check_conditions(head: &RequestHead, meta: &ObjectMeta) -> Result<Option<u16>, S3Error> {
+    check_conditions_with(
+        head.header_str("if-match"),
+        head.header_str("if-none-match"),
+        head.header_str("if-modified-since"),
+        head.header_str("if-unmodified-since"),
+        meta,
+    )
+}
+
+/// The same tests on explicit header values (CopyObject's
+/// x-amz-copy-source-if-* headers use them too).
+fn check_conditions_with(
+    if_match: Option<&str>,
+    if_none_match: Option<&str>,
+    if_modified_since: Option<&str>,
+    if_unmodified_since: Option<&str>,
+    meta: &ObjectMeta,
+) -> Result<Option<u16>, S3Error> {
     let mtime_s = meta.mtime_ms / 1000;
-    let if_match = head.header_str("if-match");
     if let Some(v) = if_match {
         if !etag_matches(v, &meta.etag) {
             return Err(S3Error::new(
@@ -981,10 +1071,7 @@ fn check_conditions(head: &RequestHead, meta: &ObjectMeta) -> Result<Option<u16>
                 "At least one of the pre-conditions you specified did not hold",
             ));
         }
-    } else if let Some(since) = head
-        .header_str("if-unmodified-since")
-        .and_then(parse_http_date_ms)
-    {
+    } else if let Some(since) = if_unmodified_since.and_then(parse_http_date_ms) {
         if mtime_s > since / 1000 {
             return Err(S3Error::new(
                 412,
@@ -993,14 +1080,11 @@ fn check_conditions(head: &RequestHead, meta: &ObjectMeta) -> Result<Option<u16>
             ));
         }
     }
-    if let Some(v) = head.header_str("if-none-match") {
+    if let Some(v) = if_none_match {
         if etag_matches(v, &meta.etag) {
             return Ok(Some(304));
         }
-    } else if let Some(since) = head
-        .header_str("if-modified-since")
-        .and_then(parse_http_date_ms)
-    {
+    } else if let Some(since) = if_modified_since.and_then(parse_http_date_ms) {
         if mtime_s <= since / 1000 {
             return Ok(Some(304));
         }

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-const XML_DECLARATION: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-const S3_XMLNS: &str = "http://s3.amazonaws.com/doc/2006-03-01/";
+pub(crate) const XML_DECLARATION: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+pub(crate) const S3_XMLNS: &str = "http://s3.amazonaws.com/doc/2006-03-01/";
 /// Owner shown in listings that ask for one (fetch-owner=true) when the
 /// caller has no better id to give.
 pub const OWNER_ID_DEFAULT: &str = "percore";
@@ -65,7 +65,7 @@ fn push_escaped(out: &mut String, s: &str) {
 }
 
 /// `<name>escaped value</name>`.
-fn push_element(out: &mut String, name: &str, value: &str) {
+pub(crate) fn push_element(out: &mut String, name: &str, value: &str) {
     out.push('<');
     out.push_str(name);
     out.push('>');
@@ -77,7 +77,7 @@ fn push_element(out: &mut String, name: &str, value: &str) {
 
 /// Like [`push_element`], URL-encoding the value first when the client
 /// asked for encoding-type=url.
-fn push_key_element(out: &mut String, name: &str, value: &str, encode_url: bool) {
+pub(crate) fn push_key_element(out: &mut String, name: &str, value: &str, encode_url: bool) {
     if !encode_url {
         return push_element(out, name, value);
     }
@@ -93,15 +93,15 @@ fn push_key_element(out: &mut String, name: &str, value: &str, encode_url: bool)
     out.push('>');
 }
 
-fn push_number_element(out: &mut String, name: &str, value: u64) {
+pub(crate) fn push_number_element(out: &mut String, name: &str, value: u64) {
     let _ = write!(out, "<{name}>{value}</{name}>");
 }
 
-fn push_bool_element(out: &mut String, name: &str, value: bool) {
+pub(crate) fn push_bool_element(out: &mut String, name: &str, value: bool) {
     push_element(out, name, if value { "true" } else { "false" });
 }
 
-fn push_open_root(out: &mut String, name: &str) {
+pub(crate) fn push_open_root(out: &mut String, name: &str) {
     out.push_str(XML_DECLARATION);
     out.push('<');
     out.push_str(name);
@@ -111,7 +111,7 @@ fn push_open_root(out: &mut String, name: &str) {
 }
 
 /// `<ID>..</ID><DisplayName>..</DisplayName>` inside `<Owner>`.
-fn push_owner(out: &mut String, owner_id: &str) {
+pub(crate) fn push_owner(out: &mut String, owner_id: &str) {
     out.push_str("<Owner>");
     push_element(out, "ID", owner_id);
     push_element(out, "DisplayName", owner_id);

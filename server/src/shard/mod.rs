@@ -24,6 +24,7 @@ use glommio::channels::shared_channel::{
 };
 use percore_protocol::routing;
 
+use crate::store::record::ObjectMeta;
 use crate::store::{ObjectReader, PutWriter, Store, StoreError};
 use msg::{Msg, Op, Reply, SessionId, ShardError};
 
@@ -337,6 +338,29 @@ impl Shard {
         Ok(id)
     }
 
+    /// Starts a local PUT (or multipart part) of `key`, counted against
+    /// the bucket until it ends.
+    pub fn open_writer(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        part: Option<&(String, u32)>,
+    ) -> Result<PutWriter, ShardError> {
+        if !self.bucket_exists(bucket) {
+            return Err(ShardError::NoSuchBucket);
+        }
+        let writer = match part {
+            None => self.store.put_stream(bucket, key, meta),
+            Some((upload_id, number)) => self
+                .store
+                .put_part_stream(bucket, key, upload_id, *number)
+                .map_err(store_error)?,
+        };
+        self.put_started(bucket);
+        Ok(writer)
+    }
+
     pub async fn execute(self: &Rc<Self>, op: Op) -> Reply {
         match op {
             Op::Head { bucket, key } => Reply::Head(self.store.head(&bucket, &key)),
@@ -374,12 +398,16 @@ impl Shard {
                 }
                 Reply::Ok
             }
-            Op::PutOpen { bucket, key, meta } => {
-                if !self.bucket_exists(&bucket) {
-                    return Reply::Err(ShardError::NoSuchBucket);
-                }
-                self.put_started(&bucket);
-                let writer = self.store.put_stream(&bucket, &key, meta);
+            Op::PutOpen {
+                bucket,
+                key,
+                meta,
+                part,
+            } => {
+                let writer = match self.open_writer(&bucket, &key, meta, part.as_ref()) {
+                    Ok(w) => w,
+                    Err(e) => return Reply::Err(e),
+                };
                 match self.new_session(Session::Put(writer)) {
                     Ok(id) => Reply::Session(id),
                     Err(e) => {
@@ -431,6 +459,69 @@ impl Shard {
                 &prefix,
                 &start_after,
                 delimiter.as_deref(),
+                limit,
+            )),
+            Op::MpuCreate { bucket, key, meta } => {
+                if !self.bucket_exists(&bucket) {
+                    return Reply::Err(ShardError::NoSuchBucket);
+                }
+                match self.store.mpu_create(&bucket, &key, meta).await {
+                    Ok(id) => Reply::Upload(id),
+                    Err(e) => Reply::Err(store_error(e)),
+                }
+            }
+            Op::MpuComplete {
+                bucket,
+                key,
+                upload_id,
+                parts,
+            } => {
+                if !self.bucket_exists(&bucket) {
+                    return Reply::Err(ShardError::NoSuchBucket);
+                }
+                self.put_started(&bucket);
+                let result = self
+                    .store
+                    .mpu_complete(&bucket, &key, &upload_id, &parts)
+                    .await;
+                self.put_ended(&bucket);
+                match result {
+                    Ok(info) => Reply::Put(info),
+                    Err(e) => Reply::Err(store_error(e)),
+                }
+            }
+            Op::MpuAbort {
+                bucket,
+                key,
+                upload_id,
+            } => match self.store.mpu_abort(&bucket, &key, &upload_id).await {
+                Ok(()) => Reply::Ok,
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::MpuParts {
+                bucket,
+                key,
+                upload_id,
+                after,
+                limit,
+            } => match self
+                .store
+                .mpu_parts(&bucket, &key, &upload_id, after, limit)
+            {
+                Ok(parts) => Reply::Parts(parts),
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::MpuList {
+                bucket,
+                prefix,
+                key_marker,
+                upload_id_marker,
+                limit,
+            } => Reply::Uploads(self.store.mpu_list(
+                &bucket,
+                &prefix,
+                &key_marker,
+                &upload_id_marker,
                 limit,
             )),
             Op::BucketCreate { name } => self.bucket_create(name).await,
@@ -489,6 +580,7 @@ pub fn store_error(e: StoreError) -> ShardError {
         StoreError::Corrupt { .. } => ShardError::Corrupt(e.to_string()),
         StoreError::ShuttingDown => ShardError::ShuttingDown,
         StoreError::Busy => ShardError::Busy,
+        StoreError::Upload(e) => ShardError::Upload(e),
         other => ShardError::Internal(other.to_string()),
     }
 }

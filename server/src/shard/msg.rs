@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 
+use crate::store::mpu::{PartItem, UploadError, UploadItem};
 use crate::store::record::ObjectMeta;
 use crate::store::{ListItem, ObjectInfo};
 
@@ -26,10 +27,12 @@ pub enum Op {
     ReadClose {
         session: SessionId,
     },
+    /// `part`: (upload id, part number) for a multipart part of `key`.
     PutOpen {
         bucket: String,
         key: String,
         meta: ObjectMeta,
+        part: Option<(String, u32)>,
     },
     PutData {
         session: SessionId,
@@ -51,6 +54,36 @@ pub enum Op {
         prefix: String,
         start_after: String,
         delimiter: Option<String>,
+        limit: usize,
+    },
+    MpuCreate {
+        bucket: String,
+        key: String,
+        meta: ObjectMeta,
+    },
+    MpuComplete {
+        bucket: String,
+        key: String,
+        upload_id: String,
+        parts: Vec<(u32, String)>,
+    },
+    MpuAbort {
+        bucket: String,
+        key: String,
+        upload_id: String,
+    },
+    MpuParts {
+        bucket: String,
+        key: String,
+        upload_id: String,
+        after: u32,
+        limit: usize,
+    },
+    MpuList {
+        bucket: String,
+        prefix: String,
+        key_marker: String,
+        upload_id_marker: String,
         limit: usize,
     },
     /// To the bucket-owner shard.
@@ -95,6 +128,9 @@ pub enum Reply {
     List(Vec<ListItem>),
     Created(bool),
     Count(usize),
+    Upload(String),
+    Parts(Vec<PartItem>),
+    Uploads(Vec<UploadItem>),
 }
 
 /// Errors that cross shards; mapped to S3 errors by the front door.
@@ -109,6 +145,7 @@ pub enum ShardError {
     Corrupt(String),
     Internal(String),
     ShuttingDown,
+    Upload(UploadError),
 }
 
 pub enum Msg {

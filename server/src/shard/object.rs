@@ -157,13 +157,20 @@ impl ObjectSink {
         key: &str,
         meta: ObjectMeta,
     ) -> Result<ObjectSink, ShardError> {
+        Self::open_part(shard, bucket, key, meta, None).await
+    }
+
+    /// Like `open`; with `part` = (upload id, number), a multipart part.
+    pub async fn open_part(
+        shard: &Rc<Shard>,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        part: Option<(String, u32)>,
+    ) -> Result<ObjectSink, ShardError> {
         let owner = shard.owner_of(bucket, key);
         if owner == shard.id {
-            if !shard.bucket_exists(bucket) {
-                return Err(ShardError::NoSuchBucket);
-            }
-            shard.put_started(bucket);
-            let writer = shard.store.put_stream(bucket, key, meta);
+            let writer = shard.open_writer(bucket, key, meta, part.as_ref())?;
             return Ok(ObjectSink::Local {
                 shard: shard.clone(),
                 writer: Some(writer),
@@ -176,6 +183,7 @@ impl ObjectSink {
                     bucket: bucket.into(),
                     key: key.into(),
                     meta,
+                    part,
                 },
             )
             .await

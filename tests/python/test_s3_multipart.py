@@ -1,0 +1,283 @@
+"""Multipart uploads, CopyObject, UploadPartCopy, DeleteObjects and
+ListObjectVersions through boto3 against servers with 1, 2 and 4 shards."""
+
+import hashlib
+import os
+import re
+
+import pytest
+from botocore.exceptions import ClientError
+
+from test_s3_basic import MiB, etag, md5, s3_error, spread_keys, status_of
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+PART = 5 * MiB
+
+
+def multipart_etag(parts: list[bytes]) -> str:
+    digests = b"".join(hashlib.md5(p).digest() for p in parts)
+    return f'"{hashlib.md5(digests).hexdigest()}-{len(parts)}"'
+
+
+def upload(s3, bucket, key, parts: list[bytes], **create_args):
+    up = s3.create_multipart_upload(Bucket=bucket, Key=key, **create_args)
+    uid = up["UploadId"]
+    assert re.fullmatch(r"[0-9a-f]{32}", uid), uid
+    done = []
+    for i, body in enumerate(parts, start=1):
+        r = s3.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=i, Body=body)
+        assert r["ETag"] == etag(body)
+        done.append({"PartNumber": i, "ETag": r["ETag"]})
+    return uid, done
+
+
+def test_multipart_round_trip_with_metadata(s3, bucket):
+    parts = [os.urandom(PART), os.urandom(PART + 4321), b"tail bytes"]
+    uid, done = upload(s3, bucket, "dir/big.bin", parts, ContentType="text/csv",
+                       Metadata={"origin": "unit"}, CacheControl="no-cache")
+    # The upload is listed, its object is not (yet).
+    ups = s3.list_multipart_uploads(Bucket=bucket)["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in ups] == [("dir/big.bin", uid)]
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+    with s3_error("404", 404):
+        s3.head_object(Bucket=bucket, Key="dir/big.bin")
+    listed = s3.list_parts(Bucket=bucket, Key="dir/big.bin", UploadId=uid)
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed["Parts"]] == [
+        (i + 1, len(b), etag(b)) for i, b in enumerate(parts)]
+    r = s3.complete_multipart_upload(Bucket=bucket, Key="dir/big.bin", UploadId=uid,
+                                     MultipartUpload={"Parts": done})
+    assert r["ETag"] == multipart_etag(parts)
+    whole = b"".join(parts)
+    got = s3.get_object(Bucket=bucket, Key="dir/big.bin")
+    body = got["Body"].read()
+    assert md5(body) == md5(whole)
+    assert got["ETag"] == multipart_etag(parts)
+    assert got["ContentType"] == "text/csv"
+    assert got["Metadata"] == {"origin": "unit"}
+    assert got["CacheControl"] == "no-cache"
+    # Ranges across the part boundaries.
+    for a, b in [(PART - 10, PART + 10), (2 * PART + 4321 - 3, len(whole) - 1), (0, 0)]:
+        rng = s3.get_object(Bucket=bucket, Key="dir/big.bin", Range=f"bytes={a}-{b}")
+        assert rng["Body"].read() == whole[a:b + 1]
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    with s3_error("NoSuchUpload", 404):
+        s3.list_parts(Bucket=bucket, Key="dir/big.bin", UploadId=uid)
+    keys = [c["Key"] for c in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert keys == ["dir/big.bin"]
+
+
+def test_complete_validation(s3, bucket):
+    small = [b"a" * 1000, b"b" * 1000]
+    uid, done = upload(s3, bucket, "k", small)
+    with s3_error("EntityTooSmall", 400):
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": done})
+    with s3_error("InvalidPartOrder", 400):
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": done[::-1]})
+    with s3_error("InvalidPart", 400):
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="k", UploadId=uid,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag(b"other")}]})
+    with s3_error("InvalidPart", 400):
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="k", UploadId=uid,
+            MultipartUpload={"Parts": [{"PartNumber": 7, "ETag": done[0]["ETag"]}]})
+    with s3_error("NoSuchUpload", 404):
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key="k", UploadId="0" * 32, MultipartUpload={"Parts": done[:1]})
+    with s3_error("NoSuchUpload", 404):
+        s3.upload_part(Bucket=bucket, Key="k", UploadId="not-an-id", PartNumber=1, Body=b"x")
+    with s3_error("InvalidArgument", 400):
+        s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=10001, Body=b"x")
+    # None of that ended the upload: a single (last) small part completes.
+    r = s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid,
+                                     MultipartUpload={"Parts": done[:1]})
+    assert r["ETag"] == multipart_etag(small[:1])
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == small[0]
+
+
+def test_part_reupload_replaces_and_parts_paginate(s3, bucket):
+    up = s3.create_multipart_upload(Bucket=bucket, Key="p")
+    uid = up["UploadId"]
+    for n in range(1, 8):
+        s3.upload_part(Bucket=bucket, Key="p", UploadId=uid, PartNumber=n, Body=b"old%d" % n)
+    s3.upload_part(Bucket=bucket, Key="p", UploadId=uid, PartNumber=3, Body=b"new3")
+    seen, marker = [], 0
+    while True:
+        page = s3.list_parts(Bucket=bucket, Key="p", UploadId=uid, MaxParts=3,
+                             PartNumberMarker=marker)
+        seen += [(p["PartNumber"], p["ETag"]) for p in page["Parts"]]
+        if not page["IsTruncated"]:
+            break
+        marker = page["NextPartNumberMarker"]
+    assert [n for n, _ in seen] == list(range(1, 8))
+    assert dict(seen)[3] == etag(b"new3")
+    s3.abort_multipart_upload(Bucket=bucket, Key="p", UploadId=uid)
+    with s3_error("NoSuchUpload", 404):
+        s3.abort_multipart_upload(Bucket=bucket, Key="p", UploadId=uid)
+    with s3_error("NoSuchUpload", 404):
+        s3.upload_part(Bucket=bucket, Key="p", UploadId=uid, PartNumber=1, Body=b"late")
+    with s3_error("404", 404):
+        s3.head_object(Bucket=bucket, Key="p")
+
+
+def test_list_multipart_uploads_across_shards(s3, bucket):
+    keys = spread_keys(12, prefix="up/")
+    ids = {}
+    for k in keys:
+        ids[k] = s3.create_multipart_upload(Bucket=bucket, Key=k)["UploadId"]
+    extra = s3.create_multipart_upload(Bucket=bucket, Key=keys[0])["UploadId"]
+    s3.create_multipart_upload(Bucket=bucket, Key="other/x")
+    expect = sorted([(k, v) for k, v in ids.items()] + [(keys[0], extra)])
+    got, km, im = [], None, None
+    while True:
+        args = dict(Bucket=bucket, Prefix="up/", MaxUploads=5)
+        if km is not None:
+            args.update(KeyMarker=km, UploadIdMarker=im)
+        page = s3.list_multipart_uploads(**args)
+        got += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+        if not page["IsTruncated"]:
+            break
+        km, im = page["NextKeyMarker"], page["NextUploadIdMarker"]
+    assert got == expect
+    page = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
+    assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["other/", "up/"]
+    assert page.get("Uploads", []) == []
+    # The in-progress uploads keep the bucket from being deleted.
+    with s3_error("BucketNotEmpty", 409):
+        s3.delete_bucket(Bucket=bucket)
+
+
+def test_upload_part_copy_with_ranges(s3, bucket):
+    src = os.urandom(7 * MiB)
+    s3.put_object(Bucket=bucket, Key="src", Body=src)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="dst")["UploadId"]
+    r1 = s3.upload_part_copy(Bucket=bucket, Key="dst", UploadId=uid, PartNumber=1,
+                             CopySource={"Bucket": bucket, "Key": "src"},
+                             CopySourceRange=f"bytes=0-{PART - 1}")
+    r2 = s3.upload_part_copy(Bucket=bucket, Key="dst", UploadId=uid, PartNumber=2,
+                             CopySource={"Bucket": bucket, "Key": "src"},
+                             CopySourceRange=f"bytes=100-{100 + 999}")
+    assert r1["CopyPartResult"]["ETag"] == etag(src[:PART])
+    assert r2["CopyPartResult"]["ETag"] == etag(src[100:1100])
+    with s3_error("InvalidRange", 416):
+        s3.upload_part_copy(Bucket=bucket, Key="dst", UploadId=uid, PartNumber=3,
+                            CopySource={"Bucket": bucket, "Key": "src"},
+                            CopySourceRange=f"bytes=0-{len(src)}")
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="dst", UploadId=uid,
+        MultipartUpload={"Parts": [
+            {"PartNumber": 1, "ETag": r1["CopyPartResult"]["ETag"]},
+            {"PartNumber": 2, "ETag": r2["CopyPartResult"]["ETag"]}]})
+    got = s3.get_object(Bucket=bucket, Key="dst")["Body"].read()
+    assert md5(got) == md5(src[:PART] + src[100:1100])
+
+
+def test_copy_object_metadata_and_conditions(s3, bucket):
+    body = os.urandom(3 * MiB + 17)
+    s3.put_object(Bucket=bucket, Key="a", Body=body, ContentType="image/png",
+                  Metadata={"m": "1"})
+    r = s3.copy_object(Bucket=bucket, Key="b/c", CopySource={"Bucket": bucket, "Key": "a"})
+    assert r["CopyObjectResult"]["ETag"] == etag(body)
+    got = s3.get_object(Bucket=bucket, Key="b/c")
+    assert got["Body"].read() == body
+    assert got["ContentType"] == "image/png" and got["Metadata"] == {"m": "1"}
+    s3.copy_object(Bucket=bucket, Key="d", CopySource=f"{bucket}/a",
+                   MetadataDirective="REPLACE", ContentType="text/plain",
+                   Metadata={"n": "2"})
+    head = s3.head_object(Bucket=bucket, Key="d")
+    assert head["ContentType"] == "text/plain" and head["Metadata"] == {"n": "2"}
+    # To itself: only with REPLACE.
+    with s3_error("InvalidRequest", 400):
+        s3.copy_object(Bucket=bucket, Key="a", CopySource={"Bucket": bucket, "Key": "a"})
+    s3.copy_object(Bucket=bucket, Key="a", CopySource={"Bucket": bucket, "Key": "a"},
+                   MetadataDirective="REPLACE", Metadata={"m": "3"})
+    assert s3.head_object(Bucket=bucket, Key="a")["Metadata"] == {"m": "3"}
+    with s3_error("PreconditionFailed", 412):
+        s3.copy_object(Bucket=bucket, Key="e", CopySource={"Bucket": bucket, "Key": "a"},
+                       CopySourceIfMatch='"0123"')
+    with s3_error("PreconditionFailed", 412):
+        s3.copy_object(Bucket=bucket, Key="e", CopySource={"Bucket": bucket, "Key": "a"},
+                       CopySourceIfNoneMatch=etag(body))
+    s3.copy_object(Bucket=bucket, Key="e", CopySource={"Bucket": bucket, "Key": "a"},
+                   CopySourceIfMatch=etag(body))
+    with s3_error("NoSuchKey", 404):
+        s3.copy_object(Bucket=bucket, Key="f", CopySource={"Bucket": bucket, "Key": "nope"})
+    with s3_error("NoSuchBucket", 404):
+        s3.copy_object(Bucket=bucket, Key="f", CopySource={"Bucket": "no-such-bkt", "Key": "a"})
+
+
+def test_copy_of_a_multipart_object(s3, bucket):
+    parts = [os.urandom(PART), os.urandom(1000)]
+    uid, done = upload(s3, bucket, "mp", parts)
+    s3.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=uid,
+                                 MultipartUpload={"Parts": done})
+    r = s3.copy_object(Bucket=bucket, Key="mp-copy", CopySource={"Bucket": bucket, "Key": "mp"})
+    whole = b"".join(parts)
+    assert r["CopyObjectResult"]["ETag"] == etag(whole)
+    assert md5(s3.get_object(Bucket=bucket, Key="mp-copy")["Body"].read()) == md5(whole)
+
+
+def test_delete_objects_batch_and_quiet(s3, bucket):
+    keys = spread_keys(40, prefix="del/")
+    for k in keys:
+        s3.put_object(Bucket=bucket, Key=k, Body=k.encode())
+    r = s3.delete_objects(Bucket=bucket, Delete={
+        "Objects": [{"Key": k} for k in keys[:30]] + [{"Key": "never-existed"}]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == sorted(keys[:30] + ["never-existed"])
+    assert r.get("Errors", []) == []
+    r = s3.delete_objects(Bucket=bucket, Delete={
+        "Objects": [{"Key": k} for k in keys[30:]], "Quiet": True})
+    assert r.get("Deleted", []) == [] and r.get("Errors", []) == []
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+    with s3_error("MalformedXML", 400):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"k{i}"} for i in range(1001)]})
+
+
+def test_list_object_versions_unversioned(s3, bucket):
+    keys = spread_keys(9, prefix="v/")
+    for k in keys:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"x")
+    got, km = [], None
+    while True:
+        args = dict(Bucket=bucket, MaxKeys=4)
+        if km:
+            args.update(KeyMarker=km, VersionIdMarker="null")
+        page = s3.list_object_versions(**args)
+        for v in page.get("Versions", []):
+            assert v["VersionId"] == "null" and v["IsLatest"] is True
+            got.append(v["Key"])
+        if not page["IsTruncated"]:
+            break
+        km = page["NextKeyMarker"]
+    assert got == sorted(keys)
+    # Never versioned: GetBucketVersioning answers with no Status.
+    v = s3.get_bucket_versioning(Bucket=bucket)
+    assert status_of(v) == 200 and "Status" not in v
+
+
+def test_multipart_survives_restart(server_factory, shards):
+    srv = server_factory(shards=shards)
+    s3 = srv.client()
+    s3.create_bucket(Bucket="mp-restart")
+    parts = [os.urandom(PART), os.urandom(2 * MiB)]
+    uid, done = upload(s3, "mp-restart", "obj", parts)
+    # An upload left in progress and one completed, across a restart.
+    pending_uid, _ = upload(s3, "mp-restart", "pending", [b"p1"])
+    s3.complete_multipart_upload(Bucket="mp-restart", Key="obj", UploadId=uid,
+                                 MultipartUpload={"Parts": done})
+    srv.kill9()
+    srv.restart()
+    s3 = srv.client()
+    assert md5(s3.get_object(Bucket="mp-restart", Key="obj")["Body"].read()) == \
+        md5(b"".join(parts))
+    ups = s3.list_multipart_uploads(Bucket="mp-restart")["Uploads"]
+    assert [(u["Key"], u["UploadId"]) for u in ups] == [("pending", pending_uid)]
+    parts_listed = s3.list_parts(Bucket="mp-restart", Key="pending", UploadId=pending_uid)["Parts"]
+    assert [p["ETag"] for p in parts_listed] == [etag(b"p1")]
+    s3.abort_multipart_upload(Bucket="mp-restart", Key="pending", UploadId=pending_uid)
+    srv.restart()
+    s3 = srv.client()
+    assert s3.list_multipart_uploads(Bucket="mp-restart").get("Uploads", []) == []
