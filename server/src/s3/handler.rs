@@ -15,6 +15,7 @@ use sha2::Sha256;
 use crate::http::{
     content_range, parse_range, BodyFraming, HttpConn, Limits, RangeSpec, RequestHead, ResponseHead,
 };
+use crate::s3::checksum;
 use crate::s3::error::S3Error;
 use crate::s3::sigv4::{self, AuthInput, ChunkedDecoder, HeaderView, PayloadMode, Verified};
 use crate::s3::xml;
@@ -22,7 +23,7 @@ use crate::shard::msg::{Op, Reply};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::{Shard, BUCKET_OWNER_SHARD};
 use crate::store::record::ObjectMeta;
-use crate::store::{ListItem, ObjectInfo};
+use crate::store::{ListItem, ObjectInfo, PutCondition};
 
 mod ops;
 
@@ -754,7 +755,9 @@ impl S3Front {
             return self.copy_object(conn, req).await;
         }
         let meta = self.object_meta_from_request(req)?;
-        let sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
+        let condition = put_condition(&req.head)?;
+        let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
+            .await?;
         let info = self.receive_object(conn, req, auth, sink).await?;
         let head = ResponseHead::new(200).with_header("ETag", format!("\"{}\"", info.etag));
         self.respond(conn, req, head, b"").await
@@ -818,6 +821,10 @@ impl S3Front {
             conn.send_continue().await?;
         }
         let mut decoder = streaming.then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
+        let expected_checksum = checksum::expected(&req.head)?;
+        let mut checksum_hasher = expected_checksum
+            .as_ref()
+            .map(|e| checksum::Hasher::new(e.algorithm));
         let mut md5 = Md5::new();
         let mut sha = matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new);
         let mut input = vec![0u8; 256 * 1024];
@@ -858,6 +865,9 @@ impl S3Front {
                 ));
             }
             md5.update(data);
+            if let Some(h) = checksum_hasher.as_mut() {
+                h.update(data);
+            }
             if let Some(sha) = sha.as_mut() {
                 sha.update(data);
             }
@@ -892,11 +902,34 @@ impl S3Front {
                 "The Content-MD5 you specified did not match what we received.",
             ));
         }
+        let mut stored = Vec::new();
+        if let (Some(expected), Some(hasher)) = (expected_checksum, checksum_hasher) {
+            let name = expected.algorithm.header();
+            let sent = match expected.value {
+                Some(v) => Some(v),
+                None => decoder
+                    .as_ref()
+                    .and_then(|d| d.trailers().iter().find(|(n, _)| n == name))
+                    .map(|(_, v)| v.clone()),
+            };
+            if sent.is_none() && req.head.header_str("x-amz-trailer").is_some() {
+                return Err(S3Error::new(
+                    400,
+                    "InvalidRequest",
+                    format!("The {name} trailer announced in x-amz-trailer was not sent."),
+                ));
+            }
+            let got = hasher.finish_base64();
+            if sent.as_ref().is_some_and(|v| *v != got) {
+                return Err(checksum::mismatch(expected.algorithm));
+            }
+            stored.push((name.to_string(), got));
+        }
         if !piece.is_empty() {
             sink.write(Bytes::from(piece)).await?;
         }
         let etag = hex::encode(digest);
-        let info = sink.finish(etag).await?;
+        let info = sink.finish_with(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
         Ok(info)
     }
@@ -922,8 +955,12 @@ impl S3Front {
             None => (200, 0, size),
             Some(value) => match parse_range(value, size) {
                 Ok(RangeSpec::Single(a, b)) => (206, a, b - a + 1),
-                // Several ranges: answered whole for now (multipart/byteranges is issue 3).
-                Ok(RangeSpec::Whole) | Ok(RangeSpec::Multi(_)) => (200, 0, size),
+                Ok(RangeSpec::Multi(ranges)) => {
+                    return self
+                        .get_byteranges(conn, req, source, &meta, &ranges, head_only)
+                        .await;
+                }
+                Ok(RangeSpec::Whole) => (200, 0, size),
                 // HEAD answers with the status alone (write_error sends no body).
                 Err(_) => {
                     return Err(S3Error::new(
@@ -939,7 +976,21 @@ impl S3Front {
         head.push_header("Last-Modified", http_date(meta.mtime_ms));
         head.push_header("Accept-Ranges", "bytes");
         head.push_header("Content-Type", meta.content_type.clone());
+        // Whole-object checksums only in checksum mode and for whole bodies
+        // (a client would check a range against them and fail).
+        let checksums = status == 200
+            && req
+                .head
+                .header_str("x-amz-checksum-mode")
+                .is_some_and(|m| m.eq_ignore_ascii_case("enabled"));
         for (name, value) in &meta.headers {
+            if name.starts_with(checksum::HEADER_PREFIX) {
+                if checksums {
+                    head.push_header(name.clone(), value.clone());
+                    head.push_header("x-amz-checksum-type", "FULL_OBJECT");
+                }
+                continue;
+            }
             head.push_header(name.clone(), value.clone());
         }
         if status == 206 {
@@ -972,6 +1023,75 @@ impl S3Front {
             conn.write_body(&chunk).await?;
             offset += chunk.len() as u64;
         }
+        conn.flush().await?;
+        Ok(())
+    }
+
+    /// Several ranges in one answer: `206 multipart/byteranges` (RFC 9110
+    /// section 14.6), parts in request order.
+    async fn get_byteranges(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        mut source: ObjectSource,
+        meta: &ObjectMeta,
+        ranges: &[(u64, u64)],
+        head_only: bool,
+    ) -> Result<(), S3Error> {
+        let size = meta.size_bytes;
+        let boundary = format!("percore-{}", req.request_id);
+        let part_heads: Vec<String> = ranges
+            .iter()
+            .map(|&(a, b)| {
+                format!(
+                    "--{boundary}\r\nContent-Type: {}\r\nContent-Range: {}\r\n\r\n",
+                    meta.content_type,
+                    content_range(a, b, size)
+                )
+            })
+            .collect();
+        let closing = format!("--{boundary}--\r\n");
+        let total: u64 = ranges
+            .iter()
+            .zip(&part_heads)
+            .map(|(&(a, b), h)| h.len() as u64 + (b - a + 1) + 2)
+            .sum::<u64>()
+            + closing.len() as u64;
+        let mut head = ResponseHead::new(206);
+        head.push_header("ETag", format!("\"{}\"", meta.etag));
+        head.push_header("Last-Modified", http_date(meta.mtime_ms));
+        head.push_header("Accept-Ranges", "bytes");
+        head.push_header(
+            "Content-Type",
+            format!("multipart/byteranges; boundary={boundary}"),
+        );
+        head.push_header("x-amz-request-id", req.request_id.clone());
+        conn.write_response(&head, total, false).await?;
+        if head_only {
+            conn.flush().await?;
+            return Ok(());
+        }
+        for (&(a, b), part_head) in ranges.iter().zip(&part_heads) {
+            conn.write_body(part_head.as_bytes()).await?;
+            let mut offset = a;
+            while offset <= b {
+                let chunk = match source
+                    .read(offset, (b + 1 - offset).min(GET_PIECE_BYTES))
+                    .await
+                {
+                    Ok(c) if !c.is_empty() => c,
+                    Ok(_) => return Err(S3Error::internal("object shorter than its metadata")),
+                    Err(e) => {
+                        tracing::error!(shard = self.shard.id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                        return Err(S3Error::internal("read failed mid-body"));
+                    }
+                };
+                conn.write_body(&chunk).await?;
+                offset += chunk.len() as u64;
+            }
+            conn.write_body(b"\r\n").await?;
+        }
+        conn.write_body(closing.as_bytes()).await?;
         conn.flush().await?;
         Ok(())
     }
@@ -1029,9 +1149,27 @@ const SUBRESOURCES: [&str; 24] = [
 ];
 
 fn etag_matches(list: &str, etag: &str) -> bool {
-    list.split(',')
-        .map(|t| t.trim().trim_start_matches("W/").trim_matches('"'))
-        .any(|t| t == "*" || t == etag)
+    crate::store::etag_list_matches(list, etag)
+}
+
+/// PutObject's If-None-Match (only `*`) and If-Match.
+fn put_condition(head: &RequestHead) -> Result<Option<PutCondition>, S3Error> {
+    match (
+        head.header_str("if-none-match"),
+        head.header_str("if-match"),
+    ) {
+        (None, None) => Ok(None),
+        (Some(v), None) if v.trim() == "*" => Ok(Some(PutCondition::IfNoneMatchAny)),
+        (Some(_), None) => Err(S3Error::new(
+            501,
+            "NotImplemented",
+            "PutObject accepts If-None-Match: * only",
+        )),
+        (None, Some(v)) => Ok(Some(PutCondition::IfMatch(v.to_string()))),
+        (Some(_), Some(_)) => Err(S3Error::invalid_argument(
+            "If-Match and If-None-Match cannot be combined on PutObject",
+        )),
+    }
 }
 
 fn parse_http_date_ms(v: &str) -> Option<u64> {

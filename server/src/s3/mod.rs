@@ -1,5 +1,6 @@
 //! The S3 front door: SigV4 auth, XML bodies, request handling.
 
+pub mod checksum;
 pub mod error;
 pub mod handler;
 pub mod sigv4;

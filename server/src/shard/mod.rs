@@ -25,7 +25,7 @@ use glommio::channels::shared_channel::{
 use percore_protocol::routing;
 
 use crate::store::record::ObjectMeta;
-use crate::store::{ObjectReader, PutWriter, Store, StoreError};
+use crate::store::{ObjectReader, PutCondition, PutWriter, Store, StoreError};
 use msg::{Msg, Op, Reply, SessionId, ShardError};
 
 /// The shard that holds bucket records.
@@ -346,17 +346,27 @@ impl Shard {
         key: &str,
         meta: ObjectMeta,
         part: Option<&(String, u32)>,
+        condition: Option<PutCondition>,
     ) -> Result<PutWriter, ShardError> {
         if !self.bucket_exists(bucket) {
             return Err(ShardError::NoSuchBucket);
         }
-        let writer = match part {
+        if let Some(c) = &condition {
+            // Fail fast, before the body is sent; checked again at install.
+            self.store
+                .check_put_condition(bucket, key, c)
+                .map_err(store_error)?;
+        }
+        let mut writer = match part {
             None => self.store.put_stream(bucket, key, meta),
             Some((upload_id, number)) => self
                 .store
                 .put_part_stream(bucket, key, upload_id, *number)
                 .map_err(store_error)?,
         };
+        if let Some(c) = condition {
+            writer.set_condition(c);
+        }
         self.put_started(bucket);
         Ok(writer)
     }
@@ -403,8 +413,9 @@ impl Shard {
                 key,
                 meta,
                 part,
+                condition,
             } => {
-                let writer = match self.open_writer(&bucket, &key, meta, part.as_ref()) {
+                let writer = match self.open_writer(&bucket, &key, meta, part.as_ref(), condition) {
                     Ok(w) => w,
                     Err(e) => return Reply::Err(e),
                 };
@@ -431,12 +442,17 @@ impl Shard {
                     }
                 }
             }
-            Op::PutFinish { session, etag } => {
+            Op::PutFinish {
+                session,
+                etag,
+                headers,
+            } => {
                 let Some(Session::Put(mut w)) = self.sessions.borrow_mut().remove(&session) else {
                     return Reply::Err(ShardError::Internal("unknown put session".into()));
                 };
                 let bucket = w.bucket().to_string();
                 w.set_etag(etag);
+                w.add_headers(headers);
                 let result = w.finish().await;
                 self.put_ended(&bucket);
                 match result {
@@ -581,6 +597,7 @@ pub fn store_error(e: StoreError) -> ShardError {
         StoreError::ShuttingDown => ShardError::ShuttingDown,
         StoreError::Busy => ShardError::Busy,
         StoreError::Upload(e) => ShardError::Upload(e),
+        StoreError::PreconditionFailed => ShardError::PreconditionFailed,
         other => ShardError::Internal(other.to_string()),
     }
 }

@@ -5,7 +5,7 @@ use bytes::Bytes;
 
 use crate::store::mpu::{PartItem, UploadError, UploadItem};
 use crate::store::record::ObjectMeta;
-use crate::store::{ListItem, ObjectInfo};
+use crate::store::{ListItem, ObjectInfo, PutCondition};
 
 pub type SessionId = u64;
 
@@ -33,6 +33,7 @@ pub enum Op {
         key: String,
         meta: ObjectMeta,
         part: Option<(String, u32)>,
+        condition: Option<PutCondition>,
     },
     PutData {
         session: SessionId,
@@ -41,6 +42,7 @@ pub enum Op {
     PutFinish {
         session: SessionId,
         etag: String,
+        headers: Vec<(String, String)>,
     },
     PutAbort {
         session: SessionId,
@@ -146,6 +148,7 @@ pub enum ShardError {
     Internal(String),
     ShuttingDown,
     Upload(UploadError),
+    PreconditionFailed,
 }
 
 pub enum Msg {

@@ -11,7 +11,7 @@ use glommio::io::ReadResult;
 use super::msg::{Op, Reply, SessionId, ShardError};
 use super::{store_error, Shard};
 use crate::store::record::ObjectMeta;
-use crate::store::{ObjectInfo, ObjectReader, PutWriter};
+use crate::store::{ObjectInfo, ObjectReader, PutCondition, PutWriter};
 
 /// Bytes of an object: a verified view of a read buffer (local) or a copy
 /// that crossed from the owner shard (remote).
@@ -157,7 +157,7 @@ impl ObjectSink {
         key: &str,
         meta: ObjectMeta,
     ) -> Result<ObjectSink, ShardError> {
-        Self::open_part(shard, bucket, key, meta, None).await
+        Self::open_part(shard, bucket, key, meta, None, None).await
     }
 
     /// Like `open`; with `part` = (upload id, number), a multipart part.
@@ -167,10 +167,11 @@ impl ObjectSink {
         key: &str,
         meta: ObjectMeta,
         part: Option<(String, u32)>,
+        condition: Option<PutCondition>,
     ) -> Result<ObjectSink, ShardError> {
         let owner = shard.owner_of(bucket, key);
         if owner == shard.id {
-            let writer = shard.open_writer(bucket, key, meta, part.as_ref())?;
+            let writer = shard.open_writer(bucket, key, meta, part.as_ref(), condition)?;
             return Ok(ObjectSink::Local {
                 shard: shard.clone(),
                 writer: Some(writer),
@@ -184,6 +185,7 @@ impl ObjectSink {
                     key: key.into(),
                     meta,
                     part,
+                    condition,
                 },
             )
             .await
@@ -220,11 +222,21 @@ impl ObjectSink {
     }
 
     /// Makes the object durable and visible.
-    pub async fn finish(mut self, etag: String) -> Result<ObjectInfo, ShardError> {
+    pub async fn finish(self, etag: String) -> Result<ObjectInfo, ShardError> {
+        self.finish_with(etag, Vec::new()).await
+    }
+
+    /// Like `finish`, adding stored headers known only now.
+    pub async fn finish_with(
+        mut self,
+        etag: String,
+        headers: Vec<(String, String)>,
+    ) -> Result<ObjectInfo, ShardError> {
         match &mut self {
             ObjectSink::Local { shard, writer } => {
                 let mut w = writer.take().expect("open writer");
                 w.set_etag(etag);
+                w.add_headers(headers);
                 let bucket = w.bucket().to_string();
                 let result = w.finish().await.map_err(store_error);
                 shard.put_ended(&bucket);
@@ -236,7 +248,17 @@ impl ObjectSink {
                 session,
             } => {
                 let session = session.take().expect("open session");
-                match shard.call(*owner, Op::PutFinish { session, etag }).await {
+                match shard
+                    .call(
+                        *owner,
+                        Op::PutFinish {
+                            session,
+                            etag,
+                            headers,
+                        },
+                    )
+                    .await
+                {
                     Reply::Put(info) => Ok(info),
                     other => Err(unexpected(other)),
                 }

@@ -56,6 +56,25 @@ pub enum StoreError {
     Busy,
     #[error("{0}")]
     Upload(#[from] mpu::UploadError),
+    #[error("a precondition of the write did not hold")]
+    PreconditionFailed,
+}
+
+/// A conditional PUT (If-None-Match: * or If-Match), decided atomically on
+/// the owner shard when the new version is installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutCondition {
+    /// Only if no object exists.
+    IfNoneMatchAny,
+    /// Only if the current ETag is in this (comma-separated) list, or `*`.
+    IfMatch(String),
+}
+
+/// Whether an If-Match / If-None-Match list names `etag` (or is `*`).
+pub fn etag_list_matches(list: &str, etag: &str) -> bool {
+    list.split(',')
+        .map(|t| t.trim().trim_start_matches("W/").trim_matches('"'))
+        .any(|t| t == "*" || t == etag)
 }
 
 impl StoreError {
@@ -947,6 +966,33 @@ impl Store {
             in_flight: VecDeque::new(),
             pinned: Vec::new(),
             part_of: None,
+            condition: None,
+        }
+    }
+
+    /// Checks a PUT condition against the current version; Ok carries the
+    /// current version's seq, to be found unchanged at install time.
+    pub fn check_put_condition(
+        &self,
+        bucket: &str,
+        key: &str,
+        condition: &PutCondition,
+    ) -> Result<Option<u64>> {
+        let live = self.lookup(bucket, key).and_then(|e| match e.state {
+            State::Live(info) => Some((e.seq, info)),
+            State::Deleted => None,
+        });
+        match (condition, live) {
+            (PutCondition::IfNoneMatchAny, None) => Ok(None),
+            (PutCondition::IfNoneMatchAny, Some(_)) => Err(StoreError::PreconditionFailed),
+            (PutCondition::IfMatch(_), None) => Err(StoreError::NotFound),
+            (PutCondition::IfMatch(list), Some((seq, info))) => {
+                if etag_list_matches(list, &info.etag) {
+                    Ok(Some(seq))
+                } else {
+                    Err(StoreError::PreconditionFailed)
+                }
+            }
         }
     }
 
@@ -1290,6 +1336,7 @@ pub struct PutWriter {
     /// For a multipart part: the upload's index key, which must still be
     /// live when the part is installed. Parts always use extents.
     part_of: Option<String>,
+    condition: Option<PutCondition>,
 }
 
 impl Drop for PutWriter {
@@ -1310,6 +1357,15 @@ impl PutWriter {
 
     pub fn set_etag(&mut self, etag: String) {
         self.meta.etag = etag;
+    }
+
+    pub fn set_condition(&mut self, condition: PutCondition) {
+        self.condition = Some(condition);
+    }
+
+    /// Headers known only once the body is in (a verified checksum).
+    pub fn add_headers(&mut self, headers: Vec<(String, String)>) {
+        self.meta.headers.extend(headers);
     }
 
     pub fn written_bytes(&self) -> u64 {
@@ -1400,6 +1456,10 @@ impl PutWriter {
         if self.meta.mtime_ms == 0 {
             self.meta.mtime_ms = now_ms();
         }
+        let seen = match &self.condition {
+            Some(c) => Some(store.check_put_condition(&self.bucket, &self.key, c)?),
+            None => None,
+        };
         let seq = store.take_seq();
         let info = ObjectInfo {
             size_bytes,
@@ -1447,6 +1507,17 @@ impl PutWriter {
             )));
         }
         drop(segments);
+        // Another write won the race since the condition was checked.
+        if let Some(seen) = seen {
+            let now = store
+                .lookup(&self.bucket, &self.key)
+                .filter(|e| matches!(e.state, State::Live(_)))
+                .map(|e| e.seq);
+            if now != seen {
+                store.count_stale(&self.bucket, &self.key);
+                return Err(StoreError::PreconditionFailed);
+            }
+        }
         // A part whose upload was aborted or completed meanwhile stays
         // invisible (start-up sweeps such records, see `mpu`).
         if let Some(upload) = &self.part_of {

@@ -245,6 +245,7 @@ impl S3Front {
             &req.key,
             ObjectMeta::default(),
             part,
+            None,
         )
         .await?;
         let info = self.receive_object(conn, req, auth, sink).await?;
@@ -618,6 +619,7 @@ impl S3Front {
             &req.key,
             ObjectMeta::default(),
             part,
+            None,
         )
         .await?;
         let etag = self.copy_bytes(&mut source, &mut sink, start, len).await?;
