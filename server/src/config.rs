@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Do not pin shards to CPUs (lets tests run more shards than cores).
     #[arg(long)]
     pub unpinned: bool,
+    /// Serve virtual-hosted-style requests (Host: BUCKET.DOMAIN) for this
+    /// domain, besides path-style ones.
+    #[arg(long, value_name = "DOMAIN")]
+    pub s3_domain: Option<String>,
     /// TOML configuration file (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -53,6 +57,7 @@ pub struct FileConfig {
     pub cpus: Option<String>,
     pub unpinned: Option<bool>,
     pub region: Option<String>,
+    pub s3_domain: Option<String>,
     pub segment_bytes_max: Option<u64>,
 }
 
@@ -66,6 +71,7 @@ pub struct ServerConfig {
     pub cpus: Option<Vec<usize>>,
     pub unpinned: bool,
     pub region: String,
+    pub s3_domain: Option<String>,
     pub segment_bytes_max: u64,
     pub access_key: String,
     pub secret_key: String,
@@ -133,6 +139,23 @@ impl ServerConfig {
         if !(4 << 20..=16 << 30).contains(&segment_bytes_max) {
             return Err("segment_bytes_max must be between 4 MiB and 16 GiB".into());
         }
+        let s3_domain = args
+            .s3_domain
+            .clone()
+            .or(env("PERCORE_S3_DOMAIN"))
+            .or(file.s3_domain)
+            .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
+            .filter(|d| !d.is_empty());
+        if let Some(d) = &s3_domain {
+            if !d
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            {
+                return Err(format!(
+                    "s3_domain '{d}' is not a DNS name (letters, digits, '.', '-')"
+                ));
+            }
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -153,6 +176,7 @@ impl ServerConfig {
             cpus,
             unpinned: args.unpinned || file.unpinned.unwrap_or(false),
             region: file.region.unwrap_or_else(|| "us-east-1".into()),
+            s3_domain,
             segment_bytes_max,
             access_key,
             secret_key,

@@ -118,6 +118,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
             is_default: cfg.default_credentials,
         },
         region: cfg.region.clone(),
+        domain: cfg.s3_domain.clone(),
         limits: Limits::default(),
     };
     let (events_tx, events_rx) = mpsc::channel();

@@ -225,3 +225,57 @@ def test_multi_range_get_is_multipart_byteranges(server, s3, bucket):
     assert r.status == 206 and r.body == payload[:1]
     r = get_raw(server, bucket, "r", {"range": f"bytes={size}-{size + 1},{size + 5}-"})
     assert r.status == 416
+
+
+# ---------------------------------------------------------------------------
+# GetObjectAttributes
+# ---------------------------------------------------------------------------
+
+def test_get_object_attributes(server, s3, bucket):
+    payload = os.urandom(20_000)
+    r = put_with_header(server, bucket, "a", payload,
+                        {"x-amz-checksum-crc32c": checksum_b64("crc32c", payload)})
+    assert r.status == 200, r.body
+    got = s3.get_object_attributes(Bucket=bucket, Key="a", ObjectAttributes=[
+        "ETag", "Checksum", "ObjectSize", "StorageClass", "ObjectParts"])
+    assert got["ETag"] == etag(payload).strip('"')
+    assert got["ObjectSize"] == len(payload)
+    assert got["StorageClass"] == "STANDARD"
+    assert got["Checksum"]["ChecksumCRC32C"] == checksum_b64("crc32c", payload)
+    assert "ObjectParts" not in got
+    up = s3.create_multipart_upload(Bucket=bucket, Key="mp")["UploadId"]
+    p = s3.upload_part(Bucket=bucket, Key="mp", UploadId=up, PartNumber=1, Body=b"z" * 10)
+    s3.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": p["ETag"]}]})
+    got = s3.get_object_attributes(Bucket=bucket, Key="mp", ObjectAttributes=["ObjectParts"])
+    assert got["ObjectParts"]["TotalPartsCount"] == 1
+    with s3_error("NoSuchKey", 404):
+        s3.get_object_attributes(Bucket=bucket, Key="nope", ObjectAttributes=["ETag"])
+
+
+# ---------------------------------------------------------------------------
+# virtual-hosted-style requests
+# ---------------------------------------------------------------------------
+
+def test_virtual_hosted_style(server_factory):
+    srv = server_factory(shards=2, env={"PERCORE_S3_DOMAIN": "s3.percore.test"})
+    s3 = srv.client()
+    s3.create_bucket(Bucket="vhost-bkt")
+    s3.put_object(Bucket="vhost-bkt", Key="dir/a b.txt", Body=b"hello")
+
+    def raw(method, host, path, body=b""):
+        hdrs = {"host": host, "content-length": str(len(body))}
+        hdrs, _ = signer().sign(method, path, hdrs, s3wire.sha256_hex(body))
+        return s3wire.send(srv.host, srv.s3_port, method, path, hdrs, body)
+
+    vhost = f"vhost-bkt.s3.percore.test:{srv.s3_port}"
+    r = raw("GET", vhost, "/dir/a%20b.txt")
+    assert r.status == 200 and r.body == b"hello", r.body
+    r = raw("PUT", vhost, "/via-vhost", b"v")
+    assert r.status == 200, r.body
+    assert s3.get_object(Bucket="vhost-bkt", Key="via-vhost")["Body"].read() == b"v"
+    r = raw("GET", vhost, "/")
+    assert r.status == 200 and b"<Key>dir/a b.txt</Key>" in r.body, r.body
+    # Path style keeps working on the same server, any other host name too.
+    r = raw("GET", f"127.0.0.1:{srv.s3_port}", "/vhost-bkt/via-vhost")
+    assert r.status == 200 and r.body == b"v"

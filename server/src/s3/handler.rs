@@ -62,6 +62,8 @@ pub struct Credentials {
 pub struct S3Config {
     pub credentials: Credentials,
     pub region: String,
+    /// Virtual-hosted-style requests: `Host: BUCKET.DOMAIN[:PORT]`.
+    pub domain: Option<String>,
     pub limits: Limits,
 }
 
@@ -231,15 +233,33 @@ impl S3Front {
         }
     }
 
+    /// The bucket named by the Host header, when a domain is configured
+    /// and the host is a subdomain of it.
+    fn virtual_host_bucket(&self, head: &RequestHead) -> Option<String> {
+        let domain = self.cfg.domain.as_deref()?;
+        let host = head.header_str("host")?.trim();
+        let host = match host.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => host,
+        };
+        let host = host.to_ascii_lowercase();
+        let bucket = host.strip_suffix(domain)?.strip_suffix('.')?;
+        (!bucket.is_empty()).then(|| bucket.to_string())
+    }
+
     fn parse_request(&self, head: RequestHead, request_id: String) -> Result<Request, S3Error> {
         let path = head
             .path
             .strip_prefix('/')
             .unwrap_or(&head.path)
             .to_string();
-        let (bucket_raw, key_raw) = path.split_once('/').unwrap_or((&path, ""));
-        let bucket = percent_decode(bucket_raw)?;
-        let key = percent_decode(key_raw)?;
+        let (bucket, key) = match self.virtual_host_bucket(&head) {
+            Some(bucket) => (bucket, percent_decode(&path)?),
+            None => {
+                let (bucket_raw, key_raw) = path.split_once('/').unwrap_or((&path, ""));
+                (percent_decode(bucket_raw)?, percent_decode(key_raw)?)
+            }
+        };
         if key.len() > S3_KEY_BYTES_MAX {
             return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long"));
         }
@@ -410,6 +430,9 @@ impl S3Front {
         }
         if method == "POST" && req.has_q("uploads") {
             return self.create_multipart(conn, req).await;
+        }
+        if method == "GET" && req.has_q("attributes") {
+            return self.get_object_attributes(conn, req).await;
         }
         if req
             .query

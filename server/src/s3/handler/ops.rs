@@ -634,6 +634,91 @@ impl S3Front {
     }
 
     // ------------------------------------------------------------------
+    // GetObjectAttributes
+    // ------------------------------------------------------------------
+
+    pub(super) async fn get_object_attributes(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let wanted: Vec<String> = req
+            .head
+            .header_str("x-amz-object-attributes")
+            .unwrap_or("")
+            .split(',')
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
+        const KNOWN: [&str; 5] = [
+            "ETag",
+            "Checksum",
+            "ObjectParts",
+            "StorageClass",
+            "ObjectSize",
+        ];
+        if wanted.is_empty() {
+            return Err(S3Error::invalid_argument(
+                "x-amz-object-attributes must name at least one of ETag, Checksum, ObjectParts, StorageClass, ObjectSize",
+            ));
+        }
+        if let Some(bad) = wanted.iter().find(|a| !KNOWN.contains(&a.as_str())) {
+            return Err(S3Error::invalid_argument(format!(
+                "Invalid attribute name specified: {bad}"
+            )));
+        }
+        let (source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        drop(source);
+        let has = |a: &str| wanted.iter().any(|w| w == a);
+        let mut out = String::with_capacity(512);
+        push_open_root(&mut out, "GetObjectAttributesResponse");
+        if has("ETag") {
+            push_element(&mut out, "ETag", &meta.etag);
+        }
+        if has("Checksum") {
+            let stored: Vec<&(String, String)> = meta
+                .headers
+                .iter()
+                .filter(|(n, _)| n.starts_with(crate::s3::checksum::HEADER_PREFIX))
+                .collect();
+            if !stored.is_empty() {
+                out.push_str("<Checksum>");
+                for (name, value) in stored {
+                    let alg = name[crate::s3::checksum::HEADER_PREFIX.len()..].to_ascii_uppercase();
+                    push_element(&mut out, &format!("Checksum{alg}"), value);
+                }
+                push_element(&mut out, "ChecksumType", "FULL_OBJECT");
+                out.push_str("</Checksum>");
+            }
+        }
+        if has("ObjectParts") {
+            if let Some(n) = meta
+                .etag
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse::<u64>().ok())
+            {
+                out.push_str("<ObjectParts>");
+                push_number_element(&mut out, "PartsCount", n);
+                out.push_str("</ObjectParts>");
+            }
+        }
+        if has("StorageClass") {
+            push_element(&mut out, "StorageClass", "STANDARD");
+        }
+        if has("ObjectSize") {
+            push_number_element(&mut out, "ObjectSize", meta.size_bytes);
+        }
+        out.push_str("</GetObjectAttributesResponse>");
+        let head = ResponseHead::new(200)
+            .with_header("Content-Type", "application/xml")
+            .with_header("Last-Modified", super::http_date(meta.mtime_ms));
+        self.respond(conn, req, head, out.as_bytes()).await
+    }
+
+    // ------------------------------------------------------------------
     // DeleteObjects
     // ------------------------------------------------------------------
 
