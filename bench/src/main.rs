@@ -3,6 +3,7 @@
 //!
 //!   percore-bench engine   --dir D [--sizes 4096,65536,1048576] [--bytes 1073741824] [--concurrency 64] [--cpu 1]
 //!   percore-bench recovery --dir D [--objects 1000000] [--size 128] [--cpu 1]
+//!   percore-bench s3-list  --endpoint 127.0.0.1:9000 [--keys 1000000] [--concurrency 16]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -16,6 +17,8 @@ use percore_server::store::record::ObjectMeta;
 use percore_server::store::{Store, StoreConfig};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+
+mod s3list;
 
 /// Counts live heap bytes, to measure index bytes per object.
 struct Counting;
@@ -76,6 +79,23 @@ enum Cmd {
         sqpoll_cpu: Option<u32>,
         #[arg(long)]
         cpu: Option<usize>,
+    },
+    /// Through the S3 endpoint: load N empty objects, then ListObjectsV2
+    /// over all of them (pages/s, seconds to list everything).
+    S3List {
+        #[arg(long)]
+        endpoint: std::net::SocketAddr,
+        #[arg(long, default_value = "list-bench")]
+        bucket: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        keys: usize,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// Skip loading (the keys are already there).
+        #[arg(long)]
+        no_load: bool,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
     },
     /// Recovery time and index bytes per object.
     Recovery {
@@ -386,5 +406,27 @@ fn main() {
             sqpoll_cpu,
             cpu,
         } => ring(dir, reads, concurrency, sqpoll_cpu, cpu),
+        Cmd::S3List {
+            endpoint,
+            bucket,
+            keys,
+            concurrency,
+            no_load,
+            runs,
+        } => s3list::run(
+            s3list::Target {
+                addr: endpoint,
+                access_key: std::env::var("PERCORE_ACCESS_KEY")
+                    .unwrap_or_else(|_| "percore".into()),
+                secret_key: std::env::var("PERCORE_SECRET_KEY")
+                    .unwrap_or_else(|_| "percore-secret".into()),
+                region: "us-east-1".into(),
+            },
+            &bucket,
+            keys,
+            concurrency,
+            !no_load,
+            runs.max(1),
+        ),
     }
 }

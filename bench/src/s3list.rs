@@ -1,0 +1,242 @@
+//! `percore-bench s3-list`: loads N empty objects through the S3 endpoint
+//! (SigV4-signed PUTs over keep-alive connections, from plain threads), then
+//! lists them all with ListObjectsV2 pages of 1000 and reports pages/s and
+//! the time to list everything. A minimal HTTP/1.1 client: enough for a
+//! benchmark, and independent of the server's code.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+pub struct Target {
+    pub addr: SocketAddr,
+    pub access_key: String,
+    pub secret_key: String,
+    pub region: String,
+}
+
+fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    let mut m = HmacSha256::new_from_slice(key).expect("any key length");
+    m.update(msg);
+    m.finalize().into_bytes().to_vec()
+}
+
+/// (days since 1970-01-01) -> (year, month, day), proleptic Gregorian.
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn amz_date() -> String {
+    let s = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (y, m, d) = civil(s.div_euclid(86_400));
+    let t = s.rem_euclid(86_400);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    )
+}
+
+/// Headers for a SigV4 (UNSIGNED-PAYLOAD) request. `query` must already be
+/// in canonical form (sorted, encoded).
+fn sign(t: &Target, method: &str, path: &str, query: &str) -> String {
+    let date = amz_date();
+    let host = t.addr.to_string();
+    let canonical = format!(
+        "{method}\n{path}\n{query}\nhost:{host}\nx-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{date}\n\nhost;x-amz-content-sha256;x-amz-date\nUNSIGNED-PAYLOAD"
+    );
+    let scope = format!("{}/{}/s3/aws4_request", &date[..8], t.region);
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{date}\n{scope}\n{}",
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    );
+    let mut k = hmac(
+        format!("AWS4{}", t.secret_key).as_bytes(),
+        date[..8].as_bytes(),
+    );
+    for part in [t.region.as_str(), "s3", "aws4_request"] {
+        k = hmac(&k, part.as_bytes());
+    }
+    let signature = hex::encode(hmac(&k, to_sign.as_bytes()));
+    format!(
+        "Host: {host}\r\nx-amz-date: {date}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\nAuthorization: AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={signature}\r\n",
+        t.access_key
+    )
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Conn {
+        let s = TcpStream::connect(addr).expect("connect to the S3 endpoint");
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        Conn {
+            reader: BufReader::new(s),
+        }
+    }
+
+    /// Sends a request, returns (status, body).
+    fn request(
+        &mut self,
+        t: &Target,
+        method: &str,
+        path: &str,
+        query: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
+        let auth = sign(t, method, path, query);
+        let target = if query.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}?{query}")
+        };
+        let head = format!(
+            "{method} {target} HTTP/1.1\r\n{auth}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let s = self.reader.get_mut();
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {line:?}"));
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((n, v)) = line.split_once(':') {
+                if n.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut out = vec![0u8; length];
+        self.reader.read_exact(&mut out).unwrap();
+        (status, out)
+    }
+}
+
+fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
+    let a = s.find(open)? + open.len();
+    let b = s[a..].find(close)? + a;
+    Some(&s[a..b])
+}
+
+pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool, runs: usize) {
+    let t = Arc::new(t);
+    let mut c = Conn::open(t.addr);
+    if load {
+        let (status, body) = c.request(&t, "PUT", &format!("/{bucket}"), "", b"");
+        assert!(
+            status == 200 || status == 409,
+            "create bucket: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let threads: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (t, next, bucket) = (t.clone(), next.clone(), bucket.to_string());
+                std::thread::spawn(move || {
+                    let mut c = Conn::open(t.addr);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= keys {
+                            return;
+                        }
+                        let path = format!("/{bucket}/obj/{:02x}/{i:08}", i % 251);
+                        let (status, body) = c.request(&t, "PUT", &path, "", b"");
+                        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+                    }
+                })
+            })
+            .collect();
+        let mut last = 0;
+        while next.load(Ordering::Relaxed) < keys {
+            std::thread::sleep(Duration::from_secs(2));
+            let done = next.load(Ordering::Relaxed).min(keys);
+            if done / 100_000 != last / 100_000 {
+                eprintln!("  loaded {done} / {keys} keys");
+            }
+            last = done;
+        }
+        for th in threads {
+            th.join().unwrap();
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "load: {keys} empty PUTs in {secs:.1} s ({:.0} PUT/s, {concurrency} connections)",
+            keys as f64 / secs
+        );
+    }
+    let mut page_rates = Vec::new();
+    let mut totals = Vec::new();
+    for run in 0..runs {
+        let started = Instant::now();
+        let mut token: Option<String> = None;
+        let (mut pages, mut listed) = (0usize, 0usize);
+        loop {
+            let query = match &token {
+                Some(tok) => format!("continuation-token={tok}&list-type=2&max-keys=1000"),
+                None => "list-type=2&max-keys=1000".to_string(),
+            };
+            let (status, body) = c.request(&t, "GET", &format!("/{bucket}"), &query, b"");
+            assert_eq!(status, 200);
+            let body = String::from_utf8(body).unwrap();
+            pages += 1;
+            listed += body.matches("<Key>").count();
+            if between(&body, "<IsTruncated>", "</IsTruncated>") != Some("true") {
+                break;
+            }
+            token = Some(
+                between(&body, "<NextContinuationToken>", "</NextContinuationToken>")
+                    .expect("truncated page without a token")
+                    .to_string(),
+            );
+        }
+        let secs = started.elapsed().as_secs_f64();
+        assert_eq!(
+            listed, keys,
+            "listing returned {listed} keys, expected {keys}"
+        );
+        eprintln!("  run {run}: {listed} keys in {pages} pages, {secs:.2} s");
+        page_rates.push(pages as f64 / secs);
+        totals.push(secs);
+    }
+    page_rates.sort_by(f64::total_cmp);
+    totals.sort_by(f64::total_cmp);
+    println!(
+        "list: {keys} keys, median of {runs}: {:.2} s to list all, {:.0} pages/s (1000 keys per page)",
+        totals[runs / 2],
+        page_rates[runs / 2]
+    );
+}
