@@ -153,8 +153,8 @@ fn between<'a>(s: &'a str, open: &str, close: &str) -> Option<&'a str> {
 
 pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool, runs: usize) {
     let t = Arc::new(t);
-    let mut c = Conn::open(t.addr);
     if load {
+        let mut c = Conn::open(t.addr);
         let (status, body) = c.request(&t, "PUT", &format!("/{bucket}"), "", b"");
         assert!(
             status == 200 || status == 409,
@@ -198,6 +198,9 @@ pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool,
             keys as f64 / secs
         );
     }
+    // A fresh connection: the one above may have idled past the server's
+    // idle timeout during a long load.
+    let mut c = Conn::open(t.addr);
     let mut page_rates = Vec::new();
     let mut totals = Vec::new();
     for run in 0..runs {

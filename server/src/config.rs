@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// domain, besides path-style ones.
     #[arg(long, value_name = "DOMAIN")]
     pub s3_domain: Option<String>,
+    /// Log one line per S3 request (tracing target percore::access).
+    #[arg(long)]
+    pub access_log: bool,
     /// TOML configuration file (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -58,6 +61,7 @@ pub struct FileConfig {
     pub unpinned: Option<bool>,
     pub region: Option<String>,
     pub s3_domain: Option<String>,
+    pub access_log: Option<bool>,
     pub segment_bytes_max: Option<u64>,
 }
 
@@ -72,6 +76,7 @@ pub struct ServerConfig {
     pub unpinned: bool,
     pub region: String,
     pub s3_domain: Option<String>,
+    pub access_log: bool,
     pub segment_bytes_max: u64,
     pub access_key: String,
     pub secret_key: String,
@@ -177,6 +182,9 @@ impl ServerConfig {
             unpinned: args.unpinned || file.unpinned.unwrap_or(false),
             region: file.region.unwrap_or_else(|| "us-east-1".into()),
             s3_domain,
+            access_log: args.access_log
+                || env("PERCORE_ACCESS_LOG").is_some_and(|v| v == "1" || v == "true")
+                || file.access_log.unwrap_or(false),
             segment_bytes_max,
             access_key,
             secret_key,

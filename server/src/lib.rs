@@ -8,6 +8,7 @@ pub mod checks;
 pub mod config;
 pub mod http;
 pub mod metadata;
+pub mod metrics;
 pub mod ring;
 pub mod s3;
 pub mod server;

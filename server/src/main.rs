@@ -22,13 +22,26 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("PERCORE_LOG")
-                .unwrap_or_else(|_| "info".into()),
+    use tracing_subscriber::prelude::*;
+    let initial = std::env::var("PERCORE_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&initial).unwrap_or_else(|e| {
+        eprintln!("percore: PERCORE_LOG='{initial}' is not a valid filter ({e}); using info");
+        "info".into()
+    });
+    let (filter, reload) = tracing_subscriber::reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
-        .with_writer(std::io::stderr)
         .init();
+    let _ = percore_server::server::LOG_FILTER_INITIAL.set(initial);
+    let _ = percore_server::server::LOG_FILTER_RELOAD.set(Box::new(move |f: &str| {
+        let filter = tracing_subscriber::EnvFilter::try_new(f).map_err(|e| e.to_string())?;
+        reload.reload(filter).map_err(|e| e.to_string())
+    }));
     let result = match cli.command {
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
             .and_then(percore_server::server::serve),

@@ -1,6 +1,7 @@
 //! `percore serve`: start one glommio executor per shard, wire them
 //! together, serve until SIGINT/SIGTERM, then drain and stop cleanly.
 
+use std::cell::{Cell, RefCell};
 use std::os::fd::{FromRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::mpsc;
@@ -119,6 +120,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         },
         region: cfg.region.clone(),
         domain: cfg.s3_domain.clone(),
+        access_log: cfg.access_log,
         limits: Limits::default(),
     };
     let (events_tx, events_rx) = mpsc::channel();
@@ -244,6 +246,27 @@ async fn run_shard(setup: ShardSetup) {
 
 async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     let id = s.placement.shard;
+    // The admin endpoint comes up first: live during recovery, ready after.
+    let admin_state = (id == BUCKET_OWNER_SHARD).then(|| {
+        Rc::new(Admin {
+            phase: Cell::new(Phase::Starting),
+            shard: RefCell::new(None),
+            log_filter: RefCell::new(LOG_FILTER_INITIAL.get().cloned().unwrap_or_default()),
+        })
+    });
+    let admin = match &admin_state {
+        Some(state) => {
+            let listener = glommio::net::TcpListener::bind(s.cfg.admin)
+                .map_err(|e| format!("cannot listen on {} for admin: {e}", s.cfg.admin))?;
+            let state = state.clone();
+            Some(glommio::spawn_local(async move {
+                while let Ok(stream) = listener.accept().await {
+                    glommio::spawn_local(serve_admin(state.clone(), stream)).detach();
+                }
+            }))
+        }
+        None => None,
+    };
     let mut store_cfg = StoreConfig::new(id as u32, s.shard_dir.clone());
     store_cfg.direct_io = s.direct_io;
     store_cfg.segment_bytes_max = s.cfg.segment_bytes_max;
@@ -277,7 +300,9 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
                 Ok(stream) => {
                     // Bounded: past the limit a connection is closed at once
                     // (clients retry), so the shard keeps serving the others.
-                    if accept_front.connections_open.get() >= CONNECTIONS_PER_SHARD_MAX {
+                    let m = &accept_front.shard.metrics;
+                    if m.connections_open.get() >= CONNECTIONS_PER_SHARD_MAX as u64 {
+                        m.connections_refused.set(m.connections_refused.get() + 1);
                         tracing::warn!(shard = accept_front.shard.id, "connection limit {CONNECTIONS_PER_SHARD_MAX} reached; closing a new connection");
                         drop(stream);
                         continue;
@@ -291,31 +316,27 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
             }
         }
     });
-    let admin = if id == BUCKET_OWNER_SHARD {
-        let listener = glommio::net::TcpListener::bind(s.cfg.admin)
-            .map_err(|e| format!("cannot listen on {} for admin: {e}", s.cfg.admin))?;
-        Some(glommio::spawn_local(async move {
-            while let Ok(stream) = listener.accept().await {
-                glommio::spawn_local(serve_admin(stream)).detach();
-            }
-        }))
-    } else {
-        None
-    };
+    if let Some(a) = &admin_state {
+        *a.shard.borrow_mut() = Some(shard.clone());
+        a.phase.set(Phase::Ready);
+    }
     let _ = s.events.send(Event::Ready(id));
 
     wait_eventfd(s.drain_fd).await;
+    if let Some(a) = &admin_state {
+        a.phase.set(Phase::Draining);
+    }
     front.draining.set(true);
     drop(accept);
-    drop(admin);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while front.requests_in_flight.get() > 0 && Instant::now() < deadline {
+    while front.shard.metrics.requests_in_flight.get() > 0 && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     let _ = s.events.send(Event::Drained(id));
     // Other shards may still forward work here until everyone has drained.
     wait_eventfd(s.stop_fd).await;
     store.shutdown().await;
+    drop(admin);
     tracing::info!(shard = id, "stopped");
     Ok(())
 }
@@ -325,19 +346,117 @@ fn bind_reuseport(addr: std::net::SocketAddr) -> std::io::Result<glommio::net::T
     glommio::net::TcpListener::bind(addr).map_err(std::io::Error::from)
 }
 
-async fn serve_admin(stream: glommio::net::TcpStream) {
+/// Where the server is in its life, for /health/ready.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Ready,
+    Draining,
+}
+
+/// The admin endpoint's view (shard 0): up from before recovery, so that
+/// /health/live answers while /health/ready does not yet.
+struct Admin {
+    phase: Cell<Phase>,
+    shard: RefCell<Option<Rc<Shard>>>,
+    log_filter: RefCell<String>,
+}
+
+/// Changes the log filter at run time (set once by `main`).
+pub static LOG_FILTER_RELOAD: std::sync::OnceLock<
+    Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>,
+> = std::sync::OnceLock::new();
+/// The filter `main` installed, for GET /log/level until changed.
+pub static LOG_FILTER_INITIAL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn process_gauges() -> String {
+    let rss_pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    format!(
+        "# HELP process_resident_memory_bytes Resident set size.\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {}\n# HELP process_open_fds Open file descriptors.\n# TYPE process_open_fds gauge\nprocess_open_fds {fds}\n",
+        rss_pages * page
+    )
+}
+
+async fn serve_admin(admin: Rc<Admin>, stream: glommio::net::TcpStream) {
     let mut conn = HttpConn::new(stream, Limits::default());
     while let Ok(Some(head)) = conn.read_head().await {
-        let (status, body): (u16, &[u8]) = match head.path.as_str() {
-            "/health/live" | "/health/ready" => (200, b"ok\n"),
-            _ => (404, b"not found\n"),
+        let (status, ctype, body): (u16, &str, Vec<u8>) = match (
+            head.method.as_str(),
+            head.path.as_str(),
+        ) {
+            (_, "/health/live") => (200, "text/plain", b"ok\n".to_vec()),
+            (_, "/health/ready") => match admin.phase.get() {
+                Phase::Ready => (200, "text/plain", b"ok\n".to_vec()),
+                Phase::Starting => (503, "text/plain", b"starting: recovering shards\n".to_vec()),
+                Phase::Draining => (503, "text/plain", b"draining: shutting down\n".to_vec()),
+            },
+            ("GET", "/metrics") => {
+                let shard = admin.shard.borrow().clone();
+                match shard {
+                    None => (
+                        503,
+                        "text/plain",
+                        b"starting: no metrics before recovery ends\n".to_vec(),
+                    ),
+                    Some(shard) => {
+                        let mut snaps = Vec::with_capacity(shard.count);
+                        for reply in shard.call_all(|| shard::msg::Op::Metrics).await {
+                            if let shard::msg::Reply::Metrics(s) = reply {
+                                snaps.push(*s);
+                            }
+                        }
+                        let mut text = crate::metrics::render(&snaps);
+                        text.push_str(&process_gauges());
+                        (200, "text/plain; version=0.0.4", text.into_bytes())
+                    }
+                }
+            }
+            ("GET", "/log/level") => {
+                let current = admin.log_filter.borrow().clone();
+                (200, "text/plain", format!("{current}\n").into_bytes())
+            }
+            ("PUT", "/log/level") => {
+                let mut body = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    match conn.read_body(&mut buf).await {
+                        Ok(0) => break,
+                        Ok(n) if body.len() + n <= 4096 => body.extend_from_slice(&buf[..n]),
+                        _ => return,
+                    }
+                }
+                let filter = String::from_utf8_lossy(&body).trim().to_string();
+                match LOG_FILTER_RELOAD.get().map(|f| f(&filter)) {
+                    Some(Ok(())) => {
+                        *admin.log_filter.borrow_mut() = filter.clone();
+                        tracing::info!("log filter set to '{filter}'");
+                        (200, "text/plain", format!("{filter}\n").into_bytes())
+                    }
+                    Some(Err(e)) => (400, "text/plain", format!("invalid filter: {e}; use e.g. info, debug or percore_server=debug,info\n").into_bytes()),
+                    None => (501, "text/plain", b"log level cannot be changed in this process\n".to_vec()),
+                }
+            }
+            _ => (
+                404,
+                "text/plain",
+                b"not found: try /health/live, /health/ready, /metrics, /log/level\n".to_vec(),
+            ),
         };
-        let head = ResponseHead::new(status).with_header("Content-Type", "text/plain");
+        let head = ResponseHead::new(status).with_header("Content-Type", ctype);
         if conn
             .write_response(&head, body.len() as u64, false)
             .await
             .is_err()
-            || conn.write_body(body).await.is_err()
+            || conn.write_body(&body).await.is_err()
             || conn.flush().await.is_err()
         {
             break;

@@ -57,6 +57,11 @@ where
     /// A read-side error left the stream out of sync.
     read_failed: bool,
     date: DateCache,
+    /// For metrics and access logs: the last status written, and body
+    /// bytes read and written over the connection's life.
+    pub last_status: u16,
+    pub body_bytes_read: u64,
+    pub body_bytes_written: u64,
 }
 
 impl<S> HttpConn<S>
@@ -79,6 +84,9 @@ where
             request_version_minor: 1,
             read_failed: false,
             date: DateCache::default(),
+            last_status: 0,
+            body_bytes_read: 0,
+            body_bytes_written: 0,
         }
     }
 
@@ -272,8 +280,9 @@ where
         }
         self.body_started = true;
         let result = self.read_body_unguarded(out).await;
-        if result.is_err() {
-            self.read_failed = true;
+        match &result {
+            Ok(n) => self.body_bytes_read += *n as u64,
+            Err(_) => self.read_failed = true,
         }
         result
     }
@@ -410,6 +419,7 @@ where
             date: self.date.now(),
         };
         encode_head(&mut self.wbuf, head, &framing)?;
+        self.last_status = head.status;
         if self.wbuf.len() >= WRITE_COALESCE_BYTES {
             self.write_buffered().await?;
         }
@@ -418,6 +428,7 @@ where
 
     /// Response body bytes; small ones are coalesced with the head.
     pub async fn write_body(&mut self, bytes: &[u8]) -> Result<(), HttpError> {
+        self.body_bytes_written += bytes.len() as u64;
         if self.wbuf.len() + bytes.len() <= WRITE_COALESCE_BYTES {
             self.wbuf.extend_from_slice(bytes);
             return Ok(());

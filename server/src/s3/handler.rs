@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use sha2::Sha256;
 use crate::http::{
     content_range, parse_range, BodyFraming, HttpConn, Limits, RangeSpec, RequestHead, ResponseHead,
 };
+use crate::metrics::ShardMetrics;
 use crate::s3::checksum;
 use crate::s3::error::S3Error;
 use crate::s3::sigv4::{self, AuthInput, ChunkedDecoder, HeaderView, PayloadMode, Verified};
@@ -64,6 +65,8 @@ pub struct S3Config {
     pub region: String,
     /// Virtual-hosted-style requests: `Host: BUCKET.DOMAIN[:PORT]`.
     pub domain: Option<String>,
+    /// One log line per request (target `percore::access`).
+    pub access_log: bool,
     pub limits: Limits,
 }
 
@@ -72,8 +75,6 @@ pub struct S3Front {
     pub shard: Rc<Shard>,
     pub cfg: Rc<S3Config>,
     requests_total: Cell<u64>,
-    pub requests_in_flight: Cell<usize>,
-    pub connections_open: Cell<usize>,
     pub draining: Cell<bool>,
 }
 
@@ -144,8 +145,6 @@ impl S3Front {
             shard,
             cfg,
             requests_total: Cell::new(0),
-            requests_in_flight: Cell::new(0),
-            connections_open: Cell::new(0),
             draining: Cell::new(false),
         })
     }
@@ -156,11 +155,16 @@ impl S3Front {
         format!("{:04X}{:012X}", self.shard.id, n)
     }
 
+    fn last_request_id(&self) -> String {
+        format!("{:04X}{:012X}", self.shard.id, self.requests_total.get())
+    }
+
     /// Serves one connection until it closes, errs or the server drains.
     pub async fn serve_connection(self: Rc<Self>, stream: TcpStream) {
-        self.connections_open.set(self.connections_open.get() + 1);
+        let m = &self.shard.metrics;
+        m.connections_open.set(m.connections_open.get() + 1);
         self.serve_connection_inner(stream).await;
-        self.connections_open.set(self.connections_open.get() - 1);
+        m.connections_open.set(m.connections_open.get() - 1);
     }
 
     async fn serve_connection_inner(&self, stream: TcpStream) {
@@ -184,11 +188,43 @@ impl S3Front {
                     break;
                 }
             };
-            self.requests_in_flight
-                .set(self.requests_in_flight.get() + 1);
+            let m = &self.shard.metrics;
+            m.requests_in_flight.set(m.requests_in_flight.get() + 1);
+            let started = Instant::now();
+            let (read0, written0) = (conn.body_bytes_read, conn.body_bytes_written);
+            let op = operation_name(&head);
+            let method = head.method.clone();
+            let target = match (self.cfg.access_log, head.query.is_empty()) {
+                (false, _) => None,
+                (true, true) => Some(head.path.clone()),
+                (true, false) => Some(format!("{}?{}", head.path, head.query)),
+            };
+            conn.last_status = 0;
             let keep_alive = self.handle(&mut conn, head, loopback).await;
-            self.requests_in_flight
-                .set(self.requests_in_flight.get() - 1);
+            let elapsed = started.elapsed();
+            let (bytes_in, bytes_out) = (
+                conn.body_bytes_read - read0,
+                conn.body_bytes_written - written0,
+            );
+            m.record_request(op, conn.last_status, elapsed);
+            ShardMetrics::add(&m.bytes_in, bytes_in);
+            ShardMetrics::add(&m.bytes_out, bytes_out);
+            m.requests_in_flight.set(m.requests_in_flight.get() - 1);
+            if let Some(target) = target {
+                tracing::info!(
+                    target: "percore::access",
+                    shard = self.shard.id,
+                    request_id = %self.last_request_id(),
+                    op,
+                    method = %method,
+                    target = %target,
+                    status = conn.last_status,
+                    bytes_in,
+                    bytes_out,
+                    micros = elapsed.as_micros() as u64,
+                    "request"
+                );
+            }
             if !keep_alive || self.draining.get() {
                 break;
             }
@@ -1025,6 +1061,7 @@ impl S3Front {
             conn.flush().await?;
             return Ok(());
         }
+        let send_started = Instant::now();
         let mut offset = start;
         let end = start + len;
         while offset < end {
@@ -1047,6 +1084,10 @@ impl S3Front {
             offset += chunk.len() as u64;
         }
         conn.flush().await?;
+        self.shard
+            .metrics
+            .stage(crate::metrics::Stage::Send)
+            .record(send_started.elapsed());
         Ok(())
     }
 
@@ -1170,6 +1211,58 @@ const SUBRESOURCES: [&str; 24] = [
     "restore",
     "select",
 ];
+
+/// The S3 API operation a request head names, for metrics and logs. Bucket
+/// vs object is told by the path (virtual-hosted requests count as the
+/// bucket form when their path is `/`).
+fn operation_name(head: &RequestHead) -> &'static str {
+    let path = head.path.trim_start_matches('/');
+    let has = |name: &str| {
+        head.query
+            .split('&')
+            .any(|p| p.split('=').next() == Some(name))
+    };
+    let method = head.method.as_str();
+    if path.is_empty() {
+        return if method == "GET" {
+            "ListBuckets"
+        } else {
+            "Other"
+        };
+    }
+    let object = path.split_once('/').is_some_and(|(_, k)| !k.is_empty());
+    if !object {
+        return match method {
+            "PUT" => "CreateBucket",
+            "HEAD" => "HeadBucket",
+            "DELETE" => "DeleteBucket",
+            "POST" if has("delete") => "DeleteObjects",
+            "GET" if has("location") => "GetBucketLocation",
+            "GET" if has("uploads") => "ListMultipartUploads",
+            "GET" if has("versions") => "ListObjectVersions",
+            "GET" if has("versioning") => "GetBucketVersioning",
+            "GET" if has("list-type") => "ListObjectsV2",
+            "GET" => "ListObjects",
+            _ => "Other",
+        };
+    }
+    let copy = head.header("x-amz-copy-source").is_some();
+    match method {
+        "PUT" if has("uploadId") && copy => "UploadPartCopy",
+        "PUT" if has("uploadId") => "UploadPart",
+        "PUT" if copy => "CopyObject",
+        "PUT" => "PutObject",
+        "POST" if has("uploads") => "CreateMultipartUpload",
+        "POST" if has("uploadId") => "CompleteMultipartUpload",
+        "DELETE" if has("uploadId") => "AbortMultipartUpload",
+        "DELETE" => "DeleteObject",
+        "GET" if has("uploadId") => "ListParts",
+        "GET" if has("attributes") => "GetObjectAttributes",
+        "GET" => "GetObject",
+        "HEAD" => "HeadObject",
+        _ => "Other",
+    }
+}
 
 fn etag_matches(list: &str, etag: &str) -> bool {
     crate::store::etag_list_matches(list, etag)

@@ -24,6 +24,7 @@ use glommio::channels::shared_channel::{
 };
 use percore_protocol::routing;
 
+use crate::metrics::{ShardMetrics, ShardSnapshot, Stage};
 use crate::store::record::ObjectMeta;
 use crate::store::{ObjectReader, PutCondition, PutWriter, Store, StoreError};
 use msg::{Msg, Op, Reply, SessionId, ShardError};
@@ -93,6 +94,7 @@ pub struct Shard {
     next_session: Cell<SessionId>,
     started: Cell<bool>,
     start_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    pub metrics: ShardMetrics,
 }
 
 impl Shard {
@@ -112,6 +114,7 @@ impl Shard {
             next_session: Cell::new(1),
             started: Cell::new(false),
             start_waiters: RefCell::new(Vec::new()),
+            metrics: ShardMetrics::default(),
         })
     }
 
@@ -143,7 +146,8 @@ impl Shard {
     async fn receive_loop(self: Rc<Self>, peer: usize, rx: ConnectedReceiver<Msg>) {
         while let Some(msg) = rx.recv().await {
             match msg {
-                Msg::Req { id, op } => {
+                Msg::Req { id, op, sent } => {
+                    self.metrics.stage(Stage::Queue).record(sent.elapsed());
                     let me = self.clone();
                     glommio::spawn_local(async move {
                         let reply = me.execute(op).await;
@@ -178,7 +182,8 @@ impl Shard {
         let sender = self.senders.borrow()[target]
             .clone()
             .expect("sender to peer");
-        if sender.send(Msg::Req { id, op }).await.is_err() {
+        let sent = std::time::Instant::now();
+        if sender.send(Msg::Req { id, op, sent }).await.is_err() {
             self.pending.borrow_mut().remove(&id);
             return Reply::Err(ShardError::ShuttingDown);
         }
@@ -188,6 +193,7 @@ impl Shard {
         let timeout = glommio::timer::sleep(CALL_TIMEOUT);
         match futures::future::select(rx, Box::pin(timeout)).await {
             futures::future::Either::Left((reply, _)) => {
+                self.metrics.stage(Stage::Hop).record(sent.elapsed());
                 reply.unwrap_or(Reply::Err(ShardError::ShuttingDown))
             }
             futures::future::Either::Right(_) => {
@@ -572,6 +578,7 @@ impl Shard {
                     .unwrap_or(0);
                 Reply::Count(self.store.object_count(&name) + writing)
             }
+            Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
             Op::Start => {
                 self.started.set(true);
                 for w in self.start_waiters.borrow_mut().drain(..) {
@@ -586,6 +593,106 @@ impl Shard {
                 Reply::Ok
             }
         }
+    }
+}
+
+impl Shard {
+    /// This shard's counters, gauges and histograms, for a scrape.
+    pub fn metrics_snapshot(&self) -> ShardSnapshot {
+        let mut out = ShardSnapshot {
+            shard: self.id,
+            ..Default::default()
+        };
+        self.metrics.snapshot_into(&mut out);
+        let (write, read) = self.store.device_latency();
+        for (name, h) in out.stages.iter_mut() {
+            if *name == Stage::DeviceWrite.name() {
+                *h = write.clone();
+            } else if *name == Stage::DeviceRead.name() {
+                *h = read.clone();
+            }
+        }
+        let st = self.store.stats();
+        out.counters.extend([
+            (
+                "percore_store_flushes_total",
+                "Group-commit batches made durable (write + fdatasync).",
+                st.flushes,
+            ),
+            (
+                "percore_store_records_written_total",
+                "Records appended to segments.",
+                st.records_written,
+            ),
+            (
+                "percore_store_bytes_written_total",
+                "Bytes written to segments (records and padding).",
+                st.bytes_written,
+            ),
+            (
+                "percore_store_write_errors_total",
+                "Batches whose write or fdatasync failed (disk errors, ENOSPC).",
+                st.write_errors,
+            ),
+            (
+                "percore_store_corrupt_reads_total",
+                "Reads that failed a CRC check: never served.",
+                st.corrupt_reads,
+            ),
+            (
+                "percore_compaction_segments_total",
+                "Segments compacted and deleted.",
+                st.segments_compacted,
+            ),
+            (
+                "percore_compaction_bytes_copied_total",
+                "Bytes of live records copied by compaction.",
+                st.compaction_bytes_copied,
+            ),
+            (
+                "percore_compaction_bytes_freed_total",
+                "Bytes of segment files deleted by compaction.",
+                st.compaction_bytes_freed,
+            ),
+        ]);
+        let segments = self.store.segment_table();
+        let (live, total) = segments
+            .iter()
+            .fold((0u64, 0u64), |(l, t), s| (l + s.2, t + s.1));
+        out.segment_bytes = vec![("live", live), ("garbage", total.saturating_sub(live))];
+        out.gauges.extend([
+            (
+                "percore_objects",
+                "Objects in the shard's index.",
+                self.store.objects_total() as u64,
+            ),
+            (
+                "percore_segments",
+                "Segment files of the shard.",
+                segments.len() as u64,
+            ),
+            (
+                "percore_connections_open",
+                "Open S3 connections accepted by the shard.",
+                self.metrics.connections_open.get(),
+            ),
+            (
+                "percore_requests_in_flight",
+                "S3 requests being served by the shard.",
+                self.metrics.requests_in_flight.get(),
+            ),
+            (
+                "percore_cross_shard_sessions",
+                "Streamed GET/PUT sessions held for other shards.",
+                self.sessions.borrow().len() as u64,
+            ),
+            (
+                "percore_cross_shard_calls_pending",
+                "Calls to other shards awaiting a reply.",
+                self.pending.borrow().len() as u64,
+            ),
+        ]);
+        out
     }
 }
 

@@ -112,6 +112,8 @@ pub enum Op {
     /// From the bucket-owner shard at start-up: buckets are published,
     /// start serving.
     Start,
+    /// A scrape: this shard's counters.
+    Metrics,
 }
 
 #[derive(Debug)]
@@ -133,6 +135,7 @@ pub enum Reply {
     Upload(String),
     Parts(Vec<PartItem>),
     Uploads(Vec<UploadItem>),
+    Metrics(Box<crate::metrics::ShardSnapshot>),
 }
 
 /// Errors that cross shards; mapped to S3 errors by the front door.
@@ -152,6 +155,13 @@ pub enum ShardError {
 }
 
 pub enum Msg {
-    Req { id: u64, op: Op },
-    Resp { id: u64, reply: Reply },
+    Req {
+        id: u64,
+        op: Op,
+        sent: std::time::Instant,
+    },
+    Resp {
+        id: u64,
+        reply: Reply,
+    },
 }

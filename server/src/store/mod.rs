@@ -259,6 +259,9 @@ struct Inner {
     flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     /// Completion of the last batch started (true: durable).
     previous_flush: RefCell<Option<oneshot::Receiver<bool>>>,
+    /// Batch write + fdatasync, and request-path segment reads.
+    device_write: crate::metrics::Histogram,
+    device_read: crate::metrics::Histogram,
 }
 
 /// Counters, read by tests, benchmarks and (later) /metrics.
@@ -358,6 +361,8 @@ impl Store {
             flushes_in_flight: Cell::new(0),
             flush_waiters: RefCell::new(Vec::new()),
             previous_flush: RefCell::new(None),
+            device_write: Default::default(),
+            device_read: Default::default(),
         });
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
@@ -412,6 +417,19 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.borrow().clone()
+    }
+
+    /// (device write, device read) latency histograms.
+    pub fn device_latency(
+        &self,
+    ) -> (
+        crate::metrics::HistogramSnapshot,
+        crate::metrics::HistogramSnapshot,
+    ) {
+        (
+            self.inner.device_write.snapshot(),
+            self.inner.device_read.snapshot(),
+        )
     }
 
     fn fault(&self, point: FaultPoint) -> io::Result<()> {
@@ -676,6 +694,22 @@ impl Store {
 
     /// Writes one laid-out batch and makes it durable.
     async fn write_batch(
+        &self,
+        segment_id: u64,
+        start: u64,
+        len: u64,
+        batch: &[Pending],
+        locs: &[Loc],
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        let result = self
+            .write_batch_inner(segment_id, start, len, batch, locs)
+            .await;
+        self.inner.device_write.record(started.elapsed());
+        result
+    }
+
+    async fn write_batch_inner(
         &self,
         segment_id: u64,
         start: u64,
@@ -1027,7 +1061,9 @@ impl Store {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
         })?;
+        let read_started = std::time::Instant::now();
         let raw = file.read_at(entry.loc.offset, read_len as usize).await?;
+        self.inner.device_read.record(read_started.elapsed());
         let corrupt = || StoreError::Corrupt {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
@@ -1618,10 +1654,12 @@ impl ObjectReader {
             segment_id: part.segment_id,
             offset: file_offset,
         })?;
+        let read_started = std::time::Instant::now();
         let raw = part
             .file
             .read_at(file_offset, (read_end - read_start) as usize)
             .await?;
+        store.inner.device_read.record(read_started.elapsed());
         let crcs = part.block_crcs.as_ref().unwrap();
         if raw.len() as u64 != read_end - read_start
             || !record::verify_blocks(crcs, first_block as usize, &raw)

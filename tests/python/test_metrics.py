@@ -1,0 +1,117 @@
+"""/metrics after a known workload: counters move by exactly the right
+amounts, summed over shards; health and log-level endpoints; access log."""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+
+from test_s3_basic import s3_error
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+
+
+def http(method, url, body=None):
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def scrape(srv) -> list[tuple[str, dict, float]]:
+    status, body = http("GET", f"http://127.0.0.1:{srv.admin_port}/metrics")
+    assert status == 200, body
+    out = []
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = LINE.match(line)
+        assert m, f"not Prometheus text: {line!r}"
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+def total(samples, name, **want) -> float:
+    return sum(v for n, labels, v in samples
+               if n == name and all(labels.get(k) == str(x) for k, x in want.items()))
+
+
+def test_counters_move_by_the_workload(server_factory, shards):
+    srv = server_factory(shards=shards)
+    s3 = srv.client()
+    s3.create_bucket(Bucket="metrics")
+    before = scrape(srv)
+    assert {labels["shard"] for n, labels, _ in before
+            if n == "percore_objects"} == {str(i) for i in range(shards)}
+    sizes = [1000, 70_000, 2_500_000, 0, 123]
+    for i, n in enumerate(sizes):
+        s3.put_object(Bucket="metrics", Key=f"k{i}", Body=os.urandom(n))
+    for i in range(3):
+        s3.get_object(Bucket="metrics", Key=f"k{i}")["Body"].read()
+    with s3_error("NoSuchKey", 404):
+        s3.get_object(Bucket="metrics", Key="missing")
+    after = scrape(srv)
+
+    def delta(name, **want):
+        return total(after, name, **want) - total(before, name, **want)
+
+    assert delta("percore_s3_requests_total", op="PutObject", status=200) == 5
+    assert delta("percore_s3_requests_total", op="GetObject", status=200) == 3
+    assert delta("percore_s3_requests_total", op="GetObject", status=404) == 1
+    assert delta("percore_s3_request_seconds_count", op="PutObject") == 5
+    assert delta("percore_s3_bytes_in_total") == sum(sizes)
+    assert delta("percore_s3_bytes_out_total") >= sum(sizes[:3])
+    assert total(after, "percore_objects") == 5
+    # Every PUT was made durable by at least one group commit.
+    assert delta("percore_store_flushes_total") >= 1
+    assert delta("percore_stage_seconds_count", stage="device_write") >= 1
+    assert delta("percore_stage_seconds_count", stage="device_read") >= 3
+    assert delta("percore_stage_seconds_count", stage="send") >= 3
+    if shards > 1:
+        # Keys hash to several shards: some calls were forwarded.
+        assert delta("percore_stage_seconds_count", stage="cross_shard_hop") >= 1
+        assert total(after, "percore_stage_seconds_count", stage="queue") >= 1
+    # Histograms are cumulative and end in +Inf == _count.
+    for n, labels, v in after:
+        if n == "percore_s3_request_seconds_bucket" and labels["le"] == "+Inf":
+            count = total(after, "percore_s3_request_seconds_count",
+                          shard=labels["shard"], op=labels["op"])
+            assert v == count
+    assert total(after, "percore_segment_bytes", kind="live") > sum(sizes)
+    assert total(after, "process_open_fds") > 0
+    assert total(after, "process_resident_memory_bytes") > 0
+
+
+def test_health_and_log_level(server_factory):
+    srv = server_factory(shards=2)
+    base = f"http://127.0.0.1:{srv.admin_port}"
+    assert http("GET", base + "/health/live") == (200, b"ok\n")
+    assert http("GET", base + "/health/ready") == (200, b"ok\n")
+    assert http("GET", base + "/log/level") == (200, b"info\n")
+    assert http("PUT", base + "/log/level", b"debug") == (200, b"debug\n")
+    assert http("GET", base + "/log/level") == (200, b"debug\n")
+    status, body = http("PUT", base + "/log/level", b"not a [filter")
+    assert status == 400 and b"invalid filter" in body
+    assert http("GET", base + "/log/level") == (200, b"debug\n")
+    assert http("PUT", base + "/log/level", b"info") == (200, b"info\n")
+
+
+def test_access_log_names_every_request(server_factory):
+    srv = server_factory(shards=1, env={"PERCORE_ACCESS_LOG": "1"})
+    s3 = srv.client()
+    s3.create_bucket(Bucket="alog")
+    s3.put_object(Bucket="alog", Key="x", Body=b"12345")
+    with s3_error("NoSuchKey", 404):
+        s3.get_object(Bucket="alog", Key="nope")
+    logs = srv.logs(limit=100_000)
+    assert re.search(r"percore::access.*op=\"?PutObject.*status=200.*bytes_in=5", logs), logs
+    assert re.search(r"percore::access.*op=\"?GetObject.*status=404", logs), logs
