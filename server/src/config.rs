@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Log one line per S3 request (tracing target percore::access).
     #[arg(long)]
     pub access_log: bool,
+    /// Serve GETs with the copy path only: no per-shard io_uring data ring
+    /// (READ_FIXED into registered buffers, SEND_ZC).
+    #[arg(long)]
+    pub no_data_ring: bool,
     /// TOML configuration file (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -62,6 +66,7 @@ pub struct FileConfig {
     pub region: Option<String>,
     pub s3_domain: Option<String>,
     pub access_log: Option<bool>,
+    pub data_ring: Option<bool>,
     pub segment_bytes_max: Option<u64>,
 }
 
@@ -77,6 +82,7 @@ pub struct ServerConfig {
     pub region: String,
     pub s3_domain: Option<String>,
     pub access_log: bool,
+    pub data_ring: bool,
     pub segment_bytes_max: u64,
     pub access_key: String,
     pub secret_key: String,
@@ -185,6 +191,9 @@ impl ServerConfig {
             access_log: args.access_log
                 || env("PERCORE_ACCESS_LOG").is_some_and(|v| v == "1" || v == "true")
                 || file.access_log.unwrap_or(false),
+            data_ring: !args.no_data_ring
+                && !env("PERCORE_DATA_RING").is_some_and(|v| v == "0" || v == "false")
+                && file.data_ring.unwrap_or(true),
             segment_bytes_max,
             access_key,
             secret_key,
@@ -232,6 +241,37 @@ mod tests {
         args.s3 = Some("127.0.0.1:3".parse().unwrap());
         assert_eq!(ServerConfig::resolve(&args, &env).unwrap().s3.port(), 3);
         assert_eq!(ServerConfig::resolve(&args, &no_env).unwrap().s3.port(), 3);
+    }
+
+    #[test]
+    fn sample_config_in_docs_is_valid() {
+        let text = include_str!("../../docs/percore.toml");
+        let file: FileConfig = toml::from_str(text).expect("docs/percore.toml parses");
+        assert_eq!(file.region.as_deref(), Some("us-east-1"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let c = ServerConfig::resolve(&args, &no_env).unwrap();
+        assert_eq!(c.s3.port(), 9000);
+        assert!(!c.access_log);
+    }
+
+    #[test]
+    fn env_sets_domain_and_access_log() {
+        let env = |k: &str| match k {
+            "PERCORE_S3_DOMAIN" => Some("S3.Example.COM.".to_string()),
+            "PERCORE_ACCESS_LOG" => Some("1".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert_eq!(c.s3_domain.as_deref(), Some("s3.example.com"));
+        assert!(c.access_log);
+        let bad = |k: &str| (k == "PERCORE_S3_DOMAIN").then(|| "a b".to_string());
+        assert!(ServerConfig::resolve(&ServeArgs::default(), &bad).is_err());
     }
 
     #[test]

@@ -283,6 +283,19 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         "recovered"
     );
     let shard = Shard::new(id, s.count, s.seed, store.clone());
+    if s.cfg.data_ring {
+        // After pinning: the pool's pages are allocated on this CPU's node.
+        let ring = crate::ring::BufferPool::new(RING_BUF_BYTES, RING_BUFFERS).and_then(|pool| {
+            crate::ring::DataRing::new(crate::ring::RingConfig::default(), Some(pool))
+        });
+        match ring {
+            Ok(ring) => *shard.ring.borrow_mut() = Some(ring),
+            Err(e) => tracing::warn!(
+                shard = id,
+                "data ring unavailable ({e}); GETs use the copy path. Check memlock (ulimit -l) and io_uring (kernel.io_uring_disabled)"
+            ),
+        }
+    }
     shard.connect(s.wiring).await;
     if id == BUCKET_OWNER_SHARD {
         shard.publish_buckets().await;
@@ -345,6 +358,11 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
 fn bind_reuseport(addr: std::net::SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
     glommio::net::TcpListener::bind(addr).map_err(std::io::Error::from)
 }
+
+/// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT
+/// alignment slack each.
+const RING_BUF_BYTES: usize = (1 << 20) + 4096;
+const RING_BUFFERS: usize = 32;
 
 /// Where the server is in its life, for /health/ready.
 #[derive(Clone, Copy, PartialEq, Eq)]

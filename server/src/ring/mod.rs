@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-use pool::{BufferPool, PoolBuf};
+pub use pool::{BufferPool, PoolBuf};
 
 /// Not exported by the io-uring crate's public API.
 const IORING_SEND_ZC_REPORT_USAGE: u16 = 8;

@@ -598,6 +598,12 @@ impl S3Front {
 
     /// The first `max` items after `from` across all shards, in key order,
     /// and whether more follow.
+    ///
+    /// A k-way merge with a cursor per shard: each shard is asked for about
+    /// twice its fair share (`2 * max / shards`, at least 16) and asked again
+    /// only when its buffered items run out before the page is full, so a
+    /// page costs about `2 * max` items of shard work whatever the shard
+    /// count (not `shards * max`).
     async fn list_merged(
         &self,
         bucket: &str,
@@ -606,29 +612,65 @@ impl S3Front {
         delimiter: Option<String>,
         max: usize,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
-        let replies = self
-            .shard
-            .call_all(|| Op::List {
-                bucket: bucket.to_string(),
-                prefix: prefix.to_string(),
-                start_after: from.to_string(),
-                delimiter: delimiter.clone(),
-                limit: max + 1,
-            })
-            .await;
-        let mut items: Vec<ListItem> = Vec::new();
-        for r in replies {
-            match r {
-                Reply::List(mut v) => items.append(&mut v),
-                Reply::Err(e) => return Err(e.into()),
-                other => return Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+        use std::collections::VecDeque;
+        let n = self.shard.count;
+        let batch = (2 * max).div_ceil(n).max(16).min(max + 1);
+        let mut cursors: Vec<String> = vec![from.to_string(); n];
+        let mut buffered: Vec<VecDeque<ListItem>> = vec![VecDeque::new(); n];
+        let mut exhausted = vec![false; n];
+        let mut out: Vec<ListItem> = Vec::with_capacity(max.min(1024));
+        loop {
+            let starved: Vec<usize> = (0..n)
+                .filter(|&i| buffered[i].is_empty() && !exhausted[i])
+                .collect();
+            if !starved.is_empty() {
+                let calls = starved.iter().map(|&i| {
+                    self.shard.call(
+                        i,
+                        Op::List {
+                            bucket: bucket.to_string(),
+                            prefix: prefix.to_string(),
+                            start_after: cursors[i].clone(),
+                            delimiter: delimiter.clone(),
+                            limit: batch,
+                        },
+                    )
+                });
+                let replies = futures::future::join_all(calls).await;
+                for (&i, reply) in starved.iter().zip(replies) {
+                    match reply {
+                        Reply::List(items) => {
+                            exhausted[i] = items.len() < batch;
+                            if let Some(last) = items.last() {
+                                cursors[i] = last.name().to_string();
+                            }
+                            buffered[i].extend(items);
+                        }
+                        Reply::Err(e) => return Err(e.into()),
+                        other => {
+                            return Err(S3Error::internal(format!("unexpected reply {other:?}")))
+                        }
+                    }
+                }
+                continue;
             }
+            // Every shard has a head item or is exhausted: take the least.
+            let Some(i) = (0..n)
+                .filter(|&i| !buffered[i].is_empty())
+                .min_by(|&a, &b| buffered[a][0].name().cmp(buffered[b][0].name()))
+            else {
+                return Ok((out, false));
+            };
+            let item = buffered[i].pop_front().expect("non-empty");
+            // A common prefix can come from several shards.
+            if out.last().is_some_and(|l| l.name() == item.name()) {
+                continue;
+            }
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            out.push(item);
         }
-        items.sort_by(|a, b| a.name().cmp(b.name()));
-        items.dedup_by(|a, b| a.name() == b.name());
-        let is_truncated = items.len() > max;
-        items.truncate(max);
-        Ok((items, is_truncated))
     }
 
     /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items
@@ -1064,7 +1106,26 @@ impl S3Front {
         let send_started = Instant::now();
         let mut offset = start;
         let end = start + len;
+        let ring = self.shard.ring.borrow().clone();
         while offset < end {
+            // The data path: DMA into a registered buffer, CRC check there,
+            // send from that buffer (SEND_ZC above the threshold).
+            if let Some(ring) = ring.as_deref() {
+                let want = (end - offset).min(GET_PIECE_BYTES);
+                if let Some(r) = source.read_fixed(ring, offset, want).await {
+                    let (buf, a, b) = match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::error!(shard = self.shard.id, request_id = %req.request_id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                            return Err(S3Error::internal("read failed mid-body"));
+                        }
+                    };
+                    conn.flush().await?;
+                    self.send_registered(conn, ring, buf, a, b).await?;
+                    offset += (b - a) as u64;
+                    continue;
+                }
+            }
             let chunk = match source
                 .read(offset, (end - offset).min(GET_PIECE_BYTES))
                 .await
@@ -1088,6 +1149,51 @@ impl S3Front {
             .metrics
             .stage(crate::metrics::Stage::Send)
             .record(send_started.elapsed());
+        Ok(())
+    }
+
+    /// Sends `buf[a..b]` on the connection's socket through the shard's
+    /// ring, within the body timeout. The buffer returns to the pool only
+    /// after the kernel's last completion (SEND_ZC's notification).
+    async fn send_registered(
+        &self,
+        conn: &mut Conn,
+        ring: &crate::ring::DataRing,
+        mut buf: crate::ring::PoolBuf,
+        mut a: usize,
+        b: usize,
+    ) -> Result<(), S3Error> {
+        use std::os::fd::AsRawFd;
+        let fd = conn.get_ref().as_raw_fd();
+        let limit = Duration::from_millis(conn.limits().body_timeout_ms.max(1));
+        while a < b {
+            let send = Box::pin(ring.send(fd, buf, a, b));
+            let timer = Box::pin(glommio::timer::sleep(limit));
+            let (result, back) = match futures::future::select(send, timer).await {
+                futures::future::Either::Left((r, _)) => r,
+                futures::future::Either::Right(_) => {
+                    // The send stays with the kernel (and keeps its buffer)
+                    // until the socket closes, which the error causes.
+                    return Err(S3Error::new(
+                        408,
+                        "RequestTimeout",
+                        "The client stopped reading the response",
+                    ));
+                }
+            };
+            buf = back;
+            match result {
+                Ok((0, _)) => return Err(S3Error::internal("connection closed mid-body")),
+                Ok((n, _)) => {
+                    a += n;
+                    conn.body_bytes_written += n as u64;
+                }
+                Err(e) => {
+                    tracing::debug!(shard = self.shard.id, "send failed: {e}");
+                    return Err(S3Error::internal(format!("send failed: {e}")));
+                }
+            }
+        }
         Ok(())
     }
 

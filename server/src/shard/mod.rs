@@ -95,6 +95,9 @@ pub struct Shard {
     started: Cell<bool>,
     start_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     pub metrics: ShardMetrics,
+    /// The shard's own io_uring data ring with its registered buffers (the
+    /// zero-copy GET path); None when it could not be set up.
+    pub ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
 }
 
 impl Shard {
@@ -115,6 +118,7 @@ impl Shard {
             started: Cell::new(false),
             start_waiters: RefCell::new(Vec::new()),
             metrics: ShardMetrics::default(),
+            ring: RefCell::new(None),
         })
     }
 
@@ -610,6 +614,30 @@ impl Shard {
                 *h = write.clone();
             } else if *name == Stage::DeviceRead.name() {
                 *h = read.clone();
+            }
+        }
+        if let Some(ring) = self.ring.borrow().as_ref() {
+            let r = ring.stats();
+            out.counters.extend([
+                ("percore_ring_sends_zero_copy_total", "SEND_ZC sends the kernel completed without copying.", r.sends_zero_copy),
+                ("percore_ring_sends_copied_total", "SEND_ZC sends the kernel reported as copied (always so on loopback and veth).", r.sends_copied),
+                ("percore_ring_sends_plain_total", "Plain sends from registered buffers (below the SEND_ZC threshold, or SEND_ZC unsupported).", r.sends_plain),
+                ("percore_ring_reads_fixed_total", "READ_FIXED reads into registered buffers.", r.reads_fixed),
+                ("percore_ring_sq_full_total", "Times the submission queue was full and had to be submitted early.", r.sq_full),
+                ("percore_ring_submit_calls_total", "io_uring_enter calls for submission.", r.submit_calls),
+                ("percore_ring_sqes_submitted_total", "SQEs submitted.", r.submitted),
+            ]);
+            if let Some(pool) = ring.pool() {
+                out.gauges.push((
+                    "percore_ring_buffers_in_use",
+                    "Registered buffers held by reads and sends in flight.",
+                    (pool.count() - pool.free_count()) as u64,
+                ));
+                out.counters.push((
+                    "percore_ring_buffer_waits_total",
+                    "Times a request waited for a free registered buffer (pool exhausted).",
+                    pool.exhausted_total(),
+                ));
             }
         }
         let st = self.store.stats();

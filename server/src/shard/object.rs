@@ -84,6 +84,24 @@ impl ObjectSource {
         }
     }
 
+    /// The zero-copy read: into a registered buffer of `ring` (see
+    /// `ObjectReader::read_fixed`). None for remote sources and parts that
+    /// cannot be read that way.
+    pub async fn read_fixed(
+        &mut self,
+        ring: &crate::ring::DataRing,
+        offset: u64,
+        len_bytes: u64,
+    ) -> Option<Result<(crate::ring::PoolBuf, usize, usize), ShardError>> {
+        match self {
+            ObjectSource::Local(r) => r
+                .read_fixed(ring, offset, len_bytes)
+                .await
+                .map(|r| r.map_err(store_error)),
+            _ => None,
+        }
+    }
+
     /// Up to `len_bytes` at `offset`; shorter at internal boundaries.
     pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<Chunk, ShardError> {
         match self {

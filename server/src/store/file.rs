@@ -61,6 +61,15 @@ fn glommio_err<T>(e: glommio::GlommioError<T>) -> io::Error {
 }
 
 impl SegFile {
+    /// The file descriptor of an O_DIRECT segment, for reads on the
+    /// shard's own data ring; None for buffered files.
+    pub fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self {
+            SegFile::Direct(f) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
+            SegFile::Buffered(_) => None,
+        }
+    }
+
     pub async fn create(path: &Path, direct: bool) -> io::Result<SegFile> {
         let mut opts = OpenOptions::new();
         opts.read(true).write(true).create_new(true);

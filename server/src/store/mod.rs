@@ -1674,6 +1674,86 @@ impl ObjectReader {
     }
 }
 
+/// O_DIRECT reads on the data ring need 4 KiB-aligned offsets and lengths.
+const DIRECT_ALIGN_BYTES: u64 = 4096;
+
+impl ObjectReader {
+    /// Like `read`, but the bytes land by DMA in a registered buffer of the
+    /// shard's data ring (READ_FIXED), are CRC-checked there, and are
+    /// returned as (buffer, start, end) so that the caller can send that
+    /// very buffer. None when this part cannot go that way (inline object,
+    /// buffered file, range larger than a pool buffer): use `read`.
+    pub async fn read_fixed(
+        &mut self,
+        ring: &crate::ring::DataRing,
+        offset: u64,
+        len_bytes: u64,
+    ) -> Option<Result<(crate::ring::PoolBuf, usize, usize)>> {
+        let pool = ring.pool()?;
+        let index = self
+            .parts
+            .iter()
+            .position(|p| offset < p.object_offset + p.payload_bytes)?;
+        if self.parts[index].cached.is_some() {
+            return None;
+        }
+        let fd = self.parts[index].file.direct_fd()?;
+        if self.parts[index].block_crcs.is_none() {
+            // Loads the extent's header (block CRCs) the ordinary way.
+            if let Err(e) = self.read(offset, 1).await {
+                return Some(Err(e));
+            }
+        }
+        let store = self.store.clone();
+        let part = &self.parts[index];
+        let within = offset - part.object_offset;
+        let len = len_bytes.min(part.payload_bytes - within);
+        let first_block = within / record::BLOCK_BYTES;
+        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
+        let read_start = first_block * record::BLOCK_BYTES;
+        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
+        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
+        let aligned = file_offset - file_offset % DIRECT_ALIGN_BYTES;
+        let skew = (file_offset - aligned) as usize;
+        let want = (skew as u64 + read_end - read_start).next_multiple_of(DIRECT_ALIGN_BYTES);
+        if want > pool.buf_bytes() as u64 {
+            return None;
+        }
+        if let Err(e) = store.fault(FaultPoint::Read {
+            segment_id: part.segment_id,
+            offset: file_offset,
+        }) {
+            return Some(Err(e.into()));
+        }
+        let corrupt = StoreError::Corrupt {
+            segment_id: part.segment_id,
+            offset: part.record_offset,
+        };
+        let buf = pool.acquire().await;
+        let started = std::time::Instant::now();
+        let (result, buf) = ring.read_fixed(fd, buf, aligned, want as usize).await;
+        store.inner.device_read.record(started.elapsed());
+        let n = match result {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let data_len = (read_end - read_start) as usize;
+        let crcs = part.block_crcs.as_ref().expect("loaded above");
+        if n < skew + data_len
+            || !record::verify_blocks(
+                crcs,
+                first_block as usize,
+                &buf.as_slice()[skew..skew + data_len],
+            )
+        {
+            store.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Some(Err(corrupt));
+        }
+        let start = skew + (within - read_start) as usize;
+        Some(Ok((buf, start, start + len as usize)))
+    }
+}
+
 pub use compaction::CompactionReport;
 mod compaction;
 
