@@ -6,6 +6,7 @@
 
 pub mod checks;
 pub mod config;
+pub mod doctor;
 pub mod http;
 pub mod metadata;
 pub mod metrics;
@@ -13,5 +14,6 @@ pub mod ring;
 pub mod s3;
 pub mod server;
 pub mod shard;
+pub mod steer;
 pub mod store;
 pub mod topology;

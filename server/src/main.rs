@@ -18,6 +18,20 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Check this machine for percore: kernel and io_uring features,
+    /// memlock, huge pages, CPU/NUMA plan, NIC IRQ and XPS placement, the
+    /// data directory's filesystem and O_DIRECT. Each finding with its fix.
+    Doctor {
+        /// Data directory to check (default ./percore-data).
+        #[arg(long, default_value = "./percore-data")]
+        data: std::path::PathBuf,
+        /// Shard count to plan for (default: one per physical core).
+        #[arg(long)]
+        shards: Option<usize>,
+        /// CPU list to plan for, e.g. 2-17.
+        #[arg(long)]
+        cpus: Option<String>,
+    },
 }
 
 fn main() {
@@ -45,6 +59,24 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
             .and_then(percore_server::server::serve),
+        Command::Doctor { data, shards, cpus } => {
+            let cpus = match cpus
+                .as_deref()
+                .map(percore_server::topology::parse_cpu_list)
+            {
+                Some(Err(e)) => {
+                    eprintln!("percore: error: --cpus: {e}");
+                    std::process::exit(2);
+                }
+                other => other.map(Result::unwrap),
+            };
+            let (text, worst) = percore_server::doctor::run(&data, shards, cpus.as_deref());
+            print!("{text}");
+            if worst == percore_server::doctor::Level::Fail {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     };
     if let Err(msg) = result {
         eprintln!("percore: error: {msg}");

@@ -100,6 +100,7 @@ pub struct ShardMetrics {
     pub bytes_out: Cell<u64>,
     pub connections_refused: Cell<u64>,
     pub connections_open: Cell<u64>,
+    pub connections_accepted: Cell<u64>,
     pub requests_in_flight: Cell<u64>,
 }
 
@@ -162,6 +163,11 @@ impl ShardMetrics {
             "percore_s3_bytes_out_total",
             "Response body bytes sent by the S3 endpoint.",
             self.bytes_out.get(),
+        ));
+        out.counters.push((
+            "percore_connections_accepted_total",
+            "S3 connections accepted by this shard's listener (CPU steering shows here).",
+            self.connections_accepted.get(),
         ));
         out.counters.push((
             "percore_connections_refused_total",

@@ -65,6 +65,8 @@ struct ShardSetup {
     events: mpsc::Sender<Event>,
     drain_fd: RawFd,
     stop_fd: RawFd,
+    /// This shard's socket of the S3 listener group.
+    s3_fd: RawFd,
 }
 
 pub fn serve(cfg: ServerConfig) -> Result<(), String> {
@@ -123,6 +125,16 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         access_log: cfg.access_log,
         limits: Limits::default(),
     };
+    let shard_cpus: Option<Vec<usize>> = placements.iter().map(|p| p.cpu).collect();
+    let (s3_fds, steered) = crate::steer::bind_group(cfg.s3, n, shard_cpus.as_deref())?;
+    println!(
+        "S3 listeners: {n} (SO_REUSEPORT), {}",
+        if steered {
+            "steered to the shard pinned to the receiving CPU (SO_ATTACH_REUSEPORT_CBPF)"
+        } else {
+            "spread by the kernel's hash (shards unpinned or a single shard)"
+        }
+    );
     let (events_tx, events_rx) = mpsc::channel();
     let drain: Vec<Eventfd> = (0..n)
         .map(|_| Eventfd::new())
@@ -147,6 +159,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
             events: events_tx.clone(),
             drain_fd: drain[id].0,
             stop_fd: stop[id].0,
+            s3_fd: s3_fds[id],
         };
         let builder = LocalExecutorBuilder::new(match placement.cpu {
             Some(cpu) => Placement::Fixed(cpu),
@@ -304,13 +317,16 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         shard.wait_started().await;
     }
     let front = S3Front::new(shard.clone(), Rc::new(s.s3_cfg));
-    let listener = bind_reuseport(s.cfg.s3)
-        .map_err(|e| format!("cannot listen on {} for S3: {e}", s.cfg.s3))?;
+    // Bound and listening already (steer::bind_group), owned from here on.
+    let listener =
+        unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(s.s3_fd) };
     let accept_front = front.clone();
     let accept = glommio::spawn_local(async move {
         loop {
             match listener.accept().await {
                 Ok(stream) => {
+                    let m = &accept_front.shard.metrics;
+                    m.connections_accepted.set(m.connections_accepted.get() + 1);
                     // Bounded: past the limit a connection is closed at once
                     // (clients retry), so the shard keeps serving the others.
                     let m = &accept_front.shard.metrics;
@@ -352,11 +368,6 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     drop(admin);
     tracing::info!(shard = id, "stopped");
     Ok(())
-}
-
-/// An SO_REUSEPORT listener (one per shard on the same port) handed to glommio.
-fn bind_reuseport(addr: std::net::SocketAddr) -> std::io::Result<glommio::net::TcpListener> {
-    glommio::net::TcpListener::bind(addr).map_err(std::io::Error::from)
 }
 
 /// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT

@@ -117,8 +117,10 @@ class Server:
     _live_lock = threading.Lock()
 
     def __init__(self, shards: int = 1, name: str = "percore", env: dict | None = None,
-                 extra_args: list[str] | None = None, binary: Path | None = None):
+                 extra_args: list[str] | None = None, binary: Path | None = None,
+                 unpinned: bool = True):
         self.shards = shards
+        self.unpinned = unpinned
         self.binary = Path(binary) if binary else percore_bin()
         self.env = dict(env or {})
         self.extra_args = list(extra_args or [])
@@ -153,7 +155,7 @@ class Server:
             "--native", f"127.0.0.1:{self.native_port}",
             "--admin", f"127.0.0.1:{self.admin_port}",
             "--shards", str(self.shards),
-            "--unpinned",
+            *(["--unpinned"] if self.unpinned else []),
             *self.extra_args,
         ]
 
