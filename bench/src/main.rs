@@ -97,6 +97,33 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         runs: usize,
     },
+    /// Through an HTTP endpoint (percore's S3, or nginx serving the same
+    /// objects as files): random whole-object GETs for a while; prints a
+    /// markdown row with req/s, MB/s, p50/p99 and server CPU-s per GB.
+    S3Get {
+        #[arg(long)]
+        endpoint: std::net::SocketAddr,
+        #[arg(long, default_value = "get-bench")]
+        bucket: String,
+        #[arg(long, default_value = "obj-")]
+        prefix: String,
+        #[arg(long, default_value_t = 256)]
+        objects: usize,
+        #[arg(long)]
+        size: usize,
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// PUT the objects first.
+        #[arg(long)]
+        load: bool,
+        /// Server processes whose CPU time is charged to the run.
+        #[arg(long, value_delimiter = ',')]
+        server_pids: Vec<u32>,
+        #[arg(long, default_value = "percore")]
+        label: String,
+    },
     /// Recovery time and index bytes per object.
     Recovery {
         #[arg(long)]
@@ -406,6 +433,38 @@ fn main() {
             sqpoll_cpu,
             cpu,
         } => ring(dir, reads, concurrency, sqpoll_cpu, cpu),
+        Cmd::S3Get {
+            endpoint,
+            bucket,
+            prefix,
+            objects,
+            size,
+            concurrency,
+            seconds,
+            load,
+            server_pids,
+            label,
+        } => s3list::get_bench(
+            s3list::Target {
+                addr: endpoint,
+                access_key: std::env::var("PERCORE_ACCESS_KEY")
+                    .unwrap_or_else(|_| "percore".into()),
+                secret_key: std::env::var("PERCORE_SECRET_KEY")
+                    .unwrap_or_else(|_| "percore-secret".into()),
+                region: "us-east-1".into(),
+            },
+            s3list::GetBench {
+                bucket,
+                prefix,
+                objects,
+                size,
+                concurrency,
+                seconds,
+                load,
+                server_pids,
+                label,
+            },
+        ),
         Cmd::S3List {
             endpoint,
             bucket,

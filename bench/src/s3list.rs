@@ -243,3 +243,104 @@ pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool,
         page_rates[runs / 2]
     );
 }
+
+/// CPU seconds (user + system) used so far by these processes, all threads.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .map(|s| {
+            // Fields after the parenthesised command name.
+            let rest = &s[s.rfind(')').map_or(0, |i| i + 2)..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            (utime + stime) / tick
+        })
+        .sum()
+}
+
+pub struct GetBench {
+    pub bucket: String,
+    pub prefix: String,
+    pub objects: usize,
+    pub size: usize,
+    pub concurrency: usize,
+    pub seconds: f64,
+    pub load: bool,
+    pub server_pids: Vec<u32>,
+    pub label: String,
+}
+
+/// Random whole-object GETs of `objects` keys for `seconds`, from
+/// `concurrency` keep-alive connections. Prints one markdown table row:
+/// label | size | req/s | MB/s | p50 ms | p99 ms | server CPU-s per GB.
+pub fn get_bench(t: Target, b: GetBench) {
+    let t = Arc::new(t);
+    let key = |i: usize| format!("/{}/{}{i:06}", b.bucket, b.prefix);
+    if b.load {
+        let mut c = Conn::open(t.addr);
+        let (status, _) = c.request(&t, "PUT", &format!("/{}", b.bucket), "", b"");
+        assert!(status == 200 || status == 409, "create bucket: {status}");
+        let body: Vec<u8> = (0..b.size).map(|i| (i * 31 % 251) as u8).collect();
+        for i in 0..b.objects {
+            let (status, resp) = c.request(&t, "PUT", &key(i), "", &body);
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&resp));
+        }
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cpu0 = cpu_seconds(&b.server_pids);
+    let started = Instant::now();
+    let threads: Vec<_> = (0..b.concurrency)
+        .map(|w| {
+            let (t, stop) = (t.clone(), stop.clone());
+            let (bucket, prefix, objects, size) =
+                (b.bucket.clone(), b.prefix.clone(), b.objects, b.size);
+            std::thread::spawn(move || {
+                let mut c = Conn::open(t.addr);
+                let mut lat = Vec::new();
+                let mut bytes = 0u64;
+                let mut i = w * 7919;
+                while !stop.load(Ordering::Relaxed) {
+                    i = (i * 1_103_515_245 + 12_345) % (1 << 31);
+                    let path = format!("/{bucket}/{prefix}{:06}", i % objects);
+                    let s = Instant::now();
+                    let (status, body) = c.request(&t, "GET", &path, "", b"");
+                    lat.push(s.elapsed());
+                    assert_eq!(status, 200, "GET {path}");
+                    assert_eq!(body.len(), size, "GET {path}: short body");
+                    bytes += body.len() as u64;
+                }
+                (lat, bytes)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(b.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut bytes = 0u64;
+    for th in threads {
+        let (l, n) = th.join().unwrap();
+        lat.extend(l);
+        bytes += n;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(&b.server_pids) - cpu0;
+    lat.sort();
+    let pct =
+        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
+    println!(
+        "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        b.label,
+        b.size,
+        lat.len() as f64 / secs,
+        bytes as f64 / secs / 1e6,
+        pct(0.5),
+        pct(0.99),
+        if bytes > 0 {
+            cpu / (bytes as f64 / 1e9)
+        } else {
+            0.0
+        }
+    );
+}

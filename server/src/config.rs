@@ -67,6 +67,9 @@ pub struct FileConfig {
     pub s3_domain: Option<String>,
     pub access_log: Option<bool>,
     pub data_ring: Option<bool>,
+    pub ring_sqpoll_idle_ms: Option<u32>,
+    pub ring_submit_batch: Option<usize>,
+    pub ring_send_zc_min_bytes: Option<usize>,
     pub segment_bytes_max: Option<u64>,
 }
 
@@ -83,6 +86,10 @@ pub struct ServerConfig {
     pub s3_domain: Option<String>,
     pub access_log: bool,
     pub data_ring: bool,
+    /// Data ring tuning: SQPOLL (None: off), SQEs per submit, SEND_ZC size.
+    pub ring_sqpoll_idle_ms: Option<u32>,
+    pub ring_submit_batch: usize,
+    pub ring_send_zc_min_bytes: usize,
     pub segment_bytes_max: u64,
     pub access_key: String,
     pub secret_key: String,
@@ -167,6 +174,29 @@ impl ServerConfig {
                 ));
             }
         }
+        let env_num = |name: &str| -> Result<Option<u64>, String> {
+            env(name)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| format!("{name}: '{v}' is not a number"))
+                })
+                .transpose()
+        };
+        let ring_sqpoll_idle_ms = env_num("PERCORE_RING_SQPOLL_MS")?
+            .map(|v| v as u32)
+            .or(file.ring_sqpoll_idle_ms);
+        let ring_submit_batch = env_num("PERCORE_RING_BATCH")?
+            .map(|v| v as usize)
+            .or(file.ring_submit_batch)
+            .unwrap_or(64);
+        if !(1..=4096).contains(&ring_submit_batch) {
+            return Err("ring_submit_batch must be between 1 and 4096".into());
+        }
+        let ring_send_zc_min_bytes = env_num("PERCORE_RING_ZC_MIN")?
+            .map(|v| v as usize)
+            .or(file.ring_send_zc_min_bytes)
+            .unwrap_or(16 * 1024);
         Ok(ServerConfig {
             data: args
                 .data
@@ -194,6 +224,9 @@ impl ServerConfig {
             data_ring: !args.no_data_ring
                 && !env("PERCORE_DATA_RING").is_some_and(|v| v == "0" || v == "false")
                 && file.data_ring.unwrap_or(true),
+            ring_sqpoll_idle_ms,
+            ring_submit_batch,
+            ring_send_zc_min_bytes,
             segment_bytes_max,
             access_key,
             secret_key,

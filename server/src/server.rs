@@ -299,7 +299,13 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     if s.cfg.data_ring {
         // After pinning: the pool's pages are allocated on this CPU's node.
         let ring = crate::ring::BufferPool::new(RING_BUF_BYTES, RING_BUFFERS).and_then(|pool| {
-            crate::ring::DataRing::new(crate::ring::RingConfig::default(), Some(pool))
+            let cfg = crate::ring::RingConfig {
+                sqpoll_idle_ms: s.cfg.ring_sqpoll_idle_ms,
+                submit_batch_max: s.cfg.ring_submit_batch,
+                send_zc_min_bytes: s.cfg.ring_send_zc_min_bytes,
+                ..Default::default()
+            };
+            crate::ring::DataRing::new(cfg, Some(pool))
         });
         match ring {
             Ok(ring) => *shard.ring.borrow_mut() = Some(ring),
