@@ -175,6 +175,19 @@ where
                 return self.eof_between_requests();
             }
             self.rbuf.commit(read_bytes);
+            // A request line starts with a method token (after optional
+            // blank lines): fail other bytes (a TLS handshake, binary junk)
+            // at once instead of waiting out the header timeout.
+            if let Some(&first) = self
+                .rbuf
+                .data()
+                .iter()
+                .find(|b| !matches!(b, b'\r' | b'\n'))
+            {
+                if !first.is_ascii_alphabetic() {
+                    return Err(HttpError::BadRequest("not an HTTP request"));
+                }
+            }
             deadline.get_or_insert_with(|| Instant::now() + header_timeout);
         }
     }

@@ -1,0 +1,254 @@
+"""The bad-input matrix: malformed and hostile requests against the running
+server. Each case gets the right error (status, and S3 code where one is
+defined) or a closed connection, and after every case the server still
+serves other clients byte-exactly."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+import s3wire
+from conftest import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+BUCKET = "badinput"
+
+
+def signer(secret: str = SECRET_KEY, **kw) -> s3wire.Signer:
+    return s3wire.Signer(ACCESS_KEY, secret, **kw)
+
+
+def raw_exchange(srv, data: bytes, timeout: float = 10, half_close: bool = False) -> bytes:
+    """Sends raw bytes, returns everything the server answers until it
+    closes or goes quiet."""
+    s = socket.create_connection((srv.host, srv.s3_port), timeout=timeout)
+    try:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            out += chunk
+            if half_close is False and b"\r\n\r\n" in out and _complete(out):
+                break
+        return out
+    finally:
+        s.close()
+
+
+def _complete(resp: bytes) -> bool:
+    head, _, body = resp.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":")[1])
+    return True
+
+
+def status_of(resp: bytes) -> int | None:
+    if not resp.startswith(b"HTTP/1."):
+        return None
+    return int(resp.split(b" ", 2)[1])
+
+
+def signed_request(srv, method: str, path: str, headers: dict | None = None, body: bytes = b"",
+                   sign: s3wire.Signer | None = None, payload_hash: str | None = None,
+                   query: list | None = None) -> bytes:
+    """A SigV4-signed request as raw bytes (so tests can corrupt it after)."""
+    hdrs = {"host": f"{srv.host}:{srv.s3_port}", **(headers or {})}
+    if body and "content-length" not in {k.lower() for k in hdrs}:
+        hdrs["content-length"] = str(len(body))
+    signed, _ = (sign or signer()).sign(method, path, hdrs,
+                                        payload_hash or s3wire.sha256_hex(body), query=query)
+    target = path + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in signed.items())
+    return head.encode() + b"\r\n" + body
+
+
+@pytest.fixture(scope="module")
+def srv(server):
+    c = server.client()
+    try:
+        c.create_bucket(Bucket=BUCKET)
+    except Exception:
+        pass
+    c.put_object(Bucket=BUCKET, Key="canary", Body=b"still here")
+    return server
+
+
+def assert_serving(srv):
+    assert srv.client().get_object(Bucket=BUCKET, Key="canary")["Body"].read() == b"still here"
+
+
+def _bad_request_line(srv):
+    return b"GARBAGE\r\n\r\n"
+
+
+CASES: list[tuple[str, object, set]] = []
+
+
+def case(name: str, expect: set):
+    def wrap(fn):
+        CASES.append((name, fn, expect))
+        return fn
+    return wrap
+
+
+# Each case returns raw request bytes (or a callable result); `expect` is the
+# set of acceptable statuses, None meaning "connection closed without one".
+case("garbage request line", {400, None})(lambda s: b"GARBAGE\r\n\r\n")
+case("only blank lines, then silence", {400, 408, None})(lambda s: b"\r\n\r\n")
+case("unknown HTTP version", {505, 400, None})(lambda s: b"GET / HTTP/9.9\r\nHost: x\r\n\r\n")
+case("HTTP/0.9 style", {400, None})(lambda s: b"GET /\r\n\r\n")
+case("lowercase method", {400, 403, 405, 501, None})(lambda s: b"get / HTTP/1.1\r\nHost: x\r\n\r\n")
+case("header without colon", {400, None})(lambda s: b"GET / HTTP/1.1\r\nHost x\r\n\r\n")
+case("header with space before colon", {400, None})(lambda s: b"GET / HTTP/1.1\r\nHost : x\r\n\r\n")
+case("NUL in header value", {400, None})(lambda s: b"GET / HTTP/1.1\r\nHost: a\x00b\r\n\r\n")
+case("oversized header section", {431, 400, None})(
+    lambda s: b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
+case("too many headers", {431, 400, None})(
+    lambda s: b"GET / HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(300)) + b"\r\n")
+case("very long URI", {414, 431, 400, None})(lambda s: b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+case("negative Content-Length", {400, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+case("non-numeric Content-Length", {400, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+case("huge Content-Length", {400, 403, 413, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n")
+case("two different Content-Lengths", {400, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+case("Content-Length with Transfer-Encoding", {400, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+case("unknown Transfer-Encoding", {400, 501, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
+case("bad chunk size", {400, 403, None})(
+    lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+case("anonymous request", {403})(lambda s: b"GET /badinput/canary HTTP/1.1\r\nHost: x\r\n\r\n")
+case("malformed Authorization", {400, 403})(
+    lambda s: b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: AWS4-HMAC-SHA256 nonsense\r\n\r\n")
+case("AWS v2 signature", {400, 403})(
+    lambda s: b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: AWS percore:abc=\r\n\r\n")
+case("wrong secret", {403})(lambda s: signed_request(s, "GET", f"/{BUCKET}/canary", sign=signer("wrong")))
+case("unknown access key", {403})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary", sign=s3wire.Signer("nobody", SECRET_KEY)))
+case("skewed clock (1 hour ahead)", {403})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary",
+                             sign=signer(amz_date=time.strftime("%Y%m%dT%H%M%SZ",
+                                                                 time.gmtime(time.time() + 3600)))))
+case("skewed clock (1 day behind)", {403})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary",
+                             sign=signer(amz_date=time.strftime("%Y%m%dT%H%M%SZ",
+                                                                 time.gmtime(time.time() - 86400)))))
+case("truncated signature", {400, 403})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary").replace(b"Signature=", b"Signature=00", 1))
+case("body does not match signed sha256", {400, 403})(
+    lambda s: signed_request(s, "PUT", f"/{BUCKET}/tampered", body=b"actual",
+                             payload_hash=s3wire.sha256_hex(b"claimed")))
+case("expired presigned URL", {403})(lambda s: _presigned(s, expires=1, age=120))
+case("presigned URL expiring beyond 7 days", {400, 403})(lambda s: _presigned(s, expires=700000, age=0))
+case("bad bucket name", {400})(lambda s: signed_request(s, "PUT", "/Bad_Bucket_Name"))
+case("key too long", {400})(lambda s: signed_request(s, "GET", f"/{BUCKET}/" + "k" * 1100))
+case("NUL in key", {400})(lambda s: signed_request(s, "GET", f"/{BUCKET}/a%00b"))
+case("invalid percent escape in key", {400, 403})(lambda s: signed_request(s, "GET", f"/{BUCKET}/a%zzb"))
+case("non-UTF-8 key", {400})(lambda s: signed_request(s, "GET", f"/{BUCKET}/%ff%fe"))
+case("dot-dot key is just a key", {404})(lambda s: signed_request(s, "GET", f"/{BUCKET}/../../etc/passwd"))
+case("missing bucket", {404})(lambda s: signed_request(s, "GET", "/no-such-bucket-here/k"))
+case("missing key", {404})(lambda s: signed_request(s, "GET", f"/{BUCKET}/no-such-key"))
+case("unsatisfiable range", {416})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary", headers={"range": "bytes=100-200"}))
+case("bad Content-MD5", {400})(
+    lambda s: signed_request(s, "PUT", f"/{BUCKET}/md5", body=b"abc", headers={"content-md5": "notbase64!"}))
+case("wrong Content-MD5", {400})(
+    lambda s: signed_request(s, "PUT", f"/{BUCKET}/md5", body=b"abc",
+                             headers={"content-md5": "1B2M2Y8AsgTpgAmY7PhCfg=="}))
+case("malformed CompleteMultipartUpload XML", {400, 404})(
+    lambda s: signed_request(s, "POST", f"/{BUCKET}/k", body=b"<Complete<<",
+                             query=[("uploadId", "0" * 32)]))
+case("DeleteObjects with a DTD", {400})(
+    lambda s: signed_request(s, "POST", f"/{BUCKET}", body=b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY x "y">]><Delete><Object><Key>&x;</Key></Object></Delete>',
+                             query=[("delete", "")]))
+case("unsupported subresource", {501})(lambda s: signed_request(s, "GET", f"/{BUCKET}", query=[("policy", "")]))
+case("method not allowed on service", {405})(lambda s: signed_request(s, "DELETE", "/"))
+case("pipelined garbage after a good request", {200})(
+    lambda s: signed_request(s, "GET", f"/{BUCKET}/canary") + b"\x16\x03\x01garbage\r\n\r\n")
+case("TLS handshake to the plain port", {400, None})(lambda s: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64)
+
+
+def _presigned(srv, expires: int, age: int) -> bytes:
+    """A presigned GET built by hand: X-Amz-Date `age` seconds ago."""
+    import hashlib
+    import hmac
+    from urllib.parse import quote
+    amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() - age))
+    sg = signer(amz_date=amz_date)
+    path = f"/{BUCKET}/canary"
+    host = f"{srv.host}:{srv.s3_port}"
+    q = sorted([
+        ("X-Amz-Algorithm", "AWS4-HMAC-SHA256"),
+        ("X-Amz-Credential", f"{ACCESS_KEY}/{sg.scope}"),
+        ("X-Amz-Date", amz_date),
+        ("X-Amz-Expires", str(expires)),
+        ("X-Amz-SignedHeaders", "host"),
+    ])
+    cq = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in q)
+    creq = "\n".join(["GET", path, cq, f"host:{host}\n", "host", "UNSIGNED-PAYLOAD"])
+    sts = "\n".join(["AWS4-HMAC-SHA256", amz_date, sg.scope,
+                     hashlib.sha256(creq.encode()).hexdigest()])
+    sig = hmac.new(sg.key, sts.encode(), hashlib.sha256).hexdigest()
+    return f"GET {path}?{cq}&X-Amz-Signature={sig} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+
+
+def test_matrix_has_at_least_40_cases():
+    assert len(CASES) >= 40, len(CASES)
+
+
+@pytest.mark.parametrize("name,make,expect", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(srv, name, make, expect):
+    resp = raw_exchange(srv, make(srv))
+    got = status_of(resp)
+    assert got in expect, f"{name}: got {got}: {resp[:400]!r}"
+    if got is not None and got >= 400 and b"<Error>" in resp:
+        assert b"<Code>" in resp and b"<RequestId>" in resp, resp[:400]
+    assert_serving(srv)
+
+
+def test_body_shorter_than_declared_then_disconnect_leaves_nothing(srv):
+    req = signed_request(srv, "PUT", f"/{BUCKET}/partial", headers={"content-length": "100000"},
+                         payload_hash="UNSIGNED-PAYLOAD")
+    raw_exchange(srv, req + b"x" * 5000, timeout=3, half_close=True)
+    c = srv.client()
+    with pytest.raises(Exception):
+        c.head_object(Bucket=BUCKET, Key="partial")
+    assert_serving(srv)
+
+
+def test_slowloris_head_is_cut_off(server_factory):
+    srv = server_factory(shards=1)
+    s = socket.create_connection((srv.host, srv.s3_port), timeout=60)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    # Trickle a header byte every second; the head timeout must end this.
+    closed = False
+    try:
+        while time.monotonic() - started < 45:
+            time.sleep(1)
+            s.sendall(b"X")
+    except (BrokenPipeError, ConnectionResetError):
+        closed = True
+    if not closed:
+        try:
+            closed = s.recv(100) is not None
+        except OSError:
+            closed = True
+    s.close()
+    assert closed, "a trickled request head was never cut off"
+    srv.client().list_buckets()
