@@ -308,7 +308,10 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
             crate::ring::DataRing::new(cfg, Some(pool))
         });
         match ring {
-            Ok(ring) => *shard.ring.borrow_mut() = Some(ring),
+            Ok(ring) => {
+                store.attach_ring(ring.clone());
+                *shard.ring.borrow_mut() = Some(ring);
+            }
             Err(e) => tracing::warn!(
                 shard = id,
                 "data ring unavailable ({e}); GETs use the copy path. Check memlock (ulimit -l) and io_uring (kernel.io_uring_disabled)"
@@ -379,7 +382,8 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
 /// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT
 /// alignment slack each.
 const RING_BUF_BYTES: usize = (1 << 20) + 4096;
-const RING_BUFFERS: usize = 32;
+/// Shared by GET reads and batch writes (a batch takes up to 8).
+const RING_BUFFERS: usize = 64;
 
 /// Where the server is in its life, for /health/ready.
 #[derive(Clone, Copy, PartialEq, Eq)]

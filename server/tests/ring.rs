@@ -176,3 +176,82 @@ fn send_storm_zero_copy_and_plain_verified_byte_for_byte() {
     let got = reader.join().unwrap();
     assert!(got == expected, "received bytes differ");
 }
+
+#[test]
+fn store_writes_with_write_fixed_and_reads_with_read_fixed() {
+    use bytes::Bytes;
+    use percore_server::store::record::ObjectMeta;
+    use percore_server::store::{Store, StoreConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::new(0, path.clone());
+        cfg.compaction_interval_ms = 0;
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        let pool = BufferPool::new((1 << 20) + 4096, 12).unwrap();
+        let ring = DataRing::new(RingConfig::default(), Some(pool)).unwrap();
+        store.attach_ring(ring.clone());
+        let sizes = [
+            0usize,
+            1,
+            4095,
+            4097,
+            70_000,
+            (1 << 20) + 3,
+            3 << 20,
+            (5 << 20) + 12345,
+        ];
+        let body = |i: usize, n: usize| -> Bytes {
+            Bytes::from(
+                (0..n)
+                    .map(|j| ((j * 7 + i * 13) % 251) as u8)
+                    .collect::<Vec<u8>>(),
+            )
+        };
+        // Concurrent PUTs: batches need several registered buffers at once.
+        let puts = sizes.iter().enumerate().map(|(i, &n)| {
+            let store = store.clone();
+            async move {
+                store
+                    .put("b", &format!("k{i}"), ObjectMeta::default(), body(i, n))
+                    .await
+                    .unwrap();
+            }
+        });
+        futures::future::join_all(puts).await;
+        let stats = ring.stats();
+        assert!(stats.writes_fixed > 0, "no WRITE_FIXED: {stats:?}");
+        // Read back through READ_FIXED where it applies, then reopen without
+        // the ring and read everything the ordinary way.
+        for (i, &n) in sizes.iter().enumerate() {
+            let mut r = store.open_read("b", &format!("k{i}")).await.unwrap();
+            let mut got = Vec::new();
+            while (got.len() as u64) < r.size_bytes() {
+                let at = got.len() as u64;
+                match r.read_fixed(&ring, at, 1 << 20).await {
+                    Some(res) => {
+                        let (buf, a, b) = res.unwrap();
+                        got.extend_from_slice(&buf.as_slice()[a..b]);
+                    }
+                    None => got.extend_from_slice(&r.read(at, 1 << 20).await.unwrap()),
+                }
+            }
+            assert!(got == body(i, n)[..], "k{i} differs");
+        }
+        assert!(ring.stats().reads_fixed > 0);
+        assert_eq!(
+            ring.pool().unwrap().free_count(),
+            12,
+            "every buffer came back"
+        );
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(cfg).await.unwrap();
+        for (i, &n) in sizes.iter().enumerate() {
+            let got = common::read_all(&store, "b", &format!("k{i}"))
+                .await
+                .unwrap();
+            assert!(got == body(i, n)[..], "k{i} differs after reopen");
+        }
+    });
+}

@@ -71,8 +71,10 @@ def test_counters_move_by_the_workload(server_factory, shards):
     assert delta("percore_s3_bytes_in_total") == sum(sizes)
     assert delta("percore_s3_bytes_out_total") >= sum(sizes[:3])
     assert total(after, "percore_objects") == 5
-    # Every PUT was made durable by at least one group commit.
+    # Every PUT was made durable by at least one group commit, written with
+    # WRITE_FIXED from the shard ring's registered buffers.
     assert delta("percore_store_flushes_total") >= 1
+    assert delta("percore_ring_writes_fixed_total") >= delta("percore_store_flushes_total")
     assert delta("percore_stage_seconds_count", stage="device_write") >= 1
     assert delta("percore_stage_seconds_count", stage="device_read") >= 3
     assert delta("percore_stage_seconds_count", stage="send") >= 3

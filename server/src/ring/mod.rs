@@ -67,6 +67,7 @@ pub struct RingStats {
     pub completions: u64,
     pub sq_full: u64,
     pub reads_fixed: u64,
+    pub writes_fixed: u64,
     pub sends_zero_copy: u64,
     pub sends_copied: u64,
     pub sends_plain: u64,
@@ -329,6 +330,28 @@ impl DataRing {
             buf.set_len(n);
         }
         (result, buf)
+    }
+
+    /// Writes `buf[..len]` at `offset` of `fd` from a registered buffer.
+    pub async fn write_fixed(
+        &self,
+        fd: RawFd,
+        buf: PoolBuf,
+        offset: u64,
+    ) -> (io::Result<usize>, PoolBuf) {
+        let len = buf.len();
+        let entry = opcode::WriteFixed::new(types::Fd(fd), buf.as_ptr(), len as u32, buf.index())
+            .offset(offset)
+            .build();
+        let slot = self.new_slot(Some(buf), None);
+        self.stats.borrow_mut().writes_fixed += 1;
+        let (result, buf, _) = self.queue(entry, slot).await;
+        let buf = buf.expect("buffer comes back");
+        if result < 0 {
+            (Err(io::Error::from_raw_os_error(-result)), buf)
+        } else {
+            (Ok(result as usize), buf)
+        }
     }
 
     /// Sends `buf[start..end]` on socket `fd`: SEND_ZC from the registered

@@ -623,6 +623,7 @@ impl Shard {
                 ("percore_ring_sends_copied_total", "SEND_ZC sends the kernel reported as copied (always so on loopback and veth).", r.sends_copied),
                 ("percore_ring_sends_plain_total", "Plain sends from registered buffers (below the SEND_ZC threshold, or SEND_ZC unsupported).", r.sends_plain),
                 ("percore_ring_reads_fixed_total", "READ_FIXED reads into registered buffers.", r.reads_fixed),
+                ("percore_ring_writes_fixed_total", "WRITE_FIXED batch pieces written from registered buffers.", r.writes_fixed),
                 ("percore_ring_sq_full_total", "Times the submission queue was full and had to be submitted early.", r.sq_full),
                 ("percore_ring_submit_calls_total", "io_uring_enter calls for submission.", r.submit_calls),
                 ("percore_ring_sqes_submitted_total", "SQEs submitted.", r.submitted),

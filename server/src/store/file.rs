@@ -45,6 +45,8 @@ pub enum SegFile {
 pub enum WriteBuf {
     Dma(DmaBuffer),
     Heap(Vec<u8>),
+    /// A registered buffer of the shard's data ring (WRITE_FIXED).
+    Pool(crate::ring::PoolBuf),
 }
 
 impl WriteBuf {
@@ -52,7 +54,19 @@ impl WriteBuf {
         match self {
             WriteBuf::Dma(b) => b.as_bytes_mut(),
             WriteBuf::Heap(v) => v.as_mut_slice(),
+            WriteBuf::Pool(b) => {
+                let len = b.len();
+                &mut b.as_mut_capacity()[..len]
+            }
         }
+    }
+
+    /// A zero-filled registered buffer of `len_bytes`.
+    pub fn pool(mut b: crate::ring::PoolBuf, len_bytes: usize) -> WriteBuf {
+        assert!(len_bytes <= b.capacity());
+        b.as_mut_capacity()[..len_bytes].fill(0);
+        b.set_len(len_bytes);
+        WriteBuf::Pool(b)
     }
 }
 

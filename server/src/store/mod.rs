@@ -262,6 +262,9 @@ struct Inner {
     /// Batch write + fdatasync, and request-path segment reads.
     device_write: crate::metrics::Histogram,
     device_read: crate::metrics::Histogram,
+    /// The shard's data ring: batches are written with WRITE_FIXED from its
+    /// registered buffers when attached (O_DIRECT files only).
+    ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
 }
 
 /// Counters, read by tests, benchmarks and (later) /metrics.
@@ -363,6 +366,7 @@ impl Store {
             previous_flush: RefCell::new(None),
             device_write: Default::default(),
             device_read: Default::default(),
+            ring: RefCell::new(None),
         });
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
@@ -417,6 +421,11 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         self.inner.stats.borrow().clone()
+    }
+
+    /// Writes batches through `ring` (WRITE_FIXED) from now on.
+    pub fn attach_ring(&self, ring: Rc<crate::ring::DataRing>) {
+        *self.inner.ring.borrow_mut() = Some(ring);
     }
 
     /// (device write, device read) latency histograms.
@@ -722,11 +731,23 @@ impl Store {
             .expect("segment with batches in flight is open");
         // Several concurrent writes of at most WRITE_PIECE_BYTES give the
         // device queue depth; then one fdatasync.
-        let mut pieces: Vec<file::WriteBuf> = (0..len.div_ceil(WRITE_PIECE_BYTES))
-            .map(|i| {
-                file.alloc_write_buf((len - i * WRITE_PIECE_BYTES).min(WRITE_PIECE_BYTES) as usize)
-            })
-            .collect();
+        let piece_len = |i: u64| (len - i * WRITE_PIECE_BYTES).min(WRITE_PIECE_BYTES) as usize;
+        let count = len.div_ceil(WRITE_PIECE_BYTES);
+        let ring = self.inner.ring.borrow().clone().filter(|r| {
+            file.direct_fd().is_some()
+                && r.pool()
+                    .is_some_and(|p| p.buf_bytes() as u64 >= WRITE_PIECE_BYTES)
+        });
+        let mut pieces: Vec<file::WriteBuf> = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            pieces.push(match &ring {
+                Some(r) => {
+                    let buf = r.pool().expect("checked").acquire().await;
+                    file::WriteBuf::pool(buf, piece_len(i))
+                }
+                None => file.alloc_write_buf(piece_len(i)),
+            });
+        }
         for (p, loc) in batch.iter().zip(locs) {
             let at = loc.offset - start;
             copy_into_pieces(&mut pieces, at, &p.header);
@@ -738,10 +759,27 @@ impl Store {
             len_bytes: len,
         })
         .map_err(StoreError::from_io)?;
-        let writes = pieces
-            .into_iter()
-            .enumerate()
-            .map(|(i, piece)| file.write_at(piece, start + i as u64 * WRITE_PIECE_BYTES));
+        let fd = file.direct_fd();
+        let writes = pieces.into_iter().enumerate().map(|(i, piece)| {
+            let (file, ring) = (file.clone(), ring.clone());
+            async move {
+                let offset = start + i as u64 * WRITE_PIECE_BYTES;
+                match (piece, ring, fd) {
+                    (file::WriteBuf::Pool(buf), Some(ring), Some(fd)) => {
+                        let expected = buf.len();
+                        let (result, _buf) = ring.write_fixed(fd, buf, offset).await;
+                        match result? {
+                            n if n == expected => Ok(()),
+                            n => Err(io::Error::new(
+                                io::ErrorKind::WriteZero,
+                                format!("short write: {n} of {expected} bytes"),
+                            )),
+                        }
+                    }
+                    (piece, _, _) => file.write_at(piece, offset).await,
+                }
+            }
+        });
         for result in futures::future::join_all(writes).await {
             result.map_err(StoreError::from_io)?;
         }
