@@ -17,7 +17,7 @@ SHARDS="${BENCH_SHARDS:-1 2 4}"
 SERVER_CPUS="${BENCH_SERVER_CPUS:-0}"
 CLIENT_CPUS="${BENCH_CLIENT_CPUS:-1}"
 PORT="${BENCH_PORT:-19000}"
-cargo build --release -p percore-server -p percore-bench >/dev/null
+cargo build --release >/dev/null
 mkdir -p bench/results
 OUT="bench/results/list-$(date +%Y%m%d-%H%M%S).md"
 WORK="$(mktemp -d /tmp/percore-listbench.XXXXXX)"

@@ -19,7 +19,7 @@ CLIENT_CPUS="${BENCH_CLIENT_CPUS:-1}"
 CONC="${BENCH_CONCURRENCY:-16}"
 PORT="${BENCH_PORT:-19100}"
 command -v nginx >/dev/null || { echo "installing nginx"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; }
-cargo build --release -p percore-server -p percore-bench >/dev/null
+cargo build --release >/dev/null
 mkdir -p bench/results
 OUT="bench/results/zerocopy-$(date +%Y%m%d-%H%M%S).md"
 WORK="$(mktemp -d /tmp/percore-zcbench.XXXXXX)"

@@ -221,6 +221,8 @@ fn store_writes_with_write_fixed_and_reads_with_read_fixed() {
         futures::future::join_all(puts).await;
         let stats = ring.stats();
         assert!(stats.writes_fixed > 0, "no WRITE_FIXED: {stats:?}");
+        // Segment files are named by registered slots, not descriptors.
+        assert!(ring.files_registered() >= 1);
         // Read back through READ_FIXED where it applies, then reopen without
         // the ring and read everything the ordinary way.
         for (i, &n) in sizes.iter().enumerate() {
@@ -246,6 +248,8 @@ fn store_writes_with_write_fixed_and_reads_with_read_fixed() {
         );
         store.shutdown().await;
         drop(store);
+        // Every slot is freed with its file: none outlives the store.
+        assert_eq!(ring.files_registered(), 0);
         let (store, _) = Store::open(cfg).await.unwrap();
         for (i, &n) in sizes.iter().enumerate() {
             let got = common::read_all(&store, "b", &format!("k{i}"))

@@ -104,11 +104,30 @@ pub struct DataRing {
     submit_scheduled: Cell<bool>,
     me: std::rc::Weak<DataRing>,
     pool: Option<BufferPool>,
+    /// Free registered-file slots; empty if the kernel refused the table.
+    free_file_slots: RefCell<Vec<u32>>,
 }
 
 impl Drop for DataRing {
     fn drop(&mut self) {
         unsafe { libc::close(self.efd) };
+    }
+}
+
+/// Slots of the registered-file table (sparse; segments register lazily).
+const FILE_SLOTS: u32 = 4096;
+
+/// How an operation names its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileRef {
+    Raw(RawFd),
+    /// A slot of the ring's registered-file table (no fget per I/O).
+    Fixed(u32),
+}
+
+impl From<RawFd> for FileRef {
+    fn from(fd: RawFd) -> FileRef {
+        FileRef::Raw(fd)
     }
 }
 
@@ -146,6 +165,10 @@ impl DataRing {
         if let Some(pool) = &pool {
             unsafe { ring.submitter().register_buffers(&pool.iovecs())? };
         }
+        let free_file_slots = match ring.submitter().register_files_sparse(FILE_SLOTS) {
+            Ok(()) => (0..FILE_SLOTS).rev().collect(),
+            Err(_) => Vec::new(),
+        };
         let ring = Rc::new_cyclic(|me| DataRing {
             ring: RefCell::new(ring),
             slots: RefCell::new(Vec::new()),
@@ -160,10 +183,60 @@ impl DataRing {
             submit_scheduled: Cell::new(false),
             me: me.clone(),
             pool,
+            free_file_slots: RefCell::new(free_file_slots),
         });
         let weak = Rc::downgrade(&ring);
         glommio::spawn_local(async move { reaper(weak).await }).detach();
         Ok(ring)
+    }
+
+    pub fn weak(&self) -> std::rc::Weak<DataRing> {
+        self.me.clone()
+    }
+
+    /// Registers `fd` in a free slot of the file table.
+    pub fn register_file(&self, fd: RawFd) -> Option<u32> {
+        let slot = self.free_file_slots.borrow_mut().pop()?;
+        let done = self
+            .ring
+            .borrow()
+            .submitter()
+            .register_files_update(slot, &[fd]);
+        match done {
+            Ok(_) => Some(slot),
+            Err(_) => {
+                self.free_file_slots.borrow_mut().push(slot);
+                None
+            }
+        }
+    }
+
+    /// Files in the registered-file table now.
+    pub fn files_registered(&self) -> usize {
+        let free = self.free_file_slots.borrow().len();
+        if free == 0
+            && self
+                .ring
+                .borrow()
+                .submitter()
+                .register_files_update(0, &[])
+                .is_err()
+        {
+            return 0;
+        }
+        FILE_SLOTS as usize - free
+    }
+
+    /// Empties a slot (the table drops its reference to the file).
+    pub fn unregister_file(&self, slot: u32) {
+        let done = self
+            .ring
+            .borrow()
+            .submitter()
+            .register_files_update(slot, &[-1]);
+        if done.is_ok() {
+            self.free_file_slots.borrow_mut().push(slot);
+        }
     }
 
     pub fn stats(&self) -> RingStats {
@@ -303,20 +376,22 @@ impl DataRing {
     /// Reads `len_bytes` at `offset` of `fd` into a registered buffer.
     pub async fn read_fixed(
         &self,
-        fd: RawFd,
+        file: impl Into<FileRef>,
         mut buf: PoolBuf,
         offset: u64,
         len_bytes: usize,
     ) -> (io::Result<usize>, PoolBuf) {
         assert!(len_bytes <= buf.capacity());
-        let entry = opcode::ReadFixed::new(
-            types::Fd(fd),
-            buf.as_mut_ptr(),
-            len_bytes as u32,
-            buf.index(),
-        )
-        .offset(offset)
-        .build();
+        let (ptr, index) = (buf.as_mut_ptr(), buf.index());
+        let len = len_bytes as u32;
+        let entry = match file.into() {
+            FileRef::Raw(fd) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index)
+                .offset(offset)
+                .build(),
+            FileRef::Fixed(slot) => opcode::ReadFixed::new(types::Fixed(slot), ptr, len, index)
+                .offset(offset)
+                .build(),
+        };
         let slot = self.new_slot(Some(buf), None);
         self.stats.borrow_mut().reads_fixed += 1;
         let (result, buf, _) = self.queue(entry, slot).await;
@@ -335,14 +410,20 @@ impl DataRing {
     /// Writes `buf[..len]` at `offset` of `fd` from a registered buffer.
     pub async fn write_fixed(
         &self,
-        fd: RawFd,
+        file: impl Into<FileRef>,
         buf: PoolBuf,
         offset: u64,
     ) -> (io::Result<usize>, PoolBuf) {
-        let len = buf.len();
-        let entry = opcode::WriteFixed::new(types::Fd(fd), buf.as_ptr(), len as u32, buf.index())
-            .offset(offset)
-            .build();
+        let len = buf.len() as u32;
+        let (ptr, index) = (buf.as_ptr(), buf.index());
+        let entry = match file.into() {
+            FileRef::Raw(fd) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index)
+                .offset(offset)
+                .build(),
+            FileRef::Fixed(slot) => opcode::WriteFixed::new(types::Fixed(slot), ptr, len, index)
+                .offset(offset)
+                .build(),
+        };
         let slot = self.new_slot(Some(buf), None);
         self.stats.borrow_mut().writes_fixed += 1;
         let (result, buf, _) = self.queue(entry, slot).await;

@@ -628,6 +628,11 @@ impl Shard {
                 ("percore_ring_submit_calls_total", "io_uring_enter calls for submission.", r.submit_calls),
                 ("percore_ring_sqes_submitted_total", "SQEs submitted.", r.submitted),
             ]);
+            out.gauges.push((
+                "percore_ring_files_registered",
+                "Segment files in the ring's registered-file table.",
+                ring.files_registered() as u64,
+            ));
             if let Some(pool) = ring.pool() {
                 out.gauges.push((
                     "percore_ring_buffers_in_use",

@@ -37,8 +37,26 @@ pub enum FaultPoint {
 pub type FaultHook = Rc<RefCell<dyn FnMut(FaultPoint) -> Option<io::Error>>>;
 
 pub enum SegFile {
-    Direct(DmaFile),
+    /// An O_DIRECT file, and its slot in the shard ring's registered-file
+    /// table once it has been used there.
+    Direct(DmaFile, FixedSlot),
     Buffered(BufferedFile),
+}
+
+/// A registered-file slot; freed when the segment file is dropped, so a
+/// slot never outlives its file (a later file could reuse the descriptor
+/// number, never the slot).
+#[derive(Default)]
+pub struct FixedSlot(std::cell::RefCell<Option<(std::rc::Weak<crate::ring::DataRing>, u32)>>);
+
+impl Drop for FixedSlot {
+    fn drop(&mut self) {
+        if let Some((ring, slot)) = self.0.borrow_mut().take() {
+            if let Some(ring) = ring.upgrade() {
+                ring.unregister_file(slot);
+            }
+        }
+    }
 }
 
 /// A buffer suited to the file's write path.
@@ -77,9 +95,30 @@ fn glommio_err<T>(e: glommio::GlommioError<T>) -> io::Error {
 impl SegFile {
     /// The file descriptor of an O_DIRECT segment, for reads on the
     /// shard's own data ring; None for buffered files.
+    /// How the data ring should name this file: its registered slot
+    /// (registered on first use), else its descriptor.
+    pub fn ring_target(&self, ring: &crate::ring::DataRing) -> Option<crate::ring::FileRef> {
+        let SegFile::Direct(f, slot) = self else {
+            return None;
+        };
+        if let Some((r, s)) = &*slot.0.borrow() {
+            if std::rc::Weak::ptr_eq(r, &ring.weak()) {
+                return Some(crate::ring::FileRef::Fixed(*s));
+            }
+        }
+        let fd = std::os::fd::AsRawFd::as_raw_fd(f);
+        if slot.0.borrow().is_none() {
+            if let Some(s) = ring.register_file(fd) {
+                *slot.0.borrow_mut() = Some((ring.weak(), s));
+                return Some(crate::ring::FileRef::Fixed(s));
+            }
+        }
+        Some(crate::ring::FileRef::Raw(fd))
+    }
+
     pub fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
         match self {
-            SegFile::Direct(f) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
+            SegFile::Direct(f, _) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
             SegFile::Buffered(_) => None,
         }
     }
@@ -100,6 +139,7 @@ impl SegFile {
         if direct {
             Ok(SegFile::Direct(
                 opts.dma_open(path).await.map_err(glommio_err)?,
+                FixedSlot::default(),
             ))
         } else {
             Ok(SegFile::Buffered(
@@ -111,7 +151,7 @@ impl SegFile {
     pub fn alloc_write_buf(&self, len_bytes: usize) -> WriteBuf {
         debug_assert_eq!(len_bytes as u64 % WRITE_ALIGN_BYTES, 0);
         match self {
-            SegFile::Direct(f) => {
+            SegFile::Direct(f, _) => {
                 let mut b = f.alloc_dma_buffer(len_bytes);
                 b.as_bytes_mut().fill(0);
                 WriteBuf::Dma(b)
@@ -124,7 +164,7 @@ impl SegFile {
     pub async fn write_at(&self, buf: WriteBuf, offset: u64) -> io::Result<()> {
         debug_assert_eq!(offset % WRITE_ALIGN_BYTES, 0);
         let (written, expected) = match (self, buf) {
-            (SegFile::Direct(f), WriteBuf::Dma(b)) => {
+            (SegFile::Direct(f, _), WriteBuf::Dma(b)) => {
                 let expected = b.len();
                 (f.write_at(b, offset).await.map_err(glommio_err)?, expected)
             }
@@ -146,28 +186,28 @@ impl SegFile {
     /// Reads `len_bytes` at any offset; fewer bytes come back at end of file.
     pub async fn read_at(&self, offset: u64, len_bytes: usize) -> io::Result<ReadResult> {
         match self {
-            SegFile::Direct(f) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
+            SegFile::Direct(f, _) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
             SegFile::Buffered(f) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
         }
     }
 
     pub async fn sync(&self) -> io::Result<()> {
         match self {
-            SegFile::Direct(f) => f.fdatasync().await.map_err(glommio_err),
+            SegFile::Direct(f, _) => f.fdatasync().await.map_err(glommio_err),
             SegFile::Buffered(f) => f.fdatasync().await.map_err(glommio_err),
         }
     }
 
     pub async fn truncate(&self, len_bytes: u64) -> io::Result<()> {
         match self {
-            SegFile::Direct(f) => f.truncate(len_bytes).await.map_err(glommio_err),
+            SegFile::Direct(f, _) => f.truncate(len_bytes).await.map_err(glommio_err),
             SegFile::Buffered(f) => f.truncate(len_bytes).await.map_err(glommio_err),
         }
     }
 
     pub async fn size_bytes(&self) -> io::Result<u64> {
         match self {
-            SegFile::Direct(f) => f.file_size().await.map_err(glommio_err),
+            SegFile::Direct(f, _) => f.file_size().await.map_err(glommio_err),
             SegFile::Buffered(f) => f.file_size().await.map_err(glommio_err),
         }
     }

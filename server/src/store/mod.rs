@@ -759,7 +759,7 @@ impl Store {
             len_bytes: len,
         })
         .map_err(StoreError::from_io)?;
-        let fd = file.direct_fd();
+        let fd = ring.as_ref().and_then(|r| file.ring_target(r));
         let writes = pieces.into_iter().enumerate().map(|(i, piece)| {
             let (file, ring) = (file.clone(), ring.clone());
             async move {
@@ -1735,7 +1735,7 @@ impl ObjectReader {
         if self.parts[index].cached.is_some() {
             return None;
         }
-        let fd = self.parts[index].file.direct_fd()?;
+        let target = self.parts[index].file.ring_target(ring)?;
         if self.parts[index].block_crcs.is_none() {
             // Loads the extent's header (block CRCs) the ordinary way.
             if let Err(e) = self.read(offset, 1).await {
@@ -1769,7 +1769,7 @@ impl ObjectReader {
         };
         let buf = pool.acquire().await;
         let started = std::time::Instant::now();
-        let (result, buf) = ring.read_fixed(fd, buf, aligned, want as usize).await;
+        let (result, buf) = ring.read_fixed(target, buf, aligned, want as usize).await;
         store.inner.device_read.record(started.elapsed());
         let n = match result {
             Ok(n) => n,
