@@ -180,7 +180,7 @@ fn memory() -> Vec<Finding> {
         finding(
             Level::Warn,
             "memlock",
-            format!("RLIMIT_MEMLOCK {} KiB: registered buffers (33 MiB per shard) may not fit", memlock >> 10),
+            format!("RLIMIT_MEMLOCK {} KiB: registered buffers (65 MiB per shard) may not fit; the shards fall back to the copy path", memlock >> 10),
             "set LimitMEMLOCK=infinity in the systemd unit, or `ulimit -l unlimited`",
         )
     });
@@ -210,7 +210,7 @@ fn memory() -> Vec<Finding> {
             Level::Info,
             "hugepages",
             "no huge pages reserved: buffer pools use 4 KiB pages",
-            "reserve them: sysctl vm.nr_hugepages=<17 per shard for the 33 MiB pools>",
+            "reserve them: sysctl vm.nr_hugepages=<33 per shard for the 65 MiB pools>",
         )
     });
     out

@@ -211,6 +211,12 @@ impl DataRing {
         }
     }
 
+    /// Completions the kernel dropped because the CQ was full (the ring is
+    /// sized so that this stays 0; nonzero means lost wakeups).
+    pub fn cq_overflow(&self) -> u64 {
+        u64::from(self.ring.borrow_mut().completion().overflow())
+    }
+
     /// Files in the registered-file table now.
     pub fn files_registered(&self) -> usize {
         let free = self.free_file_slots.borrow().len();

@@ -628,6 +628,11 @@ impl Shard {
                 ("percore_ring_submit_calls_total", "io_uring_enter calls for submission.", r.submit_calls),
                 ("percore_ring_sqes_submitted_total", "SQEs submitted.", r.submitted),
             ]);
+            out.counters.push((
+                "percore_ring_cq_overflow_total",
+                "Completions the kernel could not post because the completion queue was full.",
+                ring.cq_overflow(),
+            ));
             out.gauges.push((
                 "percore_ring_files_registered",
                 "Segment files in the ring's registered-file table.",
