@@ -259,3 +259,40 @@ fn store_writes_with_write_fixed_and_reads_with_read_fixed() {
         }
     });
 }
+
+#[test]
+fn writes_do_not_wait_for_registered_buffers_held_by_reads() {
+    use bytes::Bytes;
+    use percore_server::store::record::ObjectMeta;
+    use percore_server::store::{Store, StoreConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = StoreConfig::new(0, path.clone());
+        cfg.compaction_interval_ms = 0;
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        let pool = BufferPool::new((1 << 20) + 4096, 3).unwrap();
+        let ring = DataRing::new(RingConfig::default(), Some(pool)).unwrap();
+        store.attach_ring(ring.clone());
+        // Slow readers hold every registered buffer but one.
+        let held: Vec<_> = (0..2)
+            .map(|_| ring.pool().unwrap().try_acquire().unwrap())
+            .collect();
+        let body = Bytes::from(vec![7u8; (3 << 20) + 5]);
+        let put = store.put("b", "k", ObjectMeta::default(), body.clone());
+        let done = futures::future::select(
+            Box::pin(put),
+            Box::pin(glommio::timer::sleep(Duration::from_secs(20))),
+        )
+        .await;
+        match done {
+            futures::future::Either::Left((r, _)) => {
+                r.unwrap();
+            }
+            futures::future::Either::Right(_) => panic!("a PUT waited on buffers held by reads"),
+        }
+        drop(held);
+        assert!(common::read_all(&store, "b", "k").await.unwrap() == body[..]);
+        assert_eq!(ring.pool().unwrap().free_count(), 3);
+    });
+}

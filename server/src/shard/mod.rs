@@ -646,7 +646,7 @@ impl Shard {
                 ));
                 out.counters.push((
                     "percore_ring_buffer_waits_total",
-                    "Times a request waited for a free registered buffer (pool exhausted).",
+                    "Times the pool had no free buffer (a GET waited for one, or a batch write used an unregistered buffer).",
                     pool.exhausted_total(),
                 ));
             }

@@ -740,11 +740,13 @@ impl Store {
         });
         let mut pieces: Vec<file::WriteBuf> = Vec::with_capacity(count as usize);
         for i in 0..count {
-            pieces.push(match &ring {
-                Some(r) => {
-                    let buf = r.pool().expect("checked").acquire().await;
-                    file::WriteBuf::pool(buf, piece_len(i))
-                }
+            // Never wait for a registered buffer here: GETs to slow clients
+            // may hold them all, and durable writes must not wait on reads.
+            let registered = ring
+                .as_ref()
+                .and_then(|r| r.pool().expect("checked").try_acquire());
+            pieces.push(match registered {
+                Some(buf) => file::WriteBuf::pool(buf, piece_len(i)),
                 None => file.alloc_write_buf(piece_len(i)),
             });
         }
