@@ -281,3 +281,24 @@ def test_multipart_survives_restart(server_factory, shards):
     srv.restart()
     s3 = srv.client()
     assert s3.list_multipart_uploads(Bucket="mp-restart").get("Uploads", []) == []
+
+
+def test_list_uploads_with_delimiter_never_hides_uploads(s3, bucket):
+    """A shard that fills its page must not let a folded prefix hide what
+    sorts after it (a page ends at the least key a full shard reached)."""
+    for i in range(5):
+        s3.create_multipart_upload(Bucket=bucket, Key=f"logs/{i}")
+    z = s3.create_multipart_upload(Bucket=bucket, Key="z.bin")["UploadId"]
+    seen_uploads, seen_prefixes, km, im = [], [], None, None
+    for _ in range(20):
+        args = dict(Bucket=bucket, Delimiter="/", MaxUploads=2)
+        if km is not None:
+            args.update(KeyMarker=km, UploadIdMarker=im or "")
+        page = s3.list_multipart_uploads(**args)
+        seen_uploads += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+        seen_prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+        if not page["IsTruncated"]:
+            break
+        km, im = page["NextKeyMarker"], page.get("NextUploadIdMarker")
+    assert seen_uploads == [("z.bin", z)]
+    assert seen_prefixes == ["logs/"]

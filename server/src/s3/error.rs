@@ -70,6 +70,11 @@ impl From<ShardError> for S3Error {
                 "PreconditionFailed",
                 "At least one of the pre-conditions you specified did not hold",
             ),
+            ShardError::ConditionalConflict => S3Error::new(
+                409,
+                "ConditionalRequestConflict",
+                "A conflicting operation occurred on this key. Retry the request.",
+            ),
             ShardError::Upload(e) => {
                 let message = e.to_string();
                 match e {

@@ -192,7 +192,7 @@ impl S3Front {
             m.requests_in_flight.set(m.requests_in_flight.get() + 1);
             let started = Instant::now();
             let (read0, written0) = (conn.body_bytes_read, conn.body_bytes_written);
-            let op = operation_name(&head);
+            let op = operation_name(&head, self.virtual_host_bucket(&head).is_some());
             let method = head.method.clone();
             let target = match (self.cfg.access_log, head.query.is_empty()) {
                 (false, _) => None,
@@ -305,6 +305,14 @@ impl S3Front {
             ));
         }
         let query = parse_query(&head.query)?;
+        if query
+            .iter()
+            .any(|(n, v)| n.contains('\0') || v.contains('\0'))
+        {
+            return Err(S3Error::invalid_argument(
+                "Query parameters may not contain NUL characters",
+            ));
+        }
         Ok(Request {
             head,
             bucket,
@@ -1172,8 +1180,10 @@ impl S3Front {
             let (result, back) = match futures::future::select(send, timer).await {
                 futures::future::Either::Left((r, _)) => r,
                 futures::future::Either::Right(_) => {
-                    // The send stays with the kernel (and keeps its buffer)
-                    // until the socket closes, which the error causes.
+                    // The send (and its buffer) stays with the kernel until
+                    // it completes; shutting the socket down completes it
+                    // now, even if the client keeps the connection open.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
                     return Err(S3Error::new(
                         408,
                         "RequestTimeout",
@@ -1321,8 +1331,16 @@ const SUBRESOURCES: [&str; 24] = [
 /// The S3 API operation a request head names, for metrics and logs. Bucket
 /// vs object is told by the path (virtual-hosted requests count as the
 /// bucket form when their path is `/`).
-fn operation_name(head: &RequestHead) -> &'static str {
+fn operation_name(head: &RequestHead, virtual_host: bool) -> &'static str {
     let path = head.path.trim_start_matches('/');
+    let (path, object) = if virtual_host {
+        ("bucket", !path.is_empty())
+    } else {
+        (
+            path,
+            path.split_once('/').is_some_and(|(_, k)| !k.is_empty()),
+        )
+    };
     let has = |name: &str| {
         head.query
             .split('&')
@@ -1336,7 +1354,6 @@ fn operation_name(head: &RequestHead) -> &'static str {
             "Other"
         };
     }
-    let object = path.split_once('/').is_some_and(|(_, k)| !k.is_empty());
     if !object {
         return match method {
             "PUT" => "CreateBucket",

@@ -744,6 +744,7 @@ pub fn store_error(e: StoreError) -> ShardError {
         StoreError::Busy => ShardError::Busy,
         StoreError::Upload(e) => ShardError::Upload(e),
         StoreError::PreconditionFailed => ShardError::PreconditionFailed,
+        StoreError::ConditionalConflict => ShardError::ConditionalConflict,
         other => ShardError::Internal(other.to_string()),
     }
 }

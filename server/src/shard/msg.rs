@@ -152,6 +152,7 @@ pub enum ShardError {
     ShuttingDown,
     Upload(UploadError),
     PreconditionFailed,
+    ConditionalConflict,
 }
 
 pub enum Msg {

@@ -209,7 +209,17 @@ impl Store {
             }
         }
 
-        if keep_victim {
+        // A multipart completion may have started listing this segment's
+        // extents while the copies were made (it pins the segment first), or
+        // a new owner of an extent may have appeared: keep the victim then.
+        let contended = !keep_victim
+            && (self.is_pinned(segment_id)
+                || self
+                    .extent_owners(segment_id)
+                    .values()
+                    .flatten()
+                    .any(|owner| !moved_extents.contains_key(owner)));
+        if keep_victim || contended {
             // Nothing installed: every durable keyed copy is one more older
             // record of its key.
             let mut index = self.inner.index.borrow_mut();
@@ -221,6 +231,11 @@ impl Store {
                 if let Some(e) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) {
                     e.older_on_disk += 1;
                 }
+            }
+            if contended {
+                return Err(StoreError::Invalid(format!(
+                    "segment {segment_id} gained a new reference during compaction; kept for a later round"
+                )));
             }
             return Err(StoreError::Corrupt {
                 segment_id,

@@ -58,6 +58,8 @@ pub enum StoreError {
     Upload(#[from] mpu::UploadError),
     #[error("a precondition of the write did not hold")]
     PreconditionFailed,
+    #[error("another write of this key is in progress")]
+    ConditionalConflict,
 }
 
 /// A conditional PUT (If-None-Match: * or If-Match), decided atomically on
@@ -259,6 +261,14 @@ struct Inner {
     flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     /// Completion of the last batch started (true: durable).
     previous_flush: RefCell<Option<oneshot::Receiver<bool>>>,
+    /// Keys with a new version between taking its seq and installing it.
+    /// A conditional write may only start when its key has none: then no
+    /// refused conditional record can carry a higher seq than the version
+    /// that won (recovery picks the highest seq).
+    keys_writing: RefCell<std::collections::HashMap<(String, String), u32>>,
+    /// Multipart uploads being completed or aborted: no part may be
+    /// installed for them any more (bucket, upload index key).
+    uploads_ending: RefCell<std::collections::HashSet<(String, String)>>,
     /// Batch write + fdatasync, and request-path segment reads.
     device_write: crate::metrics::Histogram,
     device_read: crate::metrics::Histogram,
@@ -364,6 +374,8 @@ impl Store {
             flushes_in_flight: Cell::new(0),
             flush_waiters: RefCell::new(Vec::new()),
             previous_flush: RefCell::new(None),
+            keys_writing: RefCell::new(std::collections::HashMap::new()),
+            uploads_ending: RefCell::new(std::collections::HashSet::new()),
             device_write: Default::default(),
             device_read: Default::default(),
             ring: RefCell::new(None),
@@ -371,13 +383,19 @@ impl Store {
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
         store.spawn_tasks();
-        let swept = store.sweep_orphan_parts().await?;
-        if swept > 0 {
-            tracing::info!(
+        match store.sweep_orphan_parts().await {
+            Ok(0) => {}
+            Ok(swept) => tracing::info!(
                 shard = store.inner.cfg.shard_id,
                 swept,
                 "dropped multipart parts whose upload had ended"
-            );
+            ),
+            // A full disk must not keep the server from starting (to delete
+            // data); the sweep runs again at the next start.
+            Err(e) => tracing::warn!(
+                shard = store.inner.cfg.shard_id,
+                "could not drop multipart parts whose upload had ended: {e}"
+            ),
         }
         Ok((store, report))
     }
@@ -992,6 +1010,28 @@ impl Store {
         }
     }
 
+    /// Marks `key` as being written until the guard drops.
+    fn start_writing(&self, bucket: &str, key: &str) -> WritingKey {
+        let k = (bucket.to_string(), key.to_string());
+        *self
+            .inner
+            .keys_writing
+            .borrow_mut()
+            .entry(k.clone())
+            .or_default() += 1;
+        WritingKey {
+            store: self.clone(),
+            key: k,
+        }
+    }
+
+    fn is_writing(&self, bucket: &str, key: &str) -> bool {
+        self.inner
+            .keys_writing
+            .borrow()
+            .contains_key(&(bucket.to_string(), key.to_string()))
+    }
+
     /// A durable record of `key` that will never be installed: one more
     /// older record on disk, so that its tombstone is kept long enough.
     fn count_stale(&self, bucket: &str, key: &str) {
@@ -1180,6 +1220,7 @@ impl Store {
     }
 
     async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
+        let _writing = self.start_writing(bucket, key);
         let seq = self.take_seq();
         let body = match kind {
             Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
@@ -1397,6 +1438,24 @@ fn prefix_successor(prefix: &str) -> String {
     s
 }
 
+/// See `Inner::keys_writing`.
+struct WritingKey {
+    store: Store,
+    key: (String, String),
+}
+
+impl Drop for WritingKey {
+    fn drop(&mut self) {
+        let mut writing = self.store.inner.keys_writing.borrow_mut();
+        if let Some(n) = writing.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                writing.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// A streamed PUT in progress.
 pub struct PutWriter {
     store: Store,
@@ -1533,9 +1592,13 @@ impl PutWriter {
             self.meta.mtime_ms = now_ms();
         }
         let seen = match &self.condition {
+            Some(_) if store.is_writing(&self.bucket, &self.key) => {
+                return Err(StoreError::ConditionalConflict);
+            }
             Some(c) => Some(store.check_put_condition(&self.bucket, &self.key, c)?),
             None => None,
         };
+        let _writing = store.start_writing(&self.bucket, &self.key);
         let seq = store.take_seq();
         let info = ObjectInfo {
             size_bytes,
@@ -1597,7 +1660,9 @@ impl PutWriter {
         // A part whose upload was aborted or completed meanwhile stays
         // invisible (start-up sweeps such records, see `mpu`).
         if let Some(upload) = &self.part_of {
-            if store.head(&self.bucket, upload).is_none() {
+            if store.head(&self.bucket, upload).is_none()
+                || store.upload_ending(&self.bucket, upload)
+            {
                 store.count_stale(&self.bucket, &self.key);
                 return Err(mpu::UploadError::NoSuchUpload.into());
             }
@@ -1769,7 +1834,9 @@ impl ObjectReader {
             segment_id: part.segment_id,
             offset: part.record_offset,
         };
-        let buf = pool.acquire().await;
+        // No waiting for a buffer: with the pool out (slow clients hold
+        // buffers until their sends finish), the caller uses the copy path.
+        let buf = pool.try_acquire()?;
         let started = std::time::Instant::now();
         let (result, buf) = ring.read_fixed(target, buf, aligned, want as usize).await;
         store.inner.device_read.record(started.elapsed());

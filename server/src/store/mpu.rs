@@ -110,7 +110,18 @@ impl Store {
     }
 
     fn upload_live(&self, bucket: &str, key: &str, upload_id: &str) -> bool {
-        valid_upload_id(upload_id) && self.head(bucket, &upload_key(key, upload_id)).is_some()
+        if !valid_upload_id(upload_id) {
+            return false;
+        }
+        let upload = upload_key(key, upload_id);
+        self.head(bucket, &upload).is_some() && !self.upload_ending(bucket, &upload)
+    }
+
+    pub(super) fn upload_ending(&self, bucket: &str, upload: &str) -> bool {
+        self.inner
+            .uploads_ending
+            .borrow()
+            .contains(&(bucket.to_string(), upload.to_string()))
     }
 
     /// Starts a streamed part; `finish` installs it only if the upload is
@@ -261,6 +272,7 @@ impl Store {
         meta.etag = format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len());
         meta.size_bytes = size_bytes;
         meta.mtime_ms = now_ms();
+        let _writing = self.start_writing(bucket, key);
         let seq = self.take_seq();
         let header = Header {
             seq,
@@ -288,11 +300,20 @@ impl Store {
                 .iter()
                 .any(|e| !segments.contains_key(&e.segment_id))
         };
-        for &s in &pinned {
-            self.unpin(s);
-        }
-        let loc = written?;
+        let unpin = |store: &Store| {
+            for &s in &pinned {
+                store.unpin(s);
+            }
+        };
+        let loc = match written {
+            Ok(loc) => loc,
+            Err(e) => {
+                unpin(self);
+                return Err(e);
+            }
+        };
         if vanished {
+            unpin(self);
             // Compaction moved a part away before the pin took hold; the
             // record stays unused on disk (recovery drops it too).
             self.count_stale(bucket, key);
@@ -316,6 +337,9 @@ impl Store {
                 older_on_disk: 0,
             },
         );
+        // Installed: compaction now sees the object as an owner of these
+        // extents; only now may the segments be compacted.
+        unpin(self);
         self.end_upload(bucket, key, upload_id, false).await?;
         Ok(info)
     }
@@ -338,15 +362,24 @@ impl Store {
         upload_id: &str,
         upload_first: bool,
     ) -> Result<()> {
+        let upload = upload_key(key, upload_id);
+        // From here no part of this upload is installed (PutWriter::finish
+        // checks), so the parts listed below are all there will be.
+        let ending = (bucket.to_string(), upload.clone());
+        self.inner
+            .uploads_ending
+            .borrow_mut()
+            .insert(ending.clone());
         let prefix = parts_prefix(key, upload_id);
         let mut keys = self.live_keys_with_prefix(bucket, &prefix);
-        let upload = upload_key(key, upload_id);
         if upload_first {
             keys.insert(0, upload);
         } else {
             keys.push(upload);
         }
-        self.write_tombstones(bucket, keys).await
+        let result = self.write_tombstones(bucket, keys).await;
+        self.inner.uploads_ending.borrow_mut().remove(&ending);
+        result
     }
 
     fn live_keys_with_prefix(&self, bucket: &str, prefix: &str) -> Vec<String> {

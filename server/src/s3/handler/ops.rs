@@ -408,13 +408,29 @@ impl S3Front {
             })
             .await;
         let mut uploads: Vec<UploadItem> = Vec::new();
+        // A shard that filled its limit may hold more uploads after its last
+        // one: nothing beyond the least such last upload is certain yet.
+        let mut frontier: Option<(String, String)> = None;
         for r in replies {
             match r {
-                Reply::Uploads(mut v) => uploads.append(&mut v),
+                Reply::Uploads(mut v) => {
+                    if v.len() > max {
+                        let last = v.last().expect("non-empty");
+                        let last = (last.key.clone(), last.upload_id.clone());
+                        if frontier.as_ref().is_none_or(|f| last < *f) {
+                            frontier = Some(last);
+                        }
+                    }
+                    uploads.append(&mut v);
+                }
                 other => return Err(unexpected(other)),
             }
         }
         uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
+        let cut = frontier.is_some();
+        if let Some((fk, fid)) = &frontier {
+            uploads.retain(|u| (&u.key, &u.upload_id) <= (fk, fid));
+        }
         // Collapse keys with the delimiter after the prefix into CommonPrefixes.
         let mut entries: Vec<Result<UploadItem, String>> = Vec::new();
         for u in uploads {
@@ -429,7 +445,7 @@ impl S3Front {
             }
             entries.push(Ok(u));
         }
-        let truncated = entries.len() > max;
+        let truncated = entries.len() > max || cut;
         entries.truncate(max);
         let mut out = String::with_capacity(512 + entries.len() * 300);
         push_open_root(&mut out, "ListMultipartUploadsResult");
