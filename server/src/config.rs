@@ -68,6 +68,7 @@ pub struct FileConfig {
     pub access_log: Option<bool>,
     pub data_ring: Option<bool>,
     pub ring_sqpoll_idle_ms: Option<u32>,
+    pub ring_sqpoll_cpus: Option<String>,
     pub ring_submit_batch: Option<usize>,
     pub ring_send_zc_min_bytes: Option<usize>,
     pub segment_bytes_max: Option<u64>,
@@ -88,6 +89,9 @@ pub struct ServerConfig {
     pub data_ring: bool,
     /// Data ring tuning: SQPOLL (None: off), SQEs per submit, SEND_ZC size.
     pub ring_sqpoll_idle_ms: Option<u32>,
+    /// CPUs for the SQPOLL threads, shard i on the (i mod n)-th; None: the
+    /// kernel chooses.
+    pub ring_sqpoll_cpus: Option<Vec<usize>>,
     pub ring_submit_batch: usize,
     pub ring_send_zc_min_bytes: usize,
     pub segment_bytes_max: u64,
@@ -186,6 +190,11 @@ impl ServerConfig {
         let ring_sqpoll_idle_ms = env_num("PERCORE_RING_SQPOLL_MS")?
             .map(|v| v as u32)
             .or(file.ring_sqpoll_idle_ms);
+        let ring_sqpoll_cpus = env("PERCORE_RING_SQPOLL_CPUS")
+            .or(file.ring_sqpoll_cpus)
+            .map(|t| crate::topology::parse_cpu_list(&t))
+            .transpose()
+            .map_err(|e| format!("ring_sqpoll_cpus: {e}"))?;
         let ring_submit_batch = env_num("PERCORE_RING_BATCH")?
             .map(|v| v as usize)
             .or(file.ring_submit_batch)
@@ -225,6 +234,7 @@ impl ServerConfig {
                 && !env("PERCORE_DATA_RING").is_some_and(|v| v == "0" || v == "false")
                 && file.data_ring.unwrap_or(true),
             ring_sqpoll_idle_ms,
+            ring_sqpoll_cpus,
             ring_submit_batch,
             ring_send_zc_min_bytes,
             segment_bytes_max,
@@ -291,6 +301,24 @@ mod tests {
         let c = ServerConfig::resolve(&args, &no_env).unwrap();
         assert_eq!(c.s3.port(), 9000);
         assert!(!c.access_log);
+    }
+
+    #[test]
+    fn ring_tuning_from_env_and_validation() {
+        let env = |k: &str| match k {
+            "PERCORE_RING_SQPOLL_MS" => Some("500".to_string()),
+            "PERCORE_RING_SQPOLL_CPUS" => Some("4-5,9".to_string()),
+            "PERCORE_RING_BATCH" => Some("16".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert_eq!(c.ring_sqpoll_idle_ms, Some(500));
+        assert_eq!(c.ring_sqpoll_cpus, Some(vec![4, 5, 9]));
+        assert_eq!(c.ring_submit_batch, 16);
+        let bad = |k: &str| (k == "PERCORE_RING_BATCH").then(|| "0".to_string());
+        assert!(ServerConfig::resolve(&ServeArgs::default(), &bad).is_err());
+        let bad = |k: &str| (k == "PERCORE_RING_SQPOLL_CPUS").then(|| "x".to_string());
+        assert!(ServerConfig::resolve(&ServeArgs::default(), &bad).is_err());
     }
 
     #[test]

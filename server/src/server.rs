@@ -301,6 +301,12 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         let ring = crate::ring::BufferPool::new(RING_BUF_BYTES, RING_BUFFERS).and_then(|pool| {
             let cfg = crate::ring::RingConfig {
                 sqpoll_idle_ms: s.cfg.ring_sqpoll_idle_ms,
+                sqpoll_cpu: s
+                    .cfg
+                    .ring_sqpoll_cpus
+                    .as_ref()
+                    .filter(|c| !c.is_empty())
+                    .map(|c| c[id % c.len()] as u32),
                 submit_batch_max: s.cfg.ring_submit_batch,
                 send_zc_min_bytes: s.cfg.ring_send_zc_min_bytes,
                 ..Default::default()

@@ -73,3 +73,30 @@ def test_doctor_reports_each_finding_with_its_fix(tmp_path):
     for i, line in enumerate(lines):
         if line.startswith("[WARN]"):
             assert i + 1 < len(lines) and "fix:" in lines[i + 1], out
+
+
+def test_sqpoll_threads_on_configured_cpus(server_factory):
+    """With SQPOLL on, each shard's poller thread runs on its configured CPU,
+    and GETs through the ring still return the right bytes."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    srv = server_factory(shards=2, env={"PERCORE_RING_SQPOLL_MS": "200",
+                                        "PERCORE_RING_SQPOLL_CPUS": str(cpu)})
+    s3 = srv.client()
+    s3.create_bucket(Bucket="sqpoll")
+    body = os.urandom(3 * 1024 * 1024 + 11)
+    s3.put_object(Bucket="sqpoll", Key="o", Body=body)
+    assert s3.get_object(Bucket="sqpoll", Key="o")["Body"].read() == body
+    pid = srv.proc.pid
+    pollers = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+            status = open(f"/proc/{pid}/task/{tid}/status").read()
+        except OSError:
+            continue
+        if comm.startswith("iou-sqp"):
+            allowed = [l.split(":")[1].strip() for l in status.splitlines()
+                       if l.startswith("Cpus_allowed_list")][0]
+            pollers.append(allowed)
+    assert len(pollers) >= 2, pollers
+    assert all(a == str(cpu) for a in pollers), pollers
