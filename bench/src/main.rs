@@ -445,14 +445,7 @@ fn main() {
             server_pids,
             label,
         } => s3list::get_bench(
-            s3list::Target {
-                addr: endpoint,
-                access_key: std::env::var("PERCORE_ACCESS_KEY")
-                    .unwrap_or_else(|_| "percore".into()),
-                secret_key: std::env::var("PERCORE_SECRET_KEY")
-                    .unwrap_or_else(|_| "percore-secret".into()),
-                region: "us-east-1".into(),
-            },
+            s3list::Target::from_env(endpoint),
             s3list::GetBench {
                 bucket,
                 prefix,
@@ -473,14 +466,7 @@ fn main() {
             no_load,
             runs,
         } => s3list::run(
-            s3list::Target {
-                addr: endpoint,
-                access_key: std::env::var("PERCORE_ACCESS_KEY")
-                    .unwrap_or_else(|_| "percore".into()),
-                secret_key: std::env::var("PERCORE_SECRET_KEY")
-                    .unwrap_or_else(|_| "percore-secret".into()),
-                region: "us-east-1".into(),
-            },
+            s3list::Target::from_env(endpoint),
             &bucket,
             keys,
             concurrency,

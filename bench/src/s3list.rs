@@ -22,6 +22,21 @@ pub struct Target {
     pub region: String,
 }
 
+impl Target {
+    /// Credentials from PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY, else the
+    /// server's built-in defaults.
+    pub fn from_env(addr: SocketAddr) -> Target {
+        let var =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+        Target {
+            addr,
+            access_key: var("PERCORE_ACCESS_KEY", "percore"),
+            secret_key: var("PERCORE_SECRET_KEY", "percore-secret"),
+            region: "us-east-1".into(),
+        }
+    }
+}
+
 fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
     let mut m = HmacSha256::new_from_slice(key).expect("any key length");
     m.update(msg);

@@ -518,7 +518,13 @@ impl S3Front {
         self.respond_xml(conn, req, &body).await
     }
 
-    async fn read_small_body(&self, conn: &mut Conn, req: &Request) -> Result<Vec<u8>, S3Error> {
+    /// Reads a whole request body of at most `max` bytes.
+    async fn read_small_body(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        max: usize,
+    ) -> Result<Vec<u8>, S3Error> {
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
@@ -529,7 +535,7 @@ impl S3Front {
             if n == 0 {
                 return Ok(body);
             }
-            if body.len() + n > SMALL_BODY_BYTES_MAX {
+            if body.len() + n > max {
                 return Err(S3Error::new(
                     400,
                     "MaxMessageLengthExceeded",
@@ -548,7 +554,9 @@ impl S3Front {
                 "The specified bucket is not valid.",
             ));
         }
-        let body = self.read_small_body(conn, req).await?;
+        let body = self
+            .read_small_body(conn, req, SMALL_BODY_BYTES_MAX)
+            .await?;
         xml::parse_create_bucket(&body).map_err(|e| S3Error::new(400, "MalformedXML", e))?;
         match self.shard.call(BUCKET_OWNER_SHARD, Op::BucketCreate { name: req.bucket.clone() }).await {
             Reply::Created(true) => {

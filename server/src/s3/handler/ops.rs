@@ -148,25 +148,7 @@ impl S3Front {
                 "aws-chunked encoding is accepted for object and part uploads only",
             ));
         }
-        if req.head.expects_continue() {
-            conn.send_continue().await?;
-        }
-        let mut body = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = conn.read_body(&mut buf).await?;
-            if n == 0 {
-                break;
-            }
-            if body.len() + n > max {
-                return Err(S3Error::new(
-                    400,
-                    "MaxMessageLengthExceeded",
-                    "Your request was too big.",
-                ));
-            }
-            body.extend_from_slice(&buf[..n]);
-        }
+        let body = self.read_small_body(conn, req, max).await?;
         let sha: [u8; 32] = Sha256::digest(&body).into();
         auth.payload.check_body_sha256(&sha)?;
         if let Some(v) = req.head.header_str("content-md5") {
