@@ -918,22 +918,7 @@ impl S3Front {
                 "x-amz-decoded-content-length is required for aws-chunked uploads",
             ));
         }
-        let content_md5 = match req.head.header_str("content-md5") {
-            Some(v) => Some(
-                base64::engine::general_purpose::STANDARD
-                    .decode(v.trim())
-                    .ok()
-                    .filter(|d| d.len() == 16)
-                    .ok_or_else(|| {
-                        S3Error::new(
-                            400,
-                            "InvalidDigest",
-                            "The Content-MD5 you specified is not valid.",
-                        )
-                    })?,
-            ),
-            None => None,
-        };
+        let content_md5 = content_md5(&req.head)?;
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
@@ -1397,6 +1382,25 @@ fn operation_name(head: &RequestHead, virtual_host: bool) -> &'static str {
 
 fn etag_matches(list: &str, etag: &str) -> bool {
     crate::store::etag_list_matches(list, etag)
+}
+
+/// The decoded Content-MD5 header, if sent; InvalidDigest if malformed.
+fn content_md5(head: &RequestHead) -> Result<Option<Vec<u8>>, S3Error> {
+    head.header_str("content-md5")
+        .map(|v| {
+            base64::engine::general_purpose::STANDARD
+                .decode(v.trim())
+                .ok()
+                .filter(|d| d.len() == 16)
+                .ok_or_else(|| {
+                    S3Error::new(
+                        400,
+                        "InvalidDigest",
+                        "The Content-MD5 you specified is not valid.",
+                    )
+                })
+        })
+        .transpose()
 }
 
 /// PutObject's If-None-Match (only `*`) and If-Match.

@@ -1010,6 +1010,16 @@ impl Store {
         }
     }
 
+    /// The first segment among `extents` that no longer exists (compacted
+    /// away before its pin took hold), if any.
+    fn missing_segment(&self, extents: &[ExtentRef]) -> Option<u64> {
+        let segments = self.inner.segments.borrow();
+        extents
+            .iter()
+            .map(|e| e.segment_id)
+            .find(|id| !segments.contains_key(id))
+    }
+
     /// Marks `key` as being written until the guard drops.
     fn start_writing(&self, bucket: &str, key: &str) -> WritingKey {
         let k = (bucket.to_string(), key.to_string());
@@ -1623,29 +1633,13 @@ impl PutWriter {
         // An extent made durable just before its segment was pinned could
         // have been compacted away: then this version must not become visible
         // (recovery drops it too, its extents being gone).
-        let segments = store.inner.segments.borrow();
-        if let Some(e) = self
-            .extents
-            .iter()
-            .find(|e| !segments.contains_key(&e.segment_id))
-        {
-            let missing = e.segment_id;
-            drop(segments);
+        if let Some(missing) = store.missing_segment(&self.extents) {
             // The record is on disk all the same: count it for the key.
-            if let Some(entry) = store
-                .inner
-                .index
-                .borrow_mut()
-                .get_mut(&self.bucket)
-                .and_then(|k| k.get_mut(&self.key))
-            {
-                entry.older_on_disk += 1;
-            }
+            store.count_stale(&self.bucket, &self.key);
             return Err(StoreError::Invalid(format!(
                 "extent segment {missing} vanished during the PUT; retry"
             )));
         }
-        drop(segments);
         // Another write won the race since the condition was checked.
         if let Some(seen) = seen {
             let now = store

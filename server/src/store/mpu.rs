@@ -294,12 +294,7 @@ impl Store {
             self.pin(s);
         }
         let written = self.append_durable(header, Bytes::new()).await;
-        let vanished = {
-            let segments = self.inner.segments.borrow();
-            extents
-                .iter()
-                .any(|e| !segments.contains_key(&e.segment_id))
-        };
+        let vanished = self.missing_segment(&extents).is_some();
         let unpin = |store: &Store| {
             for &s in &pinned {
                 store.unpin(s);

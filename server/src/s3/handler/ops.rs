@@ -8,8 +8,8 @@ use md5::{Digest, Md5};
 use sha2::Sha256;
 
 use super::{
-    check_conditions_with, percent_decode, Conn, Request, S3Front, GET_PIECE_BYTES, PUT_BYTES_MAX,
-    S3_KEY_BYTES_MAX,
+    check_conditions_with, content_md5, percent_decode, Conn, Request, S3Front, GET_PIECE_BYTES,
+    PUT_BYTES_MAX, S3_KEY_BYTES_MAX,
 };
 use crate::http::ResponseHead;
 use crate::s3::error::S3Error;
@@ -151,26 +151,12 @@ impl S3Front {
         let body = self.read_small_body(conn, req, max).await?;
         let sha: [u8; 32] = Sha256::digest(&body).into();
         auth.payload.check_body_sha256(&sha)?;
-        if let Some(v) = req.head.header_str("content-md5") {
-            use base64::Engine as _;
-            let want = base64::engine::general_purpose::STANDARD
-                .decode(v.trim())
-                .ok()
-                .filter(|d| d.len() == 16)
-                .ok_or_else(|| {
-                    S3Error::new(
-                        400,
-                        "InvalidDigest",
-                        "The Content-MD5 you specified is not valid.",
-                    )
-                })?;
-            if want[..] != Md5::digest(&body)[..] {
-                return Err(S3Error::new(
-                    400,
-                    "BadDigest",
-                    "The Content-MD5 you specified did not match what we received.",
-                ));
-            }
+        if content_md5(&req.head)?.is_some_and(|want| want[..] != Md5::digest(&body)[..]) {
+            return Err(S3Error::new(
+                400,
+                "BadDigest",
+                "The Content-MD5 you specified did not match what we received.",
+            ));
         }
         Ok(body)
     }
