@@ -1,1 +1,2 @@
+pub mod native;
 pub mod routing;

@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// S3 endpoint address (default 127.0.0.1:9000).
     #[arg(long, value_name = "ADDR:PORT")]
     pub s3: Option<SocketAddr>,
-    /// Native protocol address (default 127.0.0.1:9100; the protocol itself is not served yet).
+    /// Native protocol address of shard 0 (default 127.0.0.1:9100); shard i listens on port + i (port 0: ephemeral ports, reported in the Hello reply).
     #[arg(long, value_name = "ADDR:PORT")]
     pub native: Option<SocketAddr>,
     /// Admin (health) address (default 127.0.0.1:9300).

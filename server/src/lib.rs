@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod http;
 pub mod metadata;
 pub mod metrics;
+pub mod native;
 pub mod ring;
 pub mod s3;
 pub mod server;

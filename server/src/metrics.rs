@@ -102,12 +102,34 @@ pub struct ShardMetrics {
     pub connections_open: Cell<u64>,
     pub connections_accepted: Cell<u64>,
     pub requests_in_flight: Cell<u64>,
+    /// Native protocol: (message kind, status) -> count, and latency.
+    native_requests: RefCell<BTreeMap<(&'static str, u16), u64>>,
+    native_latency: RefCell<BTreeMap<&'static str, Histogram>>,
+    pub native_connections_open: Cell<u64>,
+    pub native_connections_accepted: Cell<u64>,
+    pub native_bad_frames: Cell<u64>,
+    pub native_auth_failures: Cell<u64>,
+    pub native_bytes_in: Cell<u64>,
+    pub native_bytes_out: Cell<u64>,
 }
 
 impl ShardMetrics {
     pub fn record_request(&self, op: &'static str, status: u16, d: Duration) {
         *self.requests.borrow_mut().entry((op, status)).or_default() += 1;
         self.request_latency
+            .borrow_mut()
+            .entry(op)
+            .or_default()
+            .record(d);
+    }
+
+    pub fn record_native(&self, op: &'static str, status: u16, d: Duration) {
+        *self
+            .native_requests
+            .borrow_mut()
+            .entry((op, status))
+            .or_default() += 1;
+        self.native_latency
             .borrow_mut()
             .entry(op)
             .or_default()
@@ -129,6 +151,8 @@ pub struct ShardSnapshot {
     pub shard: usize,
     pub requests: Vec<(&'static str, u16, u64)>,
     pub request_latency: Vec<(&'static str, HistogramSnapshot)>,
+    pub native_requests: Vec<(&'static str, u16, u64)>,
+    pub native_latency: Vec<(&'static str, HistogramSnapshot)>,
     pub stages: Vec<(&'static str, HistogramSnapshot)>,
     pub counters: Vec<(&'static str, &'static str, u64)>,
     pub gauges: Vec<(&'static str, &'static str, u64)>,
@@ -150,6 +174,47 @@ impl ShardMetrics {
             .iter()
             .map(|(&op, h)| (op, h.snapshot()))
             .collect();
+        out.native_requests = self
+            .native_requests
+            .borrow()
+            .iter()
+            .map(|(&(op, status), &n)| (op, status, n))
+            .collect();
+        out.native_latency = self
+            .native_latency
+            .borrow()
+            .iter()
+            .map(|(&op, h)| (op, h.snapshot()))
+            .collect();
+        for (name, help, v) in [
+            (
+                "percore_native_bytes_in_total",
+                "Object bytes received by the native endpoint (PUT payloads).",
+                &self.native_bytes_in,
+            ),
+            (
+                "percore_native_bytes_out_total",
+                "Object bytes sent by the native endpoint (Chunk payloads).",
+                &self.native_bytes_out,
+            ),
+            (
+                "percore_native_connections_accepted_total",
+                "Native connections accepted by this shard's listener.",
+                &self.native_connections_accepted,
+            ),
+            (
+                "percore_native_bad_frames_total",
+                "Native frames refused (bad header, unknown kind, failed verification).",
+                &self.native_bad_frames,
+            ),
+            (
+                "percore_native_auth_failures_total",
+                "Native Hello messages with a wrong key or MAC.",
+                &self.native_auth_failures,
+            ),
+        ] {
+            out.counters.push((name, help, v.get()));
+        }
         out.stages = Stage::ALL
             .iter()
             .map(|&s| (s.name(), self.stage(s).snapshot()))
@@ -219,6 +284,23 @@ pub fn render(shards: &[ShardSnapshot]) -> String {
         for (op, h) in &s.request_latency {
             let labels = format!("shard=\"{}\",op=\"{op}\"", s.shard);
             render_histogram(&mut out, "percore_s3_request_seconds", &labels, h);
+        }
+    }
+    out.push_str("# HELP percore_native_requests_total Native protocol requests by message kind and status (0 = Ok; see docs/native.md).\n# TYPE percore_native_requests_total counter\n");
+    for s in shards {
+        for (op, status, n) in &s.native_requests {
+            let _ = writeln!(
+                out,
+                "percore_native_requests_total{{shard=\"{}\",op=\"{op}\",status=\"{status}\"}} {n}",
+                s.shard
+            );
+        }
+    }
+    out.push_str("# HELP percore_native_request_seconds Native request latency, frame read to final reply queued, by message kind.\n# TYPE percore_native_request_seconds histogram\n");
+    for s in shards {
+        for (op, h) in &s.native_latency {
+            let labels = format!("shard=\"{}\",op=\"{op}\"", s.shard);
+            render_histogram(&mut out, "percore_native_request_seconds", &labels, h);
         }
     }
     out.push_str("# HELP percore_stage_seconds Latency per stage: queue (forwarded op waiting on its owner), cross_shard_hop (forwarded call round trip), device_write (group-commit batch incl. fdatasync), device_read (segment read incl. CRC), send (GET body to socket).\n# TYPE percore_stage_seconds histogram\n");

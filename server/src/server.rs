@@ -67,6 +67,9 @@ struct ShardSetup {
     stop_fd: RawFd,
     /// This shard's socket of the S3 listener group.
     s3_fd: RawFd,
+    /// This shard's native-protocol listener.
+    native_fd: RawFd,
+    native_ports: Vec<u16>,
 }
 
 pub fn serve(cfg: ServerConfig) -> Result<(), String> {
@@ -135,6 +138,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
             "spread by the kernel's hash (shards unpinned or a single shard)"
         }
     );
+    let (native_fds, native_ports) = bind_native(cfg.native, n)?;
     let (events_tx, events_rx) = mpsc::channel();
     let drain: Vec<Eventfd> = (0..n)
         .map(|_| Eventfd::new())
@@ -160,6 +164,8 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
             drain_fd: drain[id].0,
             stop_fd: stop[id].0,
             s3_fd: s3_fds[id],
+            native_fd: native_fds[id],
+            native_ports: native_ports.clone(),
         };
         let builder = LocalExecutorBuilder::new(match placement.cpu {
             Some(cpu) => Placement::Fixed(cpu),
@@ -214,6 +220,13 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
             cfg.access_key
         );
     }
+    println!(
+        "native endpoint: {}:{} (shard i on port {} + i: {:?})",
+        cfg.native.ip(),
+        native_ports[0],
+        native_ports[0],
+        native_ports
+    );
     println!("admin: http://{}/health/ready", cfg.admin);
     println!("percore: ready");
     use std::io::Write;
@@ -360,6 +373,44 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
             }
         }
     });
+    let native = crate::native::NativeFront::new(
+        shard.clone(),
+        Rc::new(crate::native::NativeConfig {
+            credentials: front.cfg.credentials.clone(),
+            ports: s.native_ports.clone(),
+        }),
+    );
+    let native_listener =
+        unsafe { <glommio::net::TcpListener as std::os::fd::FromRawFd>::from_raw_fd(s.native_fd) };
+    let accept_native = native.clone();
+    let native_accept = glommio::spawn_local(async move {
+        loop {
+            match native_listener.accept().await {
+                Ok(stream) => {
+                    let m = &accept_native.shard.metrics;
+                    m.native_connections_accepted
+                        .set(m.native_connections_accepted.get() + 1);
+                    if m.native_connections_open.get()
+                        >= crate::native::CONNECTIONS_PER_SHARD_MAX as u64
+                    {
+                        m.connections_refused.set(m.connections_refused.get() + 1);
+                        tracing::warn!(
+                            shard = accept_native.shard.id,
+                            "native connection limit {} reached; closing a new connection",
+                            crate::native::CONNECTIONS_PER_SHARD_MAX
+                        );
+                        drop(stream);
+                        continue;
+                    }
+                    glommio::spawn_local(accept_native.clone().serve_connection(stream)).detach();
+                }
+                Err(e) => {
+                    tracing::warn!(shard = accept_native.shard.id, "native accept failed: {e}");
+                    glommio::timer::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    });
     if let Some(a) = &admin_state {
         *a.shard.borrow_mut() = Some(shard.clone());
         a.phase.set(Phase::Ready);
@@ -371,7 +422,9 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         a.phase.set(Phase::Draining);
     }
     front.draining.set(true);
+    native.draining.set(true);
     drop(accept);
+    drop(native_accept);
     let deadline = Instant::now() + Duration::from_secs(30);
     while front.shard.metrics.requests_in_flight.get() > 0 && Instant::now() < deadline {
         glommio::timer::sleep(Duration::from_millis(5)).await;
@@ -383,6 +436,34 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     drop(admin);
     tracing::info!(shard = id, "stopped");
     Ok(())
+}
+
+/// Binds one native-protocol listener per shard, in the main thread (so a
+/// port in use fails start-up with a clear message): shard i on
+/// `addr.port() + i`, or an ephemeral port each when `addr.port()` is 0.
+fn bind_native(addr: std::net::SocketAddr, n: usize) -> Result<(Vec<RawFd>, Vec<u16>), String> {
+    use std::os::fd::IntoRawFd;
+    let mut fds = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    for i in 0..n {
+        let port = if addr.port() == 0 {
+            0
+        } else {
+            u16::try_from(usize::from(addr.port()) + i).map_err(|_| {
+                format!(
+                    "native port {} + shard {i} is past 65535; choose a lower --native port",
+                    addr.port()
+                )
+            })?
+        };
+        let at = std::net::SocketAddr::new(addr.ip(), port);
+        let l = std::net::TcpListener::bind(at).map_err(|e| {
+            format!("cannot listen on {at} for the native protocol (shard {i}): {e}; choose another --native address (shard i uses port + i)")
+        })?;
+        ports.push(l.local_addr().map_err(|e| e.to_string())?.port());
+        fds.push(l.into_raw_fd());
+    }
+    Ok((fds, ports))
 }
 
 /// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT

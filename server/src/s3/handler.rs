@@ -612,14 +612,6 @@ impl S3Front {
         self.respond_xml(conn, req, &body).await
     }
 
-    /// The first `max` items after `from` across all shards, in key order,
-    /// and whether more follow.
-    ///
-    /// A k-way merge with a cursor per shard: each shard is asked for about
-    /// twice its fair share (`2 * max / shards`, at least 16) and asked again
-    /// only when its buffered items run out before the page is full, so a
-    /// page costs about `2 * max` items of shard work whatever the shard
-    /// count (not `shards * max`).
     async fn list_merged(
         &self,
         bucket: &str,
@@ -628,65 +620,10 @@ impl S3Front {
         delimiter: Option<String>,
         max: usize,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
-        use std::collections::VecDeque;
-        let n = self.shard.count;
-        let batch = (2 * max).div_ceil(n).max(16).min(max + 1);
-        let mut cursors: Vec<String> = vec![from.to_string(); n];
-        let mut buffered: Vec<VecDeque<ListItem>> = vec![VecDeque::new(); n];
-        let mut exhausted = vec![false; n];
-        let mut out: Vec<ListItem> = Vec::with_capacity(max.min(1024));
-        loop {
-            let starved: Vec<usize> = (0..n)
-                .filter(|&i| buffered[i].is_empty() && !exhausted[i])
-                .collect();
-            if !starved.is_empty() {
-                let calls = starved.iter().map(|&i| {
-                    self.shard.call(
-                        i,
-                        Op::List {
-                            bucket: bucket.to_string(),
-                            prefix: prefix.to_string(),
-                            start_after: cursors[i].clone(),
-                            delimiter: delimiter.clone(),
-                            limit: batch,
-                        },
-                    )
-                });
-                let replies = futures::future::join_all(calls).await;
-                for (&i, reply) in starved.iter().zip(replies) {
-                    match reply {
-                        Reply::List(items) => {
-                            exhausted[i] = items.len() < batch;
-                            if let Some(last) = items.last() {
-                                cursors[i] = last.name().to_string();
-                            }
-                            buffered[i].extend(items);
-                        }
-                        Reply::Err(e) => return Err(e.into()),
-                        other => {
-                            return Err(S3Error::internal(format!("unexpected reply {other:?}")))
-                        }
-                    }
-                }
-                continue;
-            }
-            // Every shard has a head item or is exhausted: take the least.
-            let Some(i) = (0..n)
-                .filter(|&i| !buffered[i].is_empty())
-                .min_by(|&a, &b| buffered[a][0].name().cmp(buffered[b][0].name()))
-            else {
-                return Ok((out, false));
-            };
-            let item = buffered[i].pop_front().expect("non-empty");
-            // A common prefix can come from several shards.
-            if out.last().is_some_and(|l| l.name() == item.name()) {
-                continue;
-            }
-            if out.len() == max {
-                return Ok((out, true));
-            }
-            out.push(item);
-        }
+        Ok(self
+            .shard
+            .list_merged(bucket, prefix, from, delimiter, max)
+            .await?)
     }
 
     /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items

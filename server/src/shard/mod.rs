@@ -174,6 +174,83 @@ impl Shard {
         routing::owner_shard(self.seed, self.count, bucket.as_bytes(), key.as_bytes())
     }
 
+    /// The first `max` items after `from` across all shards, in key order,
+    /// and whether more follow.
+    ///
+    /// A k-way merge with a cursor per shard: each shard is asked for about
+    /// twice its fair share (`2 * max / shards`, at least 16) and asked again
+    /// only when its buffered items run out before the page is full, so a
+    /// page costs about `2 * max` items of shard work whatever the shard
+    /// count (not `shards * max`).
+    pub async fn list_merged(
+        self: &Rc<Self>,
+        bucket: &str,
+        prefix: &str,
+        from: &str,
+        delimiter: Option<String>,
+        max: usize,
+    ) -> Result<(Vec<crate::store::ListItem>, bool), ShardError> {
+        use std::collections::VecDeque;
+        let n = self.count;
+        let batch = (2 * max).div_ceil(n).max(16).min(max + 1);
+        let mut cursors: Vec<String> = vec![from.to_string(); n];
+        let mut buffered: Vec<VecDeque<crate::store::ListItem>> = vec![VecDeque::new(); n];
+        let mut exhausted = vec![false; n];
+        let mut out: Vec<crate::store::ListItem> = Vec::with_capacity(max.min(1024));
+        loop {
+            let starved: Vec<usize> = (0..n)
+                .filter(|&i| buffered[i].is_empty() && !exhausted[i])
+                .collect();
+            if !starved.is_empty() {
+                let calls = starved.iter().map(|&i| {
+                    self.call(
+                        i,
+                        Op::List {
+                            bucket: bucket.to_string(),
+                            prefix: prefix.to_string(),
+                            start_after: cursors[i].clone(),
+                            delimiter: delimiter.clone(),
+                            limit: batch,
+                        },
+                    )
+                });
+                let replies = futures::future::join_all(calls).await;
+                for (&i, reply) in starved.iter().zip(replies) {
+                    match reply {
+                        Reply::List(items) => {
+                            exhausted[i] = items.len() < batch;
+                            if let Some(last) = items.last() {
+                                cursors[i] = last.name().to_string();
+                            }
+                            buffered[i].extend(items);
+                        }
+                        Reply::Err(e) => return Err(e),
+                        other => {
+                            return Err(ShardError::Internal(format!("unexpected reply {other:?}")))
+                        }
+                    }
+                }
+                continue;
+            }
+            // Every shard has a head item or is exhausted: take the least.
+            let Some(i) = (0..n)
+                .filter(|&i| !buffered[i].is_empty())
+                .min_by(|&a, &b| buffered[a][0].name().cmp(buffered[b][0].name()))
+            else {
+                return Ok((out, false));
+            };
+            let item = buffered[i].pop_front().expect("non-empty");
+            // A common prefix can come from several shards.
+            if out.last().is_some_and(|l| l.name() == item.name()) {
+                continue;
+            }
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            out.push(item);
+        }
+    }
+
     /// Runs `op` on shard `target`: directly if that is us, else by message.
     pub async fn call(self: &Rc<Self>, target: usize, op: Op) -> Reply {
         if target == self.id {
@@ -716,8 +793,13 @@ impl Shard {
                 self.metrics.connections_open.get(),
             ),
             (
+                "percore_native_connections_open",
+                "Open native-protocol connections accepted by the shard.",
+                self.metrics.native_connections_open.get(),
+            ),
+            (
                 "percore_requests_in_flight",
-                "S3 requests being served by the shard.",
+                "S3 and native requests being served by the shard.",
                 self.metrics.requests_in_flight.get(),
             ),
             (
