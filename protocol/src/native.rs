@@ -327,7 +327,8 @@ pub struct PutRequest {
     pub key: String,
     pub size: u64,
     pub content_type: String,
-    pub crc32c: u32,
+    /// CRC32C of the whole object, when known before sending.
+    pub crc32c: Option<u32>,
 }
 
 /// A request's message header, owned (decoded from a verified flatbuffer).
@@ -344,7 +345,10 @@ pub enum Request {
         items: Vec<BatchItem>,
     },
     Put(PutRequest),
-    PutData,
+    /// `crc32c`: on the last frame when the Put did not carry it.
+    PutData {
+        crc32c: Option<u32>,
+    },
     Delete {
         bucket: String,
         key: String,
@@ -582,10 +586,12 @@ pub fn decode_request(kind: Kind, header: &[u8]) -> Result<Request, DecodeError>
             })
         }
         Kind::PutData => {
-            if !header.is_empty() {
-                return Err(DecodeError("PutData frames carry no header".into()));
+            if header.is_empty() {
+                Request::PutData { crc32c: None }
+            } else {
+                let m = root::<fb::PutData>("PutData", header)?;
+                Request::PutData { crc32c: m.crc32c() }
             }
-            Request::PutData
         }
         Kind::Delete => {
             let m = root::<fb::Delete>("Delete", header)?;
@@ -755,7 +761,7 @@ impl Request {
             Request::Get { .. } => Kind::Get,
             Request::BatchGet { .. } => Kind::BatchGet,
             Request::Put(_) => Kind::Put,
-            Request::PutData => Kind::PutData,
+            Request::PutData { .. } => Kind::PutData,
             Request::Delete { .. } => Kind::Delete,
             Request::Stat { .. } => Kind::Stat,
             Request::List(_) => Kind::List,
@@ -764,7 +770,7 @@ impl Request {
         }
     }
 
-    /// The message header bytes (empty for PutData).
+    /// The message header bytes (empty for a PutData without CRC).
     pub fn encode(&self) -> Vec<u8> {
         let mut b = FlatBufferBuilder::with_capacity(256);
         match self {
@@ -817,7 +823,11 @@ impl Request {
                 let o = fb::Put::create(&mut b, &args);
                 b.finish_minimal(o);
             }
-            Request::PutData => return Vec::new(),
+            Request::PutData { crc32c: None } => return Vec::new(),
+            Request::PutData { crc32c } => {
+                let o = fb::PutData::create(&mut b, &fb::PutDataArgs { crc32c: *crc32c });
+                b.finish_minimal(o);
+            }
             Request::Delete { bucket, key } => {
                 let args = fb::DeleteArgs {
                     bucket: Some(b.create_string(bucket)),

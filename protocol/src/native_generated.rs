@@ -1239,7 +1239,10 @@ pub enum PutOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
 /// The first frame of a streamed PUT (payload: the first bytes); PutData
-/// frames (no header) carry the rest; the last frame has no MORE flag.
+/// frames carry the rest; the last frame has no MORE flag. The CRC32C of the
+/// whole object goes in Put (known up front) or in the last PutData (computed
+/// while streaming), exactly once; it is checked before the object becomes
+/// visible.
 pub struct Put<'a> {
   pub _tab: ::flatbuffers::Table<'a>,
 }
@@ -1270,7 +1273,7 @@ impl<'a> Put<'a> {
   ) -> ::flatbuffers::WIPOffset<Put<'bldr>> {
     let mut builder = PutBuilder::new(_fbb);
     builder.add_size(args.size);
-    builder.add_crc32c(args.crc32c);
+    if let Some(x) = args.crc32c { builder.add_crc32c(x); }
     if let Some(x) = args.content_type { builder.add_content_type(x); }
     if let Some(x) = args.key { builder.add_key(x); }
     if let Some(x) = args.bucket { builder.add_bucket(x); }
@@ -1306,13 +1309,12 @@ impl<'a> Put<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Put::VT_CONTENT_TYPE, None)}
   }
-  /// CRC32C of the whole object; checked before it becomes visible.
   #[inline]
-  pub fn crc32c(&self) -> u32 {
+  pub fn crc32c(&self) -> Option<u32> {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
-    unsafe { self._tab.get::<u32>(Put::VT_CRC32C, Some(0)).unwrap()}
+    unsafe { self._tab.get::<u32>(Put::VT_CRC32C, None)}
   }
 }
 
@@ -1336,7 +1338,7 @@ pub struct PutArgs<'a> {
     pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub size: u64,
     pub content_type: Option<::flatbuffers::WIPOffset<&'a str>>,
-    pub crc32c: u32,
+    pub crc32c: Option<u32>,
 }
 impl<'a> Default for PutArgs<'a> {
   #[inline]
@@ -1346,7 +1348,7 @@ impl<'a> Default for PutArgs<'a> {
       key: None,
       size: 0,
       content_type: None,
-      crc32c: 0,
+      crc32c: None,
     }
   }
 }
@@ -1374,7 +1376,7 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PutBuilder<'a, 'b, A> {
   }
   #[inline]
   pub fn add_crc32c(&mut self, crc32c: u32) {
-    self.fbb_.push_slot::<u32>(Put::VT_CRC32C, crc32c, 0);
+    self.fbb_.push_slot_always::<u32>(Put::VT_CRC32C, crc32c);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PutBuilder<'a, 'b, A> {
@@ -1398,6 +1400,104 @@ impl ::core::fmt::Debug for Put<'_> {
       ds.field("key", &self.key());
       ds.field("size", &self.size());
       ds.field("content_type", &self.content_type());
+      ds.field("crc32c", &self.crc32c());
+      ds.finish()
+  }
+}
+pub enum PutDataOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Continuation of a Put. The header may be empty (0 bytes) on all but the
+/// last frame.
+pub struct PutData<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for PutData<'a> {
+  type Inner = PutData<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> PutData<'a> {
+  pub const VT_CRC32C: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    PutData { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PutDataArgs
+  ) -> ::flatbuffers::WIPOffset<PutData<'bldr>> {
+    let mut builder = PutDataBuilder::new(_fbb);
+    if let Some(x) = args.crc32c { builder.add_crc32c(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn crc32c(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(PutData::VT_CRC32C, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for PutData<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("crc32c", Self::VT_CRC32C, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PutDataArgs {
+    pub crc32c: Option<u32>,
+}
+impl<'a> Default for PutDataArgs {
+  #[inline]
+  fn default() -> Self {
+    PutDataArgs {
+      crc32c: None,
+    }
+  }
+}
+
+pub struct PutDataBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PutDataBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_crc32c(&mut self, crc32c: u32) {
+    self.fbb_.push_slot_always::<u32>(PutData::VT_CRC32C, crc32c);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PutDataBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PutDataBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<PutData<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for PutData<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("PutData");
       ds.field("crc32c", &self.crc32c());
       ds.finish()
   }

@@ -1,5 +1,7 @@
 //! The `percore` binary.
 
+mod cli;
+
 use clap::{Parser, Subcommand};
 use percore_server::config::{ServeArgs, ServerConfig};
 
@@ -32,6 +34,8 @@ enum Command {
         #[arg(long)]
         cpus: Option<String>,
     },
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 fn main() {
@@ -57,6 +61,7 @@ fn main() {
         reload.reload(filter).map_err(|e| e.to_string())
     }));
     let result = match cli.command {
+        Command::Client(cmd) => cli::run(cmd),
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
             .and_then(percore_server::server::serve),
         Command::Doctor { data, shards, cpus } => {

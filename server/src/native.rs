@@ -313,7 +313,7 @@ impl NativeFront {
         let mut authenticated = false;
         let connected = Instant::now();
         // Streamed PUTs in progress: request id -> the upload task's input.
-        let mut puts: HashMap<u64, mpsc::Sender<Bytes>> = HashMap::new();
+        let mut puts: HashMap<u64, mpsc::Sender<(Bytes, Option<u32>)>> = HashMap::new();
         let mut hdr = [0u8; proto::FRAME_HEADER_BYTES];
         loop {
             if self.draining.get() && puts.is_empty() {
@@ -462,7 +462,7 @@ impl NativeFront {
                         break;
                     }
                 }
-                Request::PutData => {
+                Request::PutData { crc32c } => {
                     let Some(up) = puts.get_mut(&fh.request_id) else {
                         let r = Reply::error(
                             Status::InvalidRequest,
@@ -475,7 +475,7 @@ impl NativeFront {
                     };
                     // Waits while the upload is behind (flow control); an
                     // upload that already failed has dropped its receiver.
-                    let _ = up.send(payload).await;
+                    let _ = up.send((payload, crc32c)).await;
                     if !fh.more() {
                         puts.remove(&fh.request_id);
                     }
@@ -495,8 +495,8 @@ impl NativeFront {
                         Ok(p) => p,
                         Err(_) => break,
                     };
-                    let (mut up_tx, up_rx) = mpsc::channel::<Bytes>(PUT_QUEUE);
-                    let _ = up_tx.try_send(payload);
+                    let (mut up_tx, up_rx) = mpsc::channel::<(Bytes, Option<u32>)>(PUT_QUEUE);
+                    let _ = up_tx.try_send((payload, None));
                     if fh.more() {
                         puts.insert(fh.request_id, up_tx);
                     } else {
@@ -639,7 +639,7 @@ impl NativeFront {
                     .collect(),
                 ..Reply::default()
             },
-            Request::Hello(_) | Request::Put(_) | Request::PutData => {
+            Request::Hello(_) | Request::Put(_) | Request::PutData { .. } => {
                 Reply::error(Status::Internal, "not dispatched here")
             }
         }
@@ -780,7 +780,11 @@ impl NativeFront {
         )
     }
 
-    async fn put(&self, p: proto::PutRequest, mut data: mpsc::Receiver<Bytes>) -> Reply {
+    async fn put(
+        &self,
+        p: proto::PutRequest,
+        mut data: mpsc::Receiver<(Bytes, Option<u32>)>,
+    ) -> Reply {
         let mut reply = self.owner_reply(&p.bucket, &p.key);
         if p.size > PUT_BYTES_MAX {
             let (s, m) = (
@@ -822,7 +826,17 @@ impl NativeFront {
         let mut crc = 0u32;
         let mut total = 0u64;
         let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
-        while let Some(bytes) = data.next().await {
+        let mut declared_crc = p.crc32c;
+        while let Some((bytes, crc_sent)) = data.next().await {
+            if let Some(c) = crc_sent {
+                if declared_crc.replace(c).is_some() {
+                    return Reply {
+                        status: Status::InvalidRequest.0,
+                        message: "the CRC32C was sent twice (in Put and in PutData)".into(),
+                        ..reply
+                    };
+                }
+            }
             total += bytes.len() as u64;
             if total > p.size {
                 return Reply {
@@ -866,8 +880,16 @@ impl NativeFront {
                 ..reply
             };
         }
-        if crc != p.crc32c {
-            return Reply { status: Status::ChecksumMismatch.0, message: format!("CRC32C of the received bytes is {crc:#010x}, the request says {:#010x}; nothing was stored", p.crc32c), ..reply };
+        let Some(declared_crc) = declared_crc else {
+            return Reply {
+                status: Status::InvalidRequest.0,
+                message: "a Put must carry the object's CRC32C, in Put or in its last PutData"
+                    .into(),
+                ..reply
+            };
+        };
+        if crc != declared_crc {
+            return Reply { status: Status::ChecksumMismatch.0, message: format!("CRC32C of the received bytes is {crc:#010x}, the request says {declared_crc:#010x}; nothing was stored"), ..reply };
         }
         if !piece.is_empty() {
             if let Err(e) = sink.write(Bytes::from(piece)).await {

@@ -1,0 +1,397 @@
+//! `percore put|get|cat|ls|rm|stat|mb`: the command-line client over the
+//! native protocol (percore-client on a small tokio runtime; the server
+//! itself never starts one).
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use percore_client::{Client, Config, Range};
+
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Native endpoint of any shard (host:port).
+    #[arg(long, env = "PERCORE_ENDPOINT", default_value = "127.0.0.1:9100")]
+    pub endpoint: String,
+    #[arg(
+        long,
+        env = "PERCORE_ACCESS_KEY",
+        default_value = "percore",
+        hide_env_values = true
+    )]
+    pub access_key: String,
+    #[arg(
+        long,
+        env = "PERCORE_SECRET_KEY",
+        default_value = "percore-secret",
+        hide_env_values = true
+    )]
+    pub secret_key: String,
+    /// Per-request deadline in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// No progress bars.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Upload a file (or - for stdin, which needs --size) as bucket/key.
+    Put {
+        #[command(flatten)]
+        conn: ClientArgs,
+        file: String,
+        target: String,
+        #[arg(long)]
+        content_type: Option<String>,
+        /// Bytes to read from stdin (required with -).
+        #[arg(long)]
+        size: Option<u64>,
+    },
+    /// Download bucket/key to a file (default: the key's last component; - for stdout).
+    Get {
+        #[command(flatten)]
+        conn: ClientArgs,
+        source: String,
+        file: Option<String>,
+        /// START-END (inclusive) or START- ; repeat for several ranges,
+        /// written one after another.
+        #[arg(long = "range", value_parser = parse_range)]
+        ranges: Vec<Range>,
+    },
+    /// Write bucket/key (or its --range parts) to stdout.
+    Cat {
+        #[command(flatten)]
+        conn: ClientArgs,
+        source: String,
+        #[arg(long = "range", value_parser = parse_range)]
+        ranges: Vec<Range>,
+    },
+    /// List buckets (no argument) or keys under bucket[/prefix].
+    Ls {
+        #[command(flatten)]
+        conn: ClientArgs,
+        path: Option<String>,
+        /// All keys under the prefix, not grouped at '/'.
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Delete objects.
+    Rm {
+        #[command(flatten)]
+        conn: ClientArgs,
+        #[arg(required = true)]
+        targets: Vec<String>,
+    },
+    /// Show an object's size, ETag, CRC32C, type, time and owner shard.
+    Stat {
+        #[command(flatten)]
+        conn: ClientArgs,
+        target: String,
+    },
+    /// Make a bucket.
+    Mb {
+        #[command(flatten)]
+        conn: ClientArgs,
+        bucket: String,
+    },
+}
+
+fn parse_range(s: &str) -> Result<Range, String> {
+    let bad = || format!("'{s}' is not a range; use START-END (inclusive, bytes) or START-");
+    let (a, b) = s.split_once('-').ok_or_else(bad)?;
+    let offset: u64 = a.trim().parse().map_err(|_| bad())?;
+    if b.trim().is_empty() {
+        return Ok(Range { offset, length: 0 });
+    }
+    let end: u64 = b.trim().parse().map_err(|_| bad())?;
+    if end < offset {
+        return Err(format!("'{s}': END is before START"));
+    }
+    Ok(Range {
+        offset,
+        length: end - offset + 1,
+    })
+}
+
+fn split_target(t: &str) -> Result<(String, String), String> {
+    let t = t.trim_start_matches("percore://").trim_start_matches('/');
+    match t.split_once('/') {
+        Some((b, k)) if !b.is_empty() && !k.is_empty() => Ok((b.to_string(), k.to_string())),
+        _ => Err(format!("'{t}' is not bucket/key")),
+    }
+}
+
+fn progress_bar(total: u64, hidden: bool) -> indicatif::ProgressBar {
+    // Large transfers only, and only on a terminal (indicatif hides itself
+    // when stderr is not one).
+    if hidden || total < 4 << 20 {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    pb
+}
+
+impl ClientCommand {
+    fn conn(&self) -> &ClientArgs {
+        match self {
+            ClientCommand::Put { conn, .. }
+            | ClientCommand::Get { conn, .. }
+            | ClientCommand::Cat { conn, .. }
+            | ClientCommand::Ls { conn, .. }
+            | ClientCommand::Rm { conn, .. }
+            | ClientCommand::Stat { conn, .. }
+            | ClientCommand::Mb { conn, .. } => conn,
+        }
+    }
+}
+
+pub fn run(cmd: ClientCommand) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the client runtime: {e}"))?;
+    rt.block_on(run_async(cmd))
+}
+
+async fn run_async(cmd: ClientCommand) -> Result<(), String> {
+    let args = cmd.conn().clone();
+    let mut cfg = Config::new(
+        args.endpoint.clone(),
+        args.access_key.clone(),
+        args.secret_key.clone(),
+    );
+    cfg.timeout = Duration::from_secs(args.timeout.max(1));
+    let client = Client::connect(cfg).await.map_err(|e| e.to_string())?;
+    let e = |e: percore_client::Error| e.to_string();
+    match cmd {
+        ClientCommand::Mb { bucket, .. } => {
+            client.create_bucket(&bucket).await.map_err(e)?;
+            println!("made bucket {bucket}");
+        }
+        ClientCommand::Stat { target, .. } => {
+            let (b, k) = split_target(&target)?;
+            let s = client.stat(&b, &k).await.map_err(e)?;
+            println!("key:          {b}/{k}");
+            println!("size:         {}", s.size);
+            println!("etag:         {}", s.etag);
+            if s.crc32c != 0 {
+                println!("crc32c:       {:08x}", s.crc32c);
+            }
+            println!("content-type: {}", s.content_type);
+            println!("modified:     {} (unix ms)", s.mtime_ms);
+            println!("owner shard:  {}", s.owner_shard);
+        }
+        ClientCommand::Rm { targets, .. } => {
+            for t in targets {
+                let (b, k) = split_target(&t)?;
+                let existed = client.delete(&b, &k).await.map_err(e)?;
+                println!("{} {b}/{k}", if existed { "deleted" } else { "absent " });
+            }
+        }
+        ClientCommand::Ls { path: None, .. } => {
+            for b in client.list_buckets().await.map_err(e)? {
+                println!("{:>13}  {}", b.created_ms, b.name);
+            }
+        }
+        ClientCommand::Ls {
+            path: Some(path),
+            recursive,
+            ..
+        } => {
+            let path = path.trim_start_matches("percore://");
+            let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+            let delimiter = if recursive { "" } else { "/" };
+            let mut after = String::new();
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            loop {
+                let page = client
+                    .list(bucket, prefix, &after, delimiter, 1000)
+                    .await
+                    .map_err(e)?;
+                for en in &page.entries {
+                    let line = if en.is_prefix {
+                        format!("{:>12}  {:>13}  {}", "PRE", "", en.key)
+                    } else {
+                        format!("{:>12}  {:>13}  {}", en.size, en.mtime_ms, en.key)
+                    };
+                    if writeln!(out, "{line}").is_err() {
+                        return Ok(());
+                    }
+                }
+                if !page.truncated {
+                    break;
+                }
+                after = page.next_start_after;
+            }
+            let _ = out.flush();
+        }
+        ClientCommand::Put {
+            file,
+            target,
+            content_type,
+            size,
+            ..
+        } => {
+            let (b, k) = split_target(&target)?;
+            let ct = content_type.unwrap_or_default();
+            let (size, mut reader): (u64, Box<dyn tokio::io::AsyncRead + Unpin>) = if file == "-" {
+                let size = size.ok_or(
+                    "reading stdin needs --size BYTES (the protocol declares the size up front)",
+                )?;
+                (size, Box::new(tokio::io::stdin()))
+            } else {
+                let f = tokio::fs::File::open(&file)
+                    .await
+                    .map_err(|err| format!("cannot open {file}: {err}"))?;
+                let len = f
+                    .metadata()
+                    .await
+                    .map_err(|err| format!("{file}: {err}"))?
+                    .len();
+                (len, Box::new(f))
+            };
+            let pb = progress_bar(size, args.no_progress);
+            let started = std::time::Instant::now();
+            let s = client
+                .put_stream(&b, &k, size, &ct, &mut reader, &mut |n| pb.set_position(n))
+                .await
+                .map_err(e)?;
+            pb.finish_and_clear();
+            eprintln!(
+                "put {b}/{k}: {} bytes in {:.2} s, etag {} crc32c {:08x} (shard {})",
+                s.size,
+                started.elapsed().as_secs_f64(),
+                s.etag,
+                s.crc32c,
+                s.owner_shard
+            );
+        }
+        ClientCommand::Get {
+            source,
+            file,
+            ranges,
+            ..
+        } => {
+            let (b, k) = split_target(&source)?;
+            let path = file.unwrap_or_else(|| k.rsplit('/').next().unwrap_or(&k).to_string());
+            download(&client, &b, &k, &path, &ranges, args.no_progress).await?;
+        }
+        ClientCommand::Cat { source, ranges, .. } => {
+            let (b, k) = split_target(&source)?;
+            download(&client, &b, &k, "-", &ranges, true).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Streams each requested range (or the whole object) to `path` (- for
+/// stdout), chunk by verified chunk. A file is written under a temporary
+/// name and renamed at the end, so a failed download leaves no partial file
+/// behind under the final name.
+async fn download(
+    client: &Client,
+    b: &str,
+    k: &str,
+    path: &str,
+    ranges: &[Range],
+    no_progress: bool,
+) -> Result<(), String> {
+    let to_stdout = path == "-";
+    let tmp = format!("{path}.percore-partial");
+    let mut out: Box<dyn Write> = if to_stdout {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout(),
+        ))
+    } else {
+        Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&tmp).map_err(|e| format!("cannot create {tmp}: {e}"))?,
+        ))
+    };
+    let wanted: Vec<Option<Range>> = if ranges.is_empty() {
+        vec![None]
+    } else {
+        ranges.iter().copied().map(Some).collect()
+    };
+    let total = if ranges.iter().all(|r| r.length > 0) && !ranges.is_empty() {
+        ranges.iter().map(|r| r.length).sum()
+    } else {
+        client.stat(b, k).await.map_err(|e| e.to_string())?.size
+    };
+    let pb = progress_bar(total, no_progress || to_stdout);
+    let started = std::time::Instant::now();
+    let mut written = 0u64;
+    let result = async {
+        for r in wanted {
+            client
+                .get_stream(b, k, r, |_, data| {
+                    written += data.len() as u64;
+                    pb.set_position(written);
+                    out.write_all(data)
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        out.flush().map_err(|e| format!("writing {path}: {e}"))
+    }
+    .await;
+    pb.finish_and_clear();
+    drop(out);
+    if let Err(msg) = result {
+        if !to_stdout {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        return Err(msg);
+    }
+    if !to_stdout {
+        std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename {tmp} to {path}: {e}"))?;
+        eprintln!(
+            "got {b}/{k} -> {path}: {written} bytes in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_and_targets_parse() {
+        assert_eq!(
+            parse_range("0-99"),
+            Ok(Range {
+                offset: 0,
+                length: 100
+            })
+        );
+        assert_eq!(
+            parse_range("10-"),
+            Ok(Range {
+                offset: 10,
+                length: 0
+            })
+        );
+        assert!(parse_range("9-3").is_err());
+        assert!(parse_range("x").is_err());
+        assert_eq!(
+            split_target("b/a/b.txt"),
+            Ok(("b".into(), "a/b.txt".into()))
+        );
+        assert_eq!(split_target("percore://b/k"), Ok(("b".into(), "k".into())));
+        assert!(split_target("b").is_err());
+        assert!(split_target("b/").is_err());
+    }
+}
