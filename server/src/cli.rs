@@ -244,22 +244,23 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
         } => {
             let (b, k) = split_target(&target)?;
             let ct = content_type.unwrap_or_default();
-            let (size, mut reader): (u64, Box<dyn tokio::io::AsyncRead + Unpin>) = if file == "-" {
-                let size = size.ok_or(
+            let (size, mut reader): (u64, Box<dyn tokio::io::AsyncRead + Unpin + Send>) =
+                if file == "-" {
+                    let size = size.ok_or(
                     "reading stdin needs --size BYTES (the protocol declares the size up front)",
                 )?;
-                (size, Box::new(tokio::io::stdin()))
-            } else {
-                let f = tokio::fs::File::open(&file)
-                    .await
-                    .map_err(|err| format!("cannot open {file}: {err}"))?;
-                let len = f
-                    .metadata()
-                    .await
-                    .map_err(|err| format!("{file}: {err}"))?
-                    .len();
-                (len, Box::new(f))
-            };
+                    (size, Box::new(tokio::io::stdin()))
+                } else {
+                    let f = tokio::fs::File::open(&file)
+                        .await
+                        .map_err(|err| format!("cannot open {file}: {err}"))?;
+                    let len = f
+                        .metadata()
+                        .await
+                        .map_err(|err| format!("{file}: {err}"))?
+                        .len();
+                    (len, Box::new(f))
+                };
             let pb = progress_bar(size, args.no_progress);
             let started = std::time::Instant::now();
             let s = client

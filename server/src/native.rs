@@ -61,6 +61,11 @@ const PUT_PIECE_BYTES: usize = 1 << 20;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// One frame's remaining bytes, and every write, must progress within this.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Object bytes queued or being read for sending, or received and not yet
+/// stored, per connection: a client that stops reading holds at most this.
+const CONNECTION_BYTES_MAX: u64 = 8 << 20;
+/// The same across all of a shard's native connections.
+const SHARD_BYTES_MAX: u64 = 256 << 20;
 /// Authentication must finish within this after connecting.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -74,6 +79,30 @@ pub struct NativeFront {
     pub shard: Rc<Shard>,
     cfg: Rc<NativeConfig>,
     pub draining: Cell<bool>,
+    /// Shard-wide byte budget (SHARD_BYTES_MAX).
+    bytes: Rc<glommio::sync::Semaphore>,
+}
+
+/// Byte budgets a request draws on: its connection's and the shard's.
+/// Permits are held until the bytes left (were sent, or were stored).
+#[derive(Clone)]
+struct Budget {
+    conn: Rc<glommio::sync::Semaphore>,
+    shard: Rc<glommio::sync::Semaphore>,
+}
+
+struct Held(
+    #[allow(dead_code)] glommio::sync::StaticPermit,
+    #[allow(dead_code)] glommio::sync::StaticPermit,
+);
+
+impl Budget {
+    async fn take(&self, bytes: u64) -> Option<Held> {
+        let bytes = bytes.max(1);
+        let c = self.conn.acquire_static_permit(bytes).await.ok()?;
+        let s = self.shard.acquire_static_permit(bytes).await.ok()?;
+        Some(Held(c, s))
+    }
 }
 
 enum Payload {
@@ -96,6 +125,10 @@ impl Payload {
 struct Out {
     head: Vec<u8>,
     payload: Payload,
+    /// Budget for the payload, returned when the frame is dropped after
+    /// its bytes were sent (or copied into the send batch).
+    #[allow(dead_code)]
+    held: Option<Held>,
 }
 
 fn out(kind: Kind, request_id: u64, more: bool, msg: &ServerMessage, payload: Payload) -> Out {
@@ -103,6 +136,7 @@ fn out(kind: Kind, request_id: u64, more: bool, msg: &ServerMessage, payload: Pa
     Out {
         head: proto::frame(kind, request_id, more, &header, payload.len()),
         payload,
+        held: None,
     }
 }
 
@@ -272,6 +306,7 @@ impl NativeFront {
             shard,
             cfg,
             draining: Cell::new(false),
+            bytes: Rc::new(glommio::sync::Semaphore::new(SHARD_BYTES_MAX)),
         })
     }
 
@@ -310,10 +345,14 @@ impl NativeFront {
             return;
         }
         let in_flight = Rc::new(glommio::sync::Semaphore::new(proto::IN_FLIGHT_MAX as u64));
+        let budget = Budget {
+            conn: Rc::new(glommio::sync::Semaphore::new(CONNECTION_BYTES_MAX)),
+            shard: self.bytes.clone(),
+        };
         let mut authenticated = false;
         let connected = Instant::now();
         // Streamed PUTs in progress: request id -> the upload task's input.
-        let mut puts: HashMap<u64, mpsc::Sender<(Bytes, Option<u32>)>> = HashMap::new();
+        let mut puts: HashMap<u64, mpsc::Sender<(Bytes, Option<u32>, Held)>> = HashMap::new();
         let mut hdr = [0u8; proto::FRAME_HEADER_BYTES];
         loop {
             if self.draining.get() && puts.is_empty() {
@@ -375,6 +414,10 @@ impl NativeFront {
                 }
             };
             let mut header = vec![0u8; fh.header_len as usize];
+            // PUT bytes count against the budgets until they are stored.
+            let Some(held) = budget.take(u64::from(fh.payload_len)).await else {
+                break;
+            };
             let mut payload = vec![0u8; fh.payload_len as usize];
             if read_full(&mut rd, &mut header, IO_TIMEOUT, false)
                 .await
@@ -475,7 +518,7 @@ impl NativeFront {
                     };
                     // Waits while the upload is behind (flow control); an
                     // upload that already failed has dropped its receiver.
-                    let _ = up.send((payload, crc32c)).await;
+                    let _ = up.send((payload, crc32c, held)).await;
                     if !fh.more() {
                         puts.remove(&fh.request_id);
                     }
@@ -495,8 +538,8 @@ impl NativeFront {
                         Ok(p) => p,
                         Err(_) => break,
                     };
-                    let (mut up_tx, up_rx) = mpsc::channel::<(Bytes, Option<u32>)>(PUT_QUEUE);
-                    let _ = up_tx.try_send((payload, None));
+                    let (mut up_tx, up_rx) = mpsc::channel::<(Bytes, Option<u32>, Held)>(PUT_QUEUE);
+                    let _ = up_tx.try_send((payload, None, held));
                     if fh.more() {
                         puts.insert(fh.request_id, up_tx);
                     } else {
@@ -518,10 +561,11 @@ impl NativeFront {
                     let (me, tx2) = (self.clone(), tx.clone());
                     let id = fh.request_id;
                     let kind = fh.kind;
+                    let budget = budget.clone();
                     glommio::spawn_local(async move {
                         let _permit = permit;
                         let reply_tx = tx2.clone();
-                        let fut = me.request(tx2, id, req);
+                        let fut = me.request(tx2, id, req, budget);
                         me.run(reply_tx, id, kind, fut).await;
                     })
                     .detach();
@@ -622,10 +666,10 @@ impl NativeFront {
         m.requests_in_flight.set(m.requests_in_flight.get() - 1);
     }
 
-    async fn request(&self, tx: mpsc::Sender<Out>, id: u64, req: Request) -> Reply {
+    async fn request(&self, tx: mpsc::Sender<Out>, id: u64, req: Request, budget: Budget) -> Reply {
         match req {
-            Request::Get { bucket, item } => self.get(tx, id, &bucket, vec![item]).await,
-            Request::BatchGet { bucket, items } => self.get(tx, id, &bucket, items).await,
+            Request::Get { bucket, item } => self.get(tx, id, &bucket, vec![item], &budget).await,
+            Request::BatchGet { bucket, items } => self.get(tx, id, &bucket, items, &budget).await,
             Request::Delete { bucket, key } => self.delete(&bucket, &key).await,
             Request::Stat { bucket, key } => self.stat(&bucket, &key).await,
             Request::List(l) => self.list(l).await,
@@ -660,6 +704,7 @@ impl NativeFront {
         id: u64,
         bucket: &str,
         items: Vec<BatchItem>,
+        budget: &Budget,
     ) -> Reply {
         if !self.shard.bucket_exists(bucket) {
             return shard_error_reply(&ShardError::NoSuchBucket);
@@ -708,6 +753,9 @@ impl NativeFront {
                 let (mut offset, end) = (r.offset, r.offset + r.length);
                 while offset < end {
                     let want = (end - offset).min(CHUNK_BYTES);
+                    let Some(held) = budget.take(want).await else {
+                        return Reply::error(Status::ShuttingDown, "server shutting down");
+                    };
                     let chunk = ChunkHead {
                         item: index as u32,
                         range: ri as u32,
@@ -753,6 +801,7 @@ impl NativeFront {
                     let frame = Out {
                         head: proto::frame(Kind::Chunk, id, true, &proto::encode_chunk(&chunk), n),
                         payload,
+                        held: Some(held),
                     };
                     if tx.send(frame).await.is_err() {
                         return Reply::error(Status::Internal, "connection closed");
@@ -783,7 +832,7 @@ impl NativeFront {
     async fn put(
         &self,
         p: proto::PutRequest,
-        mut data: mpsc::Receiver<(Bytes, Option<u32>)>,
+        mut data: mpsc::Receiver<(Bytes, Option<u32>, Held)>,
     ) -> Reply {
         let mut reply = self.owner_reply(&p.bucket, &p.key);
         if p.size > PUT_BYTES_MAX {
@@ -827,7 +876,7 @@ impl NativeFront {
         let mut total = 0u64;
         let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
         let mut declared_crc = p.crc32c;
-        while let Some((bytes, crc_sent)) = data.next().await {
+        while let Some((bytes, crc_sent, _held)) = data.next().await {
             if let Some(c) = crc_sent {
                 if declared_crc.replace(c).is_some() {
                     return Reply {

@@ -610,21 +610,21 @@ impl Client {
     /// Streams `size` bytes from `reader` as `key`, computing the CRC32C on
     /// the way (sent in the last frame). `progress` gets bytes sent so far.
     /// Not retried: the reader cannot be rewound.
-    pub async fn put_stream<R: AsyncRead + Unpin>(
+    pub async fn put_stream<R: AsyncRead + Unpin + Send>(
         &self,
         bucket: &str,
         key: &str,
         size: u64,
         content_type: &str,
         reader: &mut R,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Stat> {
         self.put_stream_inner(bucket, key, size, content_type, reader, None, progress)
             .await
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn put_stream_inner<R: AsyncRead + Unpin>(
+    async fn put_stream_inner<R: AsyncRead + Unpin + Send>(
         &self,
         bucket: &str,
         key: &str,
@@ -632,7 +632,7 @@ impl Client {
         content_type: &str,
         reader: &mut R,
         crc_known: Option<u32>,
-        progress: &mut dyn FnMut(u64),
+        progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Stat> {
         let owner = self.owner(bucket, key);
         let conn = self.conn(owner).await?;
@@ -1000,7 +1000,7 @@ fn chunk_into(
     Ok(())
 }
 
-async fn fill<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+async fn fill<R: AsyncRead + Unpin + Send>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < buf.len() {
         let n = r.read(&mut buf[at..]).await?;
