@@ -23,6 +23,8 @@ if [ "${PERCORE_SKIP_CARGO:-0}" != "1" ]; then
     # dependencies, a debug `cargo test` would build them all a second time.
     step "cargo build --release"
     cargo build --release
+    step "protocol/generate.sh --check (flatbuffers code matches the schema)"
+    bash protocol/generate.sh --check
     step "cargo test --workspace --release"
     cargo test --workspace --release
 else
