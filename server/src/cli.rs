@@ -90,6 +90,10 @@ pub enum ClientCommand {
         conn: ClientArgs,
         target: String,
     },
+    /// Load generator (warp-style): get, put, stat, delete, list, mixed,
+    /// range and batch over S3 or the native protocol; prints a table row
+    /// (and JSON with --json). See bench/README.md.
+    Bench(BenchArgs),
     /// Make a bucket.
     Mb {
         #[command(flatten)]
@@ -140,9 +144,153 @@ fn progress_bar(total: u64, hidden: bool) -> indicatif::ProgressBar {
     pb
 }
 
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    conn: ClientArgs,
+    /// s3 or native.
+    #[arg(long, default_value = "native")]
+    mode: String,
+    /// get, put, stat, delete, list, mixed, range, batch.
+    #[arg(long, default_value = "get")]
+    op: String,
+    /// S3 endpoint for --mode s3.
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    s3: String,
+    #[arg(long, default_value = "bench")]
+    bucket: String,
+    #[arg(long, default_value = "obj/")]
+    prefix: String,
+    #[arg(long, default_value_t = 1000)]
+    objects: usize,
+    /// Object size in bytes (accepts K, M suffixes: 64K, 1M).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    size: u64,
+    /// Random sizes in [size, size-max].
+    #[arg(long, value_parser = parse_size)]
+    size_max: Option<u64>,
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Measured seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    #[arg(long, default_value_t = 2.0)]
+    warmup: f64,
+    /// Stop after this many operations.
+    #[arg(long)]
+    ops: Option<u64>,
+    /// range: ranges per operation, bytes per range, object size.
+    #[arg(long, default_value_t = 16)]
+    ranges: usize,
+    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    range_size: u64,
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    large_size: u64,
+    /// batch: objects per operation.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// The objects exist already (from an earlier run with the same sizes).
+    #[arg(long)]
+    no_prepare: bool,
+    /// Server process ids: their CPU time is reported per unit and per GB.
+    #[arg(long, value_delimiter = ',')]
+    server_pid: Vec<u32>,
+    /// Load-generator threads (default: all CPUs this process may use).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Append the report as one JSON line to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Print the table header before the row.
+    #[arg(long)]
+    header: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("'{s}' is not a size (bytes, or with K, M, G)"))
+}
+
+pub fn bench(a: BenchArgs) -> Result<(), String> {
+    use percore_loadgen::{Mode, Op, Spec};
+    let mode = match a.mode.as_str() {
+        "s3" => Mode::S3,
+        "native" => Mode::Native,
+        m => return Err(format!("--mode {m}: use s3 or native")),
+    };
+    let endpoint = if mode == Mode::S3 {
+        a.s3.clone()
+    } else {
+        a.conn.endpoint.clone()
+    };
+    let mut spec = Spec::new(mode, Op::parse(&a.op)?, &endpoint);
+    spec.access_key = a.conn.access_key.clone();
+    spec.secret_key = a.conn.secret_key.clone();
+    spec.label = if a.label.is_empty() {
+        format!("{}-{}", a.mode, a.op)
+    } else {
+        a.label.clone()
+    };
+    spec.bucket = a.bucket.clone();
+    spec.prefix = a.prefix.clone();
+    spec.objects = a.objects.max(1);
+    spec.size = a.size as usize;
+    spec.size_max = a.size_max.unwrap_or(0) as usize;
+    spec.concurrency = a.concurrency.max(1);
+    spec.duration = Duration::from_secs_f64(a.duration.max(0.1));
+    spec.warmup = Duration::from_secs_f64(a.warmup.max(0.0));
+    spec.ops_max = a.ops;
+    spec.ranges = a.ranges.max(1);
+    spec.range_bytes = a.range_size.max(1);
+    spec.large_bytes = a.large_size.max(spec.range_bytes);
+    spec.batch = a.batch.max(1);
+    spec.no_prepare = a.no_prepare;
+    spec.server_pids = a.server_pid.clone();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(t) = a.threads {
+        rt.worker_threads(t.max(1));
+    }
+    let rt = rt
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    let report = rt.block_on(async {
+        percore_loadgen::prepare(&spec).await?;
+        percore_loadgen::run(&spec).await
+    })?;
+    if a.header {
+        println!("{}", percore_loadgen::TABLE_HEADER);
+    }
+    println!("{}", report.table_row());
+    if report.errors > 0 {
+        eprintln!("{} errors; first: {}", report.errors, report.first_error);
+    }
+    if let Some(path) = &a.json {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        writeln!(f, "{}", report.json()).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 impl ClientCommand {
     fn conn(&self) -> &ClientArgs {
         match self {
+            ClientCommand::Bench(b) => &b.conn,
             ClientCommand::Put { conn, .. }
             | ClientCommand::Get { conn, .. }
             | ClientCommand::Cat { conn, .. }
@@ -155,6 +303,10 @@ impl ClientCommand {
 }
 
 pub fn run(cmd: ClientCommand) -> Result<(), String> {
+    let cmd = match cmd {
+        ClientCommand::Bench(a) => return bench(a),
+        other => other,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -287,6 +439,7 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
             let path = file.unwrap_or_else(|| k.rsplit('/').next().unwrap_or(&k).to_string());
             download(&client, &b, &k, &path, &ranges, args.no_progress).await?;
         }
+        ClientCommand::Bench(_) => unreachable!("handled in run"),
         ClientCommand::Cat { source, ranges, .. } => {
             let (b, k) = split_target(&source)?;
             download(&client, &b, &k, "-", &ranges, true).await?;

@@ -33,9 +33,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use percore_protocol::native::{
     self as proto, BatchItem, ChunkHead, FrameHeader, HelloOk, ItemHead, Kind, Reply, Request,
-    ServerMessage, Status,
+    ServerMessage,
 };
-pub use percore_protocol::native::{BucketEntry, ListEntry, Range};
+pub use percore_protocol::native::{BucketEntry, ListEntry, Range, Status};
 use percore_protocol::routing;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
