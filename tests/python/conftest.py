@@ -152,7 +152,7 @@ class Server:
             str(self.binary), "serve",
             "--data", str(self.data_dir),
             "--s3", f"127.0.0.1:{self.s3_port}",
-            "--native", f"127.0.0.1:{self.native_port}",
+            "--native", "127.0.0.1:0",  # ephemeral per shard (port + i could collide)
             "--admin", f"127.0.0.1:{self.admin_port}",
             "--shards", str(self.shards),
             *(["--unpinned"] if self.unpinned else []),
