@@ -445,7 +445,7 @@ fn main() {
             server_pids,
             label,
         } => s3list::get_bench(
-            s3list::Target::from_env(endpoint),
+            s3list::target_from_env(endpoint),
             s3list::GetBench {
                 bucket,
                 prefix,
@@ -466,7 +466,7 @@ fn main() {
             no_load,
             runs,
         } => s3list::run(
-            s3list::Target::from_env(endpoint),
+            s3list::target_from_env(endpoint),
             &bucket,
             keys,
             concurrency,

@@ -8,94 +8,21 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256};
+pub use percore_loadgen::s3::Target;
+use percore_loadgen::{cpu_seconds, s3::sign};
 
-type HmacSha256 = Hmac<Sha256>;
-
-pub struct Target {
-    pub addr: SocketAddr,
-    pub access_key: String,
-    pub secret_key: String,
-    pub region: String,
-}
-
-impl Target {
-    /// Credentials from PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY, else the
-    /// server's built-in defaults.
-    pub fn from_env(addr: SocketAddr) -> Target {
-        let var =
-            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
-        Target {
-            addr,
-            access_key: var("PERCORE_ACCESS_KEY", "percore"),
-            secret_key: var("PERCORE_SECRET_KEY", "percore-secret"),
-            region: "us-east-1".into(),
-        }
+/// Credentials from PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY, else the
+/// server's built-in defaults.
+pub fn target_from_env(addr: SocketAddr) -> Target {
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    Target {
+        addr,
+        access_key: var("PERCORE_ACCESS_KEY", "percore"),
+        secret_key: var("PERCORE_SECRET_KEY", "percore-secret"),
+        region: "us-east-1".into(),
     }
-}
-
-fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
-    let mut m = HmacSha256::new_from_slice(key).expect("any key length");
-    m.update(msg);
-    m.finalize().into_bytes().to_vec()
-}
-
-/// (days since 1970-01-01) -> (year, month, day), proleptic Gregorian.
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn amz_date() -> String {
-    let s = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let (y, m, d) = civil(s.div_euclid(86_400));
-    let t = s.rem_euclid(86_400);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        t / 3600,
-        t / 60 % 60,
-        t % 60
-    )
-}
-
-/// Headers for a SigV4 (UNSIGNED-PAYLOAD) request. `query` must already be
-/// in canonical form (sorted, encoded).
-fn sign(t: &Target, method: &str, path: &str, query: &str) -> String {
-    let date = amz_date();
-    let host = t.addr.to_string();
-    let canonical = format!(
-        "{method}\n{path}\n{query}\nhost:{host}\nx-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{date}\n\nhost;x-amz-content-sha256;x-amz-date\nUNSIGNED-PAYLOAD"
-    );
-    let scope = format!("{}/{}/s3/aws4_request", &date[..8], t.region);
-    let to_sign = format!(
-        "AWS4-HMAC-SHA256\n{date}\n{scope}\n{}",
-        hex::encode(Sha256::digest(canonical.as_bytes()))
-    );
-    let mut k = hmac(
-        format!("AWS4{}", t.secret_key).as_bytes(),
-        date[..8].as_bytes(),
-    );
-    for part in [t.region.as_str(), "s3", "aws4_request"] {
-        k = hmac(&k, part.as_bytes());
-    }
-    let signature = hex::encode(hmac(&k, to_sign.as_bytes()));
-    format!(
-        "Host: {host}\r\nx-amz-date: {date}\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\nAuthorization: AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders=host;x-amz-content-sha256;x-amz-date, Signature={signature}\r\n",
-        t.access_key
-    )
 }
 
 struct Conn {
@@ -257,22 +184,6 @@ pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool,
         totals[runs / 2],
         page_rates[runs / 2]
     );
-}
-
-/// CPU seconds (user + system) used so far by these processes, all threads.
-fn cpu_seconds(pids: &[u32]) -> f64 {
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .map(|s| {
-            // Fields after the parenthesised command name.
-            let rest = &s[s.rfind(')').map_or(0, |i| i + 2)..];
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
-            (utime + stime) / tick
-        })
-        .sum()
 }
 
 pub struct GetBench {

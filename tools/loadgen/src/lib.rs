@@ -53,9 +53,11 @@ impl Op {
             "mixed" => Op::Mixed,
             "range" => Op::Range,
             "batch" => Op::Batch,
-            _ => return Err(format!(
+            _ => {
+                return Err(format!(
                 "unknown operation '{s}': use get, put, stat, delete, list, mixed, range or batch"
-            )),
+            ))
+            }
         })
     }
 
