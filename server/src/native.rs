@@ -234,6 +234,12 @@ async fn writer(
             futures::future::Either::Left((Ok(()), _))
         )
     }
+    /// Sends the batch and keeps its allocation.
+    async fn flush_batch(wr: &mut WriteHalf<TcpStream>, buf: &mut Vec<u8>) -> bool {
+        let ok = write_within(wr, buf).await;
+        buf.clear();
+        ok
+    }
     'outer: while let Some(first) = rx.next().await {
         let mut next = Some(first);
         while let Some(frame) = next.take() {
@@ -251,11 +257,10 @@ async fn writer(
                     true
                 }
                 Payload::Chunk(c) => {
-                    write_within(&mut wr, &std::mem::take(&mut buf)).await
-                        && write_within(&mut wr, &c).await
+                    flush_batch(&mut wr, &mut buf).await && write_within(&mut wr, &c).await
                 }
                 Payload::Registered(mut r, mut a, b) => {
-                    let mut ok = write_within(&mut wr, &std::mem::take(&mut buf)).await;
+                    let mut ok = flush_batch(&mut wr, &mut buf).await;
                     let ring = ring
                         .as_deref()
                         .expect("registered buffers come from the ring");
@@ -285,14 +290,12 @@ async fn writer(
             if !ok {
                 break 'outer;
             }
-            if buf.len() >= WRITE_BATCH_BYTES
-                && !write_within(&mut wr, &std::mem::take(&mut buf)).await
-            {
+            if buf.len() >= WRITE_BATCH_BYTES && !flush_batch(&mut wr, &mut buf).await {
                 break 'outer;
             }
             next = rx.try_recv().ok();
         }
-        if !buf.is_empty() && !write_within(&mut wr, &std::mem::take(&mut buf)).await {
+        if !buf.is_empty() && !flush_batch(&mut wr, &mut buf).await {
             break;
         }
         let _ = wr.flush().await;

@@ -352,6 +352,19 @@ pub struct Stat {
     pub owner_shard: i32,
 }
 
+impl From<Reply> for Stat {
+    fn from(r: Reply) -> Stat {
+        Stat {
+            size: r.size,
+            etag: r.etag,
+            mtime_ms: r.mtime_ms,
+            content_type: r.content_type,
+            crc32c: r.crc32c,
+            owner_shard: r.owner_shard,
+        }
+    }
+}
+
 /// One page of a listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListPage {
@@ -527,14 +540,7 @@ impl Client {
         };
         let r = self.retry(true, || self.simple(owner, &req)).await?;
         self.note_owner(owner, r.owner_shard.into());
-        Ok(Stat {
-            size: r.size,
-            etag: r.etag,
-            mtime_ms: r.mtime_ms,
-            content_type: r.content_type,
-            crc32c: r.crc32c,
-            owner_shard: r.owner_shard,
-        })
+        Ok(Stat::from(r))
     }
 
     /// Deletes `key`; returns whether it existed.
@@ -934,14 +940,7 @@ fn finish_put(f: Frame, owner: usize, client: &Client) -> Result<Stat> {
                 return Err(Error::from_reply(&r));
             }
             client.note_owner(owner, r.owner_shard.into());
-            Ok(Stat {
-                size: r.size,
-                etag: r.etag,
-                mtime_ms: r.mtime_ms,
-                content_type: r.content_type,
-                crc32c: r.crc32c,
-                owner_shard: r.owner_shard,
-            })
+            Ok(Stat::from(r))
         }
         other => Err(Error::Protocol(format!("unexpected frame {other:?}"))),
     }
