@@ -192,6 +192,9 @@ pub struct BenchArgs {
     /// The objects exist already (from an earlier run with the same sizes).
     #[arg(long)]
     no_prepare: bool,
+    /// get: read each prepared object once, then stop (cold-read runs).
+    #[arg(long)]
+    each_once: bool,
     /// Server process ids: their CPU time is reported per unit and per GB.
     #[arg(long, value_delimiter = ',')]
     server_pid: Vec<u32>,
@@ -255,6 +258,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     spec.large_bytes = a.large_size.max(spec.range_bytes);
     spec.batch = a.batch.max(1);
     spec.no_prepare = a.no_prepare;
+    spec.each_once = a.each_once;
     spec.server_pids = a.server_pid.clone();
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(t) = a.threads {

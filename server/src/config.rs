@@ -72,6 +72,8 @@ pub struct FileConfig {
     pub ring_submit_batch: Option<usize>,
     pub ring_send_zc_min_bytes: Option<usize>,
     pub segment_bytes_max: Option<u64>,
+    pub scrub_interval_s: Option<u64>,
+    pub scrub_mb_per_sec: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,6 +97,10 @@ pub struct ServerConfig {
     pub ring_submit_batch: usize,
     pub ring_send_zc_min_bytes: usize,
     pub segment_bytes_max: u64,
+    /// Seconds between background scrub passes (0: off).
+    pub scrub_interval_s: u64,
+    /// Scrub read rate, MB/s.
+    pub scrub_mb_per_sec: u64,
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
@@ -206,6 +212,18 @@ impl ServerConfig {
             .map(|v| v as usize)
             .or(file.ring_send_zc_min_bytes)
             .unwrap_or(16 * 1024);
+        let scrub_interval_s = env_num("PERCORE_SCRUB_INTERVAL_S")?
+            .or(file.scrub_interval_s)
+            .unwrap_or(24 * 3600);
+        let scrub_mb_per_sec = env_num("PERCORE_SCRUB_MB_PER_SEC")?
+            .or(file.scrub_mb_per_sec)
+            .unwrap_or(64);
+        if scrub_mb_per_sec == 0 {
+            return Err(
+                "scrub_mb_per_sec must be at least 1 (scrub_interval_s = 0 turns scrubbing off)"
+                    .into(),
+            );
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -238,6 +256,8 @@ impl ServerConfig {
             ring_submit_batch,
             ring_send_zc_min_bytes,
             segment_bytes_max,
+            scrub_interval_s,
+            scrub_mb_per_sec,
             access_key,
             secret_key,
             default_credentials,

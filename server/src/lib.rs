@@ -7,6 +7,8 @@
 pub mod checks;
 pub mod config;
 pub mod doctor;
+pub mod fsck;
+pub mod fuzz;
 pub mod http;
 pub mod metadata;
 pub mod metrics;

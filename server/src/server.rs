@@ -296,6 +296,8 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     let mut store_cfg = StoreConfig::new(id as u32, s.shard_dir.clone());
     store_cfg.direct_io = s.direct_io;
     store_cfg.segment_bytes_max = s.cfg.segment_bytes_max;
+    store_cfg.scrub_interval_ms = s.cfg.scrub_interval_s.saturating_mul(1000);
+    store_cfg.scrub_bytes_per_sec_max = s.cfg.scrub_mb_per_sec.saturating_mul(1_000_000);
     let (store, report) = Store::open(store_cfg)
         .await
         .map_err(|e| format!("recovery of {} failed: {e}", s.shard_dir.display()))?;

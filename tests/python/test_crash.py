@@ -14,6 +14,12 @@ for 0.5-3 s; the server is SIGKILLed; then, after a restart:
   acknowledged state or the in-flight one, nothing else;
 * ListObjectsV2 lists exactly the present keys, with their sizes.
 
+A share of the PUTs are multipart uploads (2-3 parts, 5 MiB minimum for all
+but the last, uploaded in random order, completed): a completed upload is
+acknowledged like a PUT (body and multipart ETag checked); one cut by the kill
+may show either state.  After each restart the uploads left in progress are
+listed and aborted, which must work.
+
 Only one operation per key is in flight at any time, so per-key order of
 acknowledgements is the order the server applied them.  The model carries
 over from round to round (the data dir persists).
@@ -47,6 +53,7 @@ NKEYS = 200
 KiB, MiB = 1024, 1024 * 1024
 KEYS = [f"{hashlib.sha1(str(i).encode()).hexdigest()[:2]}/crash-key-{i:03d}" for i in range(NKEYS)]
 DELETE_RATIO = 0.25
+MULTIPART_RATIO = float(os.environ.get("PERCORE_CRASH_MULTIPART", "0.04"))
 
 
 def content(key: str, version: int, size: int) -> bytes:
@@ -67,6 +74,32 @@ class Obj:
     version: int
     size: int
     md5: str
+    etag: str = ""  # multipart ETag; "" means the MD5
+
+    @property
+    def expected_etag(self) -> str:
+        return f'"{self.etag or self.md5}"'
+
+
+def multipart_put(client, bucket: str, key: str, body: bytes, rng: random.Random) -> str:
+    """Uploads `body` as a multipart upload; returns the ETag the server gave."""
+    cut = [0, 5 * MiB] + ([10 * MiB] if len(body) > 10 * MiB else []) + [len(body)]
+    parts = [(i + 1, body[a:b]) for i, (a, b) in enumerate(zip(cut, cut[1:]))]
+    up = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etags = {}
+    for n, data in rng.sample(parts, len(parts)):
+        etags[n] = client.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=n,
+                                      Body=data)["ETag"]
+    resp = client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=up,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n, _ in parts]})
+    return resp.get("ETag", "")
+
+
+def multipart_etag(body: bytes) -> str:
+    cut = [0, 5 * MiB] + ([10 * MiB] if len(body) > 10 * MiB else []) + [len(body)]
+    digests = b"".join(hashlib.md5(body[a:b]).digest() for a, b in zip(cut, cut[1:]))
+    return f"{hashlib.md5(digests).hexdigest()}-{len(cut) - 1}"
 
 
 def describe(state) -> str:
@@ -84,6 +117,11 @@ class Model:
         self.versions = itertools.count(1)
         self.errors: list[str] = []
         self.acked = 0
+        self.multipart_acked = 0
+
+    def count_multipart(self) -> None:
+        with self.lock:
+            self.multipart_acked += 1
 
     def acquire(self, rng: random.Random) -> str | None:
         with self.lock:
@@ -120,8 +158,14 @@ def worker(client, bucket, model: Model, rng: random.Random, killing: threading.
         if key is None:
             continue
         try:
+            multipart = False
             if rng.random() < DELETE_RATIO:
                 new, body = None, None
+            elif rng.random() < MULTIPART_RATIO:
+                multipart = True
+                version = model.next_version()
+                body = content(key, version, rng.randint(5 * MiB + 1, 11 * MiB))
+                new = Obj(version, len(body), hashlib.md5(body).hexdigest(), multipart_etag(body))
             else:
                 version = model.next_version()
                 body = content(key, version, pick_size(rng))
@@ -130,9 +174,15 @@ def worker(client, bucket, model: Model, rng: random.Random, killing: threading.
                 if body is None:
                     resp = client.delete_object(Bucket=bucket, Key=key)
                     ok = resp["ResponseMetadata"]["HTTPStatusCode"] == 204
+                elif multipart:
+                    etag = multipart_put(client, bucket, key, body, rng)
+                    resp = {"ETag": etag}
+                    ok = etag == new.expected_etag
+                    if ok:
+                        model.count_multipart()
                 else:
                     resp = client.put_object(Bucket=bucket, Key=key, Body=body)
-                    ok = resp.get("ETag") == f'"{new.md5}"'
+                    ok = resp.get("ETag") == new.expected_etag
                 if not ok:
                     model.unacked(key, new, f"{key}: bad response {resp}")
                     continue
@@ -184,7 +234,7 @@ def verify(client, bucket, model: Model) -> tuple[int, list[str]]:
             if cand is None and seen is None:
                 return key, cand, None
             if cand is not None and seen == (cand.size, cand.md5):
-                if etag != f'"{cand.md5}"':
+                if etag != cand.expected_etag:
                     return key, cand, f"{key}: body is {describe(cand)} but ETag is {etag}"
                 return key, cand, None
         what = "absent (404)" if seen is None else f"{seen[0]} B, md5 {seen[1]}"
@@ -256,13 +306,21 @@ def test_crash_consistency(server_factory, capsys):
         assert bucket in [b["Name"] for b in client.list_buckets()["Buckets"]]
         n, problems = verify(client, bucket, model)
         checks += n
+        # Uploads cut by the kill are still listed and can be aborted.
+        left = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        for u in left:
+            client.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
+        assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), \
+            "aborted uploads are still listed"
         assert not problems, (f"seed {SEED}, round {rnd}: state after SIGKILL+restart differs "
                               f"from the acknowledged operations:\n" + "\n".join(problems[:30]))
         present = sum(1 for s in model.state.values() if s is not None)
         summary.append(f"round {rnd}: {model.acked - acked_before} acked ops, "
-                       f"{in_flight} in flight at kill, {present} keys present")
+                       f"{in_flight} in flight at kill, {len(left)} uploads left open, "
+                       f"{present} keys present")
     srv.terminate()
     with capsys.disabled():
         print(f"\ncrash: seed {SEED}\n  " + "\n  ".join(summary))
-        print(f"crash: {ROUNDS} rounds, {checks} object checks")
+        print(f"crash: {ROUNDS} rounds, {model.acked} acknowledged operations "
+              f"({model.multipart_acked} multipart uploads), {checks} object checks")
     assert model.acked > 0, "no operation was ever acknowledged"

@@ -123,6 +123,41 @@ fn parse_query(raw: &str) -> Result<Vec<(String, String)>, S3Error> {
     Ok(out)
 }
 
+/// Path-style routing of a raw request target: (bucket, key, query), all
+/// percent-decoded and checked. (Virtual-host style takes the bucket from
+/// the Host header instead; the key and query rules are the same.)
+pub fn route_target(
+    raw_path: &str,
+    raw_query: &str,
+) -> Result<(String, String, Vec<(String, String)>), S3Error> {
+    let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
+    let (bucket_raw, key_raw) = path.split_once('/').unwrap_or((path, ""));
+    let (bucket, key) = (percent_decode(bucket_raw)?, percent_decode(key_raw)?);
+    let query = check_key_and_query(&key, raw_query)?;
+    Ok((bucket, key, query))
+}
+
+fn check_key_and_query(key: &str, raw_query: &str) -> Result<Vec<(String, String)>, S3Error> {
+    if key.len() > S3_KEY_BYTES_MAX {
+        return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long"));
+    }
+    if key.contains('\0') {
+        return Err(S3Error::invalid_argument(
+            "Object keys may not contain NUL characters",
+        ));
+    }
+    let query = parse_query(raw_query)?;
+    if query
+        .iter()
+        .any(|(n, v)| n.contains('\0') || v.contains('\0'))
+    {
+        return Err(S3Error::invalid_argument(
+            "Query parameters may not contain NUL characters",
+        ));
+    }
+    Ok(query)
+}
+
 /// S3 bucket naming rules (the strict, DNS-compatible ones).
 pub fn valid_bucket_name(name: &str) -> bool {
     let b = name.as_bytes();
@@ -296,23 +331,7 @@ impl S3Front {
                 (percent_decode(bucket_raw)?, percent_decode(key_raw)?)
             }
         };
-        if key.len() > S3_KEY_BYTES_MAX {
-            return Err(S3Error::new(400, "KeyTooLongError", "Your key is too long"));
-        }
-        if key.contains('\0') {
-            return Err(S3Error::invalid_argument(
-                "Object keys may not contain NUL characters",
-            ));
-        }
-        let query = parse_query(&head.query)?;
-        if query
-            .iter()
-            .any(|(n, v)| n.contains('\0') || v.contains('\0'))
-        {
-            return Err(S3Error::invalid_argument(
-                "Query parameters may not contain NUL characters",
-            ));
-        }
+        let query = check_key_and_query(&key, &head.query)?;
         Ok(Request {
             head,
             bucket,

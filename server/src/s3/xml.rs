@@ -368,6 +368,59 @@ pub fn parse_create_bucket(body: &[u8]) -> Result<Option<String>, String> {
         .map(str::to_string))
 }
 
+/// Parses a CompleteMultipartUpload body into (part number, ETag without
+/// quotes, lowercased) in document order; order and duplicates are the
+/// store's to judge.
+pub fn parse_complete_multipart(body: &[u8]) -> Result<Vec<(u32, String)>, String> {
+    use crate::store::mpu::PART_NUMBER_MAX;
+    let root = parse_xml(body)?
+        .filter(|r| r.name == "CompleteMultipartUpload")
+        .ok_or("The body must be a CompleteMultipartUpload element")?;
+    let mut parts = Vec::new();
+    for p in root.children.iter().filter(|c| c.name == "Part") {
+        if parts.len() >= PART_NUMBER_MAX as usize {
+            return Err("At most 10000 parts".into());
+        }
+        let number = p
+            .child("PartNumber")
+            .and_then(|n| n.text.trim().parse::<u32>().ok())
+            .filter(|n| (1..=PART_NUMBER_MAX).contains(n))
+            .ok_or("Every Part needs a PartNumber between 1 and 10000")?;
+        let etag = p
+            .child("ETag")
+            .map(|e| e.text.trim().trim_matches('"').to_ascii_lowercase())
+            .ok_or("Every Part needs an ETag")?;
+        parts.push((number, etag));
+    }
+    Ok(parts)
+}
+
+/// Most keys in one DeleteObjects request (S3's limit).
+pub const DELETE_KEYS_MAX: usize = 1000;
+
+/// Parses a DeleteObjects body into (quiet, keys); a missing Key is an
+/// empty key, which the caller reports per key.
+pub fn parse_delete(body: &[u8]) -> Result<(bool, Vec<String>), String> {
+    let root = parse_xml(body)?
+        .filter(|r| r.name == "Delete")
+        .ok_or("The body must be a Delete element")?;
+    let quiet = root
+        .child("Quiet")
+        .is_some_and(|q| q.text.trim().eq_ignore_ascii_case("true"));
+    let keys: Vec<String> = root
+        .children
+        .iter()
+        .filter(|c| c.name == "Object")
+        .map(|o| o.child("Key").map(|k| k.text.clone()).unwrap_or_default())
+        .collect();
+    if keys.len() > DELETE_KEYS_MAX {
+        return Err(format!(
+            "A DeleteObjects request takes at most {DELETE_KEYS_MAX} keys"
+        ));
+    }
+    Ok((quiet, keys))
+}
+
 /// One parsed element: local name (namespace prefix dropped), its own text
 /// (entities decoded, child text excluded), and child elements. Attributes
 /// are skipped: no request body we accept needs them.

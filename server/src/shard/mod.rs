@@ -770,7 +770,32 @@ impl Shard {
                 "Bytes of segment files deleted by compaction.",
                 st.compaction_bytes_freed,
             ),
+            (
+                "percore_scrub_passes_total",
+                "Background scrub passes over the sealed segments completed.",
+                st.scrub_passes,
+            ),
+            (
+                "percore_scrub_bytes_total",
+                "Bytes read and checked by the scrubber.",
+                st.scrub_bytes,
+            ),
+            (
+                "percore_scrub_corrupt_records_total",
+                "Records the scrubber found failing their CRC (see the error log for segment, offset and key).",
+                st.scrub_corrupt_records,
+            ),
         ]);
+        out.gauges.push((
+            "percore_scrub_last_pass_timestamp_seconds",
+            "Unix time the last scrub pass ended (0: none since start).",
+            st.scrub_last_pass_unix_ms / 1000,
+        ));
+        out.gauges.push((
+            "percore_scrub_last_pass_corrupt_records",
+            "Damaged records the last scrub pass found (each pass counts them again).",
+            st.scrub_last_pass_corrupt,
+        ));
         let segments = self.store.segment_table();
         let (live, total) = segments
             .iter()

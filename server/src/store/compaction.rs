@@ -148,7 +148,7 @@ impl Store {
                 let remaining = entry
                     .older_on_disk
                     .saturating_sub(*stale.get(&key).unwrap_or(&0));
-                if remaining == 0 {
+                if remaining == 0 && !self.is_uncertain(&key.0, &key.1) {
                     drop_tombstones.push((key, entry.seq));
                     continue;
                 }
@@ -325,7 +325,7 @@ impl Store {
         owners
     }
 
-    fn extent_is_live(&self, key: &Key, segment_id: u64, offset: u64) -> bool {
+    pub(super) fn extent_is_live(&self, key: &Key, segment_id: u64, offset: u64) -> bool {
         self.lookup(&key.0, &key.1)
             .is_some_and(|entry| match &entry.state {
                 State::Live(info) => info

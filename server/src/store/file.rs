@@ -33,6 +33,33 @@ pub enum FaultPoint {
     },
 }
 
+/// A fault for a `FaultPoint::Write` of a batch: the first `bytes` of the
+/// write reach the file, the rest is zeros (`garbage: false`) or a fixed
+/// junk pattern (`garbage: true`), and the write then fails with EIO: what a
+/// crash or a device error in the middle of a write leaves behind. Return it
+/// from the hook as `io::Error::other(TornWrite { .. })`; at other points it
+/// is an ordinary error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TornWrite {
+    pub bytes: u64,
+    pub garbage: bool,
+}
+
+impl std::fmt::Display for TornWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "torn write after {} bytes (injected)", self.bytes)
+    }
+}
+
+impl std::error::Error for TornWrite {}
+
+impl TornWrite {
+    /// The torn-write fault carried by an injected error, if it is one.
+    pub fn of(e: &io::Error) -> Option<TornWrite> {
+        e.get_ref()?.downcast_ref::<TornWrite>().copied()
+    }
+}
+
 /// Returns `Some(error)` to make that I/O fail.
 pub type FaultHook = Rc<RefCell<dyn FnMut(FaultPoint) -> Option<io::Error>>>;
 

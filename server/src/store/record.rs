@@ -365,6 +365,9 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
         return Err(DecodeError::HeaderCrc);
     }
     let kind = Kind::from_u8(raw[5]).ok_or(DecodeError::Malformed("unknown kind"))?;
+    if raw[6..8] != [0, 0] {
+        return Err(DecodeError::Malformed("reserved bytes are not zero"));
+    }
     let payload_bytes = u64::from_le_bytes(raw[16..24].try_into().unwrap());
     let seq = u64::from_le_bytes(raw[24..32].try_into().unwrap());
     let mut r = Reader {
@@ -373,9 +376,17 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
     };
     let bucket = r.str16()?;
     let key = r.str16()?;
+    if bucket.len() > BUCKET_BYTES_MAX || key.len() > KEY_BYTES_MAX {
+        return Err(DecodeError::Malformed("bucket or key too long"));
+    }
     let blocks = r.u32()? as u64;
     if blocks != block_count(payload_bytes) {
         return Err(DecodeError::Malformed("block count does not match payload"));
+    }
+    // Bound the allocation by what the header can hold: otherwise a crafted
+    // header (valid CRC) could ask for a 16 GiB vector before failing.
+    if blocks > ((header_bytes - r.pos) / 4) as u64 {
+        return Err(DecodeError::Malformed("block CRCs past header end"));
     }
     let mut block_crcs = Vec::with_capacity(blocks as usize);
     for _ in 0..blocks {
@@ -414,7 +425,7 @@ fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
                 headers.push((r.str16()?, r.str16()?));
             }
             let extent_count = r.u32()? as usize;
-            if extent_count > HEADER_BYTES_MAX / 28 {
+            if extent_count > (r.buf.len() - r.pos) / 28 {
                 return Err(DecodeError::Malformed("too many extents"));
             }
             let mut extents = Vec::with_capacity(extent_count);

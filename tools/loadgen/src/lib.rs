@@ -106,6 +106,9 @@ pub struct Spec {
     pub batch: usize,
     /// Skip uploading the objects (they exist from an earlier run).
     pub no_prepare: bool,
+    /// get: read every prepared object exactly once (workers interleaved),
+    /// then stop; with a dropped page cache this measures cold reads.
+    pub each_once: bool,
     /// Server processes whose CPU time is charged to the run.
     pub server_pids: Vec<u32>,
     pub seed: u64,
@@ -135,6 +138,7 @@ impl Spec {
             large_bytes: 256 << 20,
             batch: 64,
             no_prepare: false,
+            each_once: false,
             server_pids: Vec::new(),
             seed: 1,
         }
@@ -633,7 +637,7 @@ pub async fn run(spec: &Spec) -> Result<Report, String> {
             let mut t = Tally::default();
             let mut mine: Vec<String> = Vec::new();
             let mut n = 0usize;
-            let mut next_delete = w;
+            let mut next_once = w;
             while !stop.load(Ordering::Relaxed) {
                 let op = match spec.op {
                     Op::Mixed => match rng.gen_range(0..100) {
@@ -647,6 +651,14 @@ pub async fn run(spec: &Spec) -> Result<Report, String> {
                 };
                 let t0 = Instant::now();
                 let r = match op {
+                    Op::Get if spec.each_once && spec.op == Op::Get => {
+                        if next_once >= spec.objects {
+                            break;
+                        }
+                        let key = spec.key(next_once);
+                        next_once += spec.concurrency;
+                        b.get(&spec, &key).await
+                    }
                     Op::Get => {
                         b.get(&spec, &spec.key(rng.gen_range(0..spec.objects)))
                             .await
@@ -671,11 +683,11 @@ pub async fn run(spec: &Spec) -> Result<Report, String> {
                     }
                     Op::Delete => {
                         // Each prepared object once, workers interleaved.
-                        if next_delete >= spec.objects {
+                        if next_once >= spec.objects {
                             break;
                         }
-                        let key = spec.key(next_delete);
-                        next_delete += spec.concurrency;
+                        let key = spec.key(next_once);
+                        next_once += spec.concurrency;
                         b.delete(&spec, &key).await
                     }
                     Op::List => b.list(&spec, rng.gen_range(0..spec.objects.max(1))).await,

@@ -27,7 +27,6 @@ use crate::store::ListItem;
 /// CompleteMultipartUpload bodies list up to 10,000 parts.
 const COMPLETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
 /// DeleteObjects takes at most 1000 keys (S3's limit).
-const DELETE_KEYS_MAX: usize = 1000;
 const DELETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
 const LIST_PARTS_MAX: usize = 1000;
 const LIST_UPLOADS_MAX: usize = 1000;
@@ -230,26 +229,7 @@ impl S3Front {
         let body = self
             .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX)
             .await?;
-        let root = xml::parse_xml(&body)
-            .map_err(malformed)?
-            .filter(|r| r.name == "CompleteMultipartUpload")
-            .ok_or_else(|| malformed("The body must be a CompleteMultipartUpload element"))?;
-        let mut parts = Vec::new();
-        for p in root.children.iter().filter(|c| c.name == "Part") {
-            let number = p
-                .child("PartNumber")
-                .and_then(|n| n.text.trim().parse::<u32>().ok())
-                .filter(|n| (1..=PART_NUMBER_MAX).contains(n))
-                .ok_or_else(|| malformed("Every Part needs a PartNumber between 1 and 10000"))?;
-            let etag = p
-                .child("ETag")
-                .map(|e| e.text.trim().trim_matches('"').to_ascii_lowercase())
-                .ok_or_else(|| malformed("Every Part needs an ETag"))?;
-            parts.push((number, etag));
-        }
-        if parts.len() > PART_NUMBER_MAX as usize {
-            return Err(malformed("At most 10000 parts"));
-        }
+        let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
         let op = Op::MpuComplete {
             bucket: req.bucket.clone(),
             key: req.key.clone(),
@@ -718,24 +698,7 @@ impl S3Front {
         let body = self
             .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX)
             .await?;
-        let root = xml::parse_xml(&body)
-            .map_err(malformed)?
-            .filter(|r| r.name == "Delete")
-            .ok_or_else(|| malformed("The body must be a Delete element"))?;
-        let quiet = root
-            .child("Quiet")
-            .is_some_and(|q| q.text.trim().eq_ignore_ascii_case("true"));
-        let keys: Vec<String> = root
-            .children
-            .iter()
-            .filter(|c| c.name == "Object")
-            .map(|o| o.child("Key").map(|k| k.text.clone()).unwrap_or_default())
-            .collect();
-        if keys.len() > DELETE_KEYS_MAX {
-            return Err(malformed(format!(
-                "A DeleteObjects request takes at most {DELETE_KEYS_MAX} keys"
-            )));
-        }
+        let (quiet, keys) = xml::parse_delete(&body).map_err(malformed)?;
         if keys.is_empty() {
             return Err(malformed("The Delete element lists no Object"));
         }

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# percore against its peers, side by side, in one run: the one command.
+#
+#   bash bench/compare.sh [--quick] [--no-cold] [--no-scale]
+#
+# Servers, each alone on CPU $SRV_CPU (default 0), load generator
+# (`percore bench`, one thread) on CPU $LG_CPU (default 1), loopback:
+#   percore     1 shard, S3 endpoint (SigV4) and native protocol rows
+#   nginx       static files, sendfile on (the raw-HTTP ceiling; GET only)
+#   Garage      single node, lmdb, data and metadata fsync on
+#   s3s-fs      the s3s crate's file-system server (no fsync: not durable)
+# Ceilings: iperf3 over loopback, fio with O_DIRECT on the same file system.
+# Workloads: GET 10 KiB / 64 KiB / 1 MiB hot (random picks after warm-up)
+# and cold (page cache dropped, every object read once); durable 1 MiB PUT;
+# 4 KiB random ranges in a 256 MiB object; LIST of $LIST_KEYS keys
+# (1000-key pages); mixed 45% get, 30% stat, 15% put, 10% delete (64 KiB).
+# Then percore's shard scaling (bench/scale.sh).
+#
+# Writes bench/results/compare.md (tables, ratios, machine, commands),
+# compare.jsonl (every run) and compare-<workload>.svg (one plot each).
+# Peers are built once into $PEERS (bench/peers.sh install), never in CI.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source bench/peers.sh
+
+SECS=5 WARM=1 COLD=1 SCALE=1
+for a in "$@"; do
+    case "$a" in
+        --quick) SECS=2 WARM=0.5 ;;
+        --no-cold) COLD=0 ;;
+        --no-scale) SCALE=0 ;;
+        *) echo "unknown option $a; see the head of $0"; exit 2 ;;
+    esac
+done
+SRV_CPU="${SRV_CPU:-0}" LG_CPU="${LG_CPU:-1}"
+LIST_KEYS="${LIST_KEYS:-100000}"
+CONC="${CONC:-16}"
+
+[ -x "$PEERS/bin/garage" ] && [ -x "$PEERS/bin/s3s-fs" ] && command -v fio >/dev/null &&
+    command -v iperf3 >/dev/null || peers_install
+cargo build --release -q -p percore-server
+BIN=target/release/percore
+RES=bench/results
+JSON=$RES/compare.jsonl
+: > "$JSON"
+WORK="$(mktemp -d "${BENCH_DIR:-/var/tmp}/percore-compare.XXXX")"
+STOP=":"
+cleanup() { eval "$STOP" 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+log() { printf '\n== %s\n' "$*" >&2; }
+
+drop_caches() {
+    sync
+    if ! echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
+        echo "cannot drop the page cache (not root?): cold rows are skipped" >&2
+        return 1
+    fi
+}
+
+# lg SERVER WORKLOAD MODE ENDPOINT ARGS...: one load-generator run.
+lg() {
+    local server="$1" workload="$2" mode="$3" ep="$4"
+    shift 4
+    local target=(--s3 "$ep")
+    [ "$mode" = native ] && target=(--endpoint "$ep")
+    echo "  $workload / $server" >&2
+    taskset -c "$LG_CPU" "$BIN" bench --mode "$mode" "${target[@]}" --access-key "$AK" \
+        --secret-key "$SK" --server-pid "$PIDS" --threads 1 --concurrency "$CONC" \
+        --label "$workload|$server" --json "$JSON" "$@" > /dev/null ||
+        echo "  ($workload / $server failed: see above)" >&2
+}
+
+GET_SETS=("10K 5000 g10k/" "64K 2000 g64k/" "1M 512 g1m/")
+
+# workloads SERVER MODE ENDPOINT CAPS: every workload the server supports.
+# CAPS: words among put list mixed (get and range always run).
+workloads() {
+    local server="$1" mode="$2" ep="$3" caps="$4" prep=()
+    # nginx serves files written beforehand; the others are filled over S3.
+    [ "$server" = nginx ] && prep=(--no-prepare)
+    for set in "${GET_SETS[@]}"; do
+        read -r size n prefix <<< "$set"
+        local first=("${prep[@]}")
+        # Native rows read what the S3 row of the same server uploaded.
+        [ "$mode" = native ] && first=(--no-prepare)
+        lg "$server" "get-$size-hot" "$mode" "$ep" --op get --size "$size" --objects "$n" \
+            --prefix "$prefix" --duration "$SECS" --warmup "$WARM" "${first[@]}"
+        if [ "$COLD" = 1 ] && drop_caches; then
+            lg "$server" "get-$size-cold" "$mode" "$ep" --op get --size "$size" --objects "$n" \
+                --prefix "$prefix" --each-once --no-prepare --duration 60 --warmup 0
+        fi
+    done
+    local rprep=("${prep[@]}")
+    [ "$mode" = native ] && rprep=(--no-prepare)
+    lg "$server" "range-4K" "$mode" "$ep" --op range --ranges 16 --range-size 4K \
+        --large-size 256M --prefix r/ --duration "$SECS" --warmup "$WARM" "${rprep[@]}"
+    if [[ " $caps " == *" put "* ]]; then
+        lg "$server" "put-1M" "$mode" "$ep" --op put --size 1M --prefix "p-$mode/" \
+            --duration "$SECS" --warmup "$WARM"
+    fi
+    if [[ " $caps " == *" mixed "* ]]; then
+        lg "$server" "mixed-64K" "$mode" "$ep" --op mixed --size 64K --objects 2000 \
+            --prefix g64k/ --no-prepare --duration "$SECS" --warmup "$WARM"
+    fi
+    if [[ " $caps " == *" list "* ]]; then
+        local lp=()
+        [ "$mode" = native ] && lp=(--no-prepare)
+        lg "$server" "list-$((LIST_KEYS / 1000))k" "$mode" "$ep" --op list --size 0 \
+            --objects "$LIST_KEYS" --prefix l/ --duration "$SECS" --warmup "$WARM" "${lp[@]}"
+    fi
+}
+
+# peer_workloads NAME CAPS: the workloads against the peer just started
+# (start_* set PEER_*), then stop it.
+peer_workloads() {
+    STOP="$PEER_STOP"
+    PIDS="$PEER_PIDS"
+    workloads "$1" s3 "$PEER_ENDPOINT" "$2"
+    eval "$STOP"
+    STOP=":"
+}
+
+# ---- ceilings ----
+log "loopback ceiling: iperf3 ($SECS s, server CPU $SRV_CPU, client CPU $LG_CPU)"
+taskset -c "$SRV_CPU" iperf3 -s -1 -p 19801 > /dev/null 2>&1 &
+IPERF=$!
+wait_port 127.0.0.1:19801
+taskset -c "$LG_CPU" iperf3 -c 127.0.0.1 -p 19801 -t "$SECS" -J > "$WORK/iperf.json"
+wait $IPERF || true
+python3 - "$WORK/iperf.json" >> "$JSON" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+bps = j["end"]["sum_received"]["bits_per_second"]
+print(json.dumps({"label": "ceiling|iperf3 loopback", "op": "stream", "mb_per_sec": bps / 8e6}))
+PY
+
+log "disk ceiling: fio O_DIRECT in $WORK"
+fio_row() { # name fio-args...
+    local name="$1"
+    shift
+    taskset -c "$SRV_CPU" fio --name="$name" --filename="$WORK/fio.dat" --size=1G --direct=1 \
+        --ioengine=io_uring --runtime="$SECS" --time_based --output-format=json "$@" \
+        > "$WORK/fio-$name.json"
+    python3 - "$WORK/fio-$name.json" "$name" >> "$JSON" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = j["read"] if j["read"]["io_bytes"] else j["write"]
+lat = side.get("clat_ns", {}).get("percentile", {})
+print(json.dumps({"label": f"ceiling|fio {sys.argv[2]}", "op": sys.argv[2],
+    "ops_per_sec": side["iops"], "units_per_sec": side["iops"], "mb_per_sec": side["bw_bytes"] / 1e6,
+    "latency_ms": {"p50": lat.get("50.000000", 0) / 1e6, "p99": lat.get("99.000000", 0) / 1e6}}))
+PY
+}
+fio_row seq-write-1M-fsync --rw=write --bs=1M --iodepth=1 --fsync=1
+fio_row seq-read-1M --rw=read --bs=1M --iodepth=16
+fio_row rand-read-4K --rw=randread --bs=4K --iodepth=16
+
+# ---- percore ----
+log "percore (1 shard on CPU $SRV_CPU)"
+AK=percore SK=percore-secret
+PERCORE_LOG=warn "$BIN" serve --data "$WORK/percore" --shards 1 --cpus "$SRV_CPU" \
+    --s3 127.0.0.1:19810 --native 127.0.0.1:19811 --admin 127.0.0.1:19812 > "$WORK/percore.log" 2>&1 &
+P=$!
+STOP="kill $P; wait $P"
+wait_port 127.0.0.1:19810
+PIDS=$P
+workloads percore-s3 s3 127.0.0.1:19810 "put list mixed"
+workloads percore-native native 127.0.0.1:19811 "put list mixed"
+eval "$STOP"; STOP=":"
+rm -rf "$WORK/percore"
+
+# ---- nginx ----
+log "nginx (sendfile, 1 worker on CPU $SRV_CPU)"
+python3 - "$WORK/www/bench" "${GET_SETS[@]}" <<'PY'
+import os, sys
+root = sys.argv[1]
+mult = {"K": 1 << 10, "M": 1 << 20}
+def write(path, size):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+for s in sys.argv[2:]:
+    size, n, prefix = s.split()
+    b = int(size[:-1]) * mult[size[-1]]
+    for i in range(int(n)):
+        write(f"{root}/{prefix}{i:08d}", b)
+write(f"{root}/r/large-{256 << 20}", 256 << 20)
+PY
+start_nginx "$SRV_CPU" "$WORK/www" 19820
+peer_workloads nginx ""
+rm -rf "$WORK/www"
+
+# ---- Garage ----
+log "Garage (single node, fsync on, CPU $SRV_CPU)"
+AK=$GARAGE_KEY_ID SK=$GARAGE_SECRET
+start_garage "$SRV_CPU" "$WORK/garage" 19830
+peer_workloads garage "put list mixed"
+rm -rf "$WORK/garage"
+
+# ---- s3s-fs ----
+log "s3s-fs (CPU $SRV_CPU)"
+mkdir -p "$WORK/s3sfs/bench"
+start_s3sfs "$SRV_CPU" "$WORK/s3sfs" 19840
+peer_workloads s3s-fs "put list mixed"
+rm -rf "$WORK/s3sfs"
+
+# ---- scaling ----
+if [ "$SCALE" = 1 ]; then
+    log "percore shard scaling (all shards on CPU $SRV_CPU: this machine has $(nproc) CPUs)"
+    bash bench/scale.sh --shards "1 2 4" --server-cpus "$SRV_CPU" --client-cpus "$LG_CPU" \
+        --secs "$SECS" --json "$JSON"
+fi
+
+python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $*"
+echo "wrote $RES/compare.md, $JSON and $RES/compare-*.svg"
