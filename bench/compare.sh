@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # percore against its peers, side by side, in one run: the one command.
 #
-#   bash bench/compare.sh [--quick] [--no-cold] [--no-scale]
+#   bash bench/compare.sh [--quick] [--repeat N] [--no-cold] [--no-scale]
+#
+# Every run is repeated N times (default 3, --quick 1), interleaved with
+# nothing else; the report shows the median run and the spread.
 #
 # Servers, each alone on CPU $SRV_CPU (default 0), load generator
 # (`percore bench`, one thread) on CPU $LG_CPU (default 1), loopback:
@@ -23,14 +26,17 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source bench/peers.sh
 
-SECS=5 WARM=1 COLD=1 SCALE=1
-for a in "$@"; do
-    case "$a" in
-        --quick) SECS=2 WARM=0.5 ;;
+SECS=5 WARM=1 COLD=1 SCALE=1 REPEAT=3
+ARGS="$*"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) SECS=2 WARM=0.5 REPEAT=1 ;;
+        --repeat) REPEAT="$2"; shift ;;
         --no-cold) COLD=0 ;;
         --no-scale) SCALE=0 ;;
-        *) echo "unknown option $a; see the head of $0"; exit 2 ;;
+        *) echo "unknown option $1; see the head of $0"; exit 2 ;;
     esac
+    shift
 done
 SRV_CPU="${SRV_CPU:-0}" LG_CPU="${LG_CPU:-1}"
 LIST_KEYS="${LIST_KEYS:-100000}"
@@ -57,17 +63,23 @@ drop_caches() {
     fi
 }
 
-# lg SERVER WORKLOAD MODE ENDPOINT ARGS...: one load-generator run.
+# lg SERVER WORKLOAD MODE ENDPOINT ARGS...: $REPEAT load-generator runs
+# (the first prepares the objects unless ARGS say --no-prepare). With
+# COLD_RUN=1 the page cache is dropped before each.
 lg() {
     local server="$1" workload="$2" mode="$3" ep="$4"
     shift 4
-    local target=(--s3 "$ep")
+    local target=(--s3 "$ep") args=("$@") rep
     [ "$mode" = native ] && target=(--endpoint "$ep")
-    echo "  $workload / $server" >&2
-    taskset -c "$LG_CPU" "$BIN" bench --mode "$mode" "${target[@]}" --access-key "$AK" \
-        --secret-key "$SK" --server-pid "$PIDS" --threads 1 --concurrency "$CONC" \
-        --label "$workload|$server" --json "$JSON" "$@" > /dev/null ||
-        echo "  ($workload / $server failed: see above)" >&2
+    for rep in $(seq "$REPEAT"); do
+        echo "  $workload / $server (run $rep of $REPEAT)" >&2
+        [ "${COLD_RUN:-0}" = 1 ] && { drop_caches || return 0; }
+        taskset -c "$LG_CPU" "$BIN" bench --mode "$mode" "${target[@]}" --access-key "$AK" \
+            --secret-key "$SK" --server-pid "$PIDS" --threads 1 --concurrency "$CONC" \
+            --label "$workload|$server" --json "$JSON" "${args[@]}" > /dev/null ||
+            echo "  ($workload / $server failed: see above)" >&2
+        [[ " ${args[*]} " == *" --no-prepare "* ]] || args+=(--no-prepare)
+    done
 }
 
 GET_SETS=("10K 5000 g10k/" "64K 2000 g64k/" "1M 512 g1m/")
@@ -85,9 +97,9 @@ workloads() {
         [ "$mode" = native ] && first=(--no-prepare)
         lg "$server" "get-$size-hot" "$mode" "$ep" --op get --size "$size" --objects "$n" \
             --prefix "$prefix" --duration "$SECS" --warmup "$WARM" "${first[@]}"
-        if [ "$COLD" = 1 ] && drop_caches; then
-            lg "$server" "get-$size-cold" "$mode" "$ep" --op get --size "$size" --objects "$n" \
-                --prefix "$prefix" --each-once --no-prepare --duration 60 --warmup 0
+        if [ "$COLD" = 1 ]; then
+            COLD_RUN=1 lg "$server" "get-$size-cold" "$mode" "$ep" --op get --size "$size" \
+                --objects "$n" --prefix "$prefix" --each-once --no-prepare --duration 60 --warmup 0
         fi
     done
     local rprep=("${prep[@]}")
@@ -116,17 +128,20 @@ peer_workloads() {
     STOP="$PEER_STOP"
     PIDS="$PEER_PIDS"
     workloads "$1" s3 "$PEER_ENDPOINT" "$2"
-    eval "$STOP"
+    eval "$STOP" || true # a server killed by SIGTERM exits 143
     STOP=":"
 }
 
 # ---- ceilings ----
 log "loopback ceiling: iperf3 ($SECS s, server CPU $SRV_CPU, client CPU $LG_CPU)"
-taskset -c "$SRV_CPU" iperf3 -s -1 -p 19801 > /dev/null 2>&1 &
+# No -1 (one client, then exit): wait_port's probe would be that client.
+taskset -c "$SRV_CPU" iperf3 -s -p 19801 > /dev/null 2>&1 &
 IPERF=$!
+STOP="kill $IPERF"
 wait_port 127.0.0.1:19801
 taskset -c "$LG_CPU" iperf3 -c 127.0.0.1 -p 19801 -t "$SECS" -J > "$WORK/iperf.json"
-wait $IPERF || true
+kill $IPERF; wait $IPERF 2>/dev/null || true
+STOP=":"
 python3 - "$WORK/iperf.json" >> "$JSON" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
@@ -166,7 +181,7 @@ wait_port 127.0.0.1:19810
 PIDS=$P
 workloads percore-s3 s3 127.0.0.1:19810 "put list mixed"
 workloads percore-native native 127.0.0.1:19811 "put list mixed"
-eval "$STOP"; STOP=":"
+eval "$STOP" || true; STOP=":"
 rm -rf "$WORK/percore"
 
 # ---- nginx ----
@@ -211,5 +226,5 @@ if [ "$SCALE" = 1 ]; then
         --secs "$SECS" --json "$JSON"
 fi
 
-python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $*"
+python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $ARGS"
 echo "wrote $RES/compare.md, $JSON and $RES/compare-*.svg"

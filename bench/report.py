@@ -4,17 +4,20 @@ SVG bar chart per workload (no plotting library needed).
 
     python3 bench/report.py RESULTS.jsonl OUT_PREFIX "COMMAND"
 
-Labels are "workload|server". Ratios are percore's S3 endpoint (and its
-native protocol) over each peer, from rows of the same run."""
+Labels are "workload|server". A label that ran several times (compare.sh
+--repeat) is shown by its median run (by the workload's headline figure),
+with the spread of that figure over the runs. Ratios are percore's S3
+endpoint (and its native protocol) over each peer, medians of the same
+invocation."""
 import html, json, os, platform, subprocess, sys, time
 from collections import OrderedDict
 
 jsonl, prefix, command = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = [json.loads(l) for l in open(jsonl) if l.strip()]
-groups = OrderedDict()
+runs = OrderedDict()  # (workload, server) -> every run of it
 for r in rows:
     w, _, server = r["label"].partition("|")
-    groups.setdefault(w, []).append((server, r))
+    runs.setdefault((w, server), []).append(r)
 
 def sh(cmd):
     try:
@@ -23,10 +26,13 @@ def sh(cmd):
         return "?"
 
 peers = os.environ.get("PEERS", "/opt/percore-peers")
+cpu_model = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")
+mem_gib = sh("free -g | awk '/Mem:/ {print $2}'")
+data_fs = sh("df -T /var/tmp | tail -1 | awk '{print $2 \" on \" $1}'")
 machine = [
-    f"CPU: {sh(\"grep -m1 'model name' /proc/cpuinfo | cut -d: -f2\")} ({os.cpu_count()} CPUs)",
-    f"memory: {sh(\"free -g | awk '/Mem:/ {print $2}'\")} GiB; kernel {platform.release()}",
-    f"file system under the data: {sh('df -T /var/tmp | tail -1 | awk \'{print $2\" on \"$1}\'')}",
+    f"CPU: {cpu_model} ({os.cpu_count()} CPUs)",
+    f"memory: {mem_gib} GiB; kernel {platform.release()}",
+    f"file system under the data: {data_fs}",
     f"peers: {sh('nginx -v 2>&1')}; {sh(peers + '/bin/garage --version 2>/dev/null | head -1')}; "
     f"s3s-fs {os.environ.get('S3SFS_VERSION', '0.14.1')}; {sh('fio --version')}; {sh('iperf3 --version | head -1')}",
     f"percore: {sh('git rev-parse --short HEAD')} ({sh('git log -1 --format=%cs')})",
@@ -43,6 +49,20 @@ def unit_of(w):
     if w.startswith("scale-batch"):
         return "samples/s", "units_per_sec"
     return "MB/s", "mb_per_sec"
+
+def median_run(w, rs):
+    """The run whose headline figure is the median (lower middle for an
+    even count), with that figure's (min, max) over the runs."""
+    _, key = unit_of(w)
+    rs = sorted(rs, key=lambda r: r.get(key) or 0)
+    vals = [r.get(key) or 0 for r in rs]
+    m = dict(rs[(len(rs) - 1) // 2])
+    m["runs"], m["spread"] = len(rs), (vals[0], vals[-1])
+    return m
+
+groups = OrderedDict()
+for (w, server), rs in runs.items():
+    groups.setdefault(w, []).append((server, median_run(w, rs) if w != "ceiling" else rs[0]))
 
 def fmt(v, d=0):
     return "-" if v is None else f"{v:,.{d}f}"
@@ -67,8 +87,9 @@ md = [f"# percore vs peers ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
       f"Command: `{command}`", ""]
 md += [f"- {m}" for m in machine]
 md += ["", "Server alone on one CPU, load generator (`percore bench`, 1 thread, 16 connections) on "
-       "another, loopback. Every figure is one run of the stated length (medians need repeated runs: "
-       "rerun and compare). Server CPU is user+system time of the server's processes from /proc "
+       "another, loopback. Each row is the median of its runs (the runs column gives their number and "
+       "the spread of the headline figure); ratios divide medians. Server CPU is user+system time of "
+       "the server's processes from /proc "
        "during the measured window. On loopback the kernel copies every send: no row here measures "
        "zero-copy or NIC queues.", ""]
 
@@ -88,9 +109,10 @@ for w, items in groups.items():
     if not scale:
         md.append(f"![{w}]({os.path.basename(prefix)}-{w}.svg)")
         md.append("")
-    md += [f"| server | {unit} | ops/s | MB/s | p50 ms | p99 ms | p99.9 ms | TTFB p50 ms | errors | "
-           "server CPU µs/unit | server CPU-s/GB | percore-s3 ÷ this | percore-native ÷ this |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| server | {unit} (median) | runs: min-max | ops/s | MB/s | p50 ms | p99 ms | p99.9 ms | "
+           "TTFB p50 ms | errors | server CPU µs/unit | server CPU-s/GB | percore-s3 ÷ this | "
+           "percore-native ÷ this |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = dict(items)
     for name, r in items:
         lat, tt = r.get("latency_ms", {}), r.get("ttfb_ms", {})
@@ -98,12 +120,14 @@ for w, items in groups.items():
         for mine in ("percore-s3", "percore-native"):
             m = by.get(mine)
             ratios.append(f"{m[key] / r[key]:.2f}x" if m and r.get(key) and name != mine else "-")
-        md.append(f"| {name} | {fmt(r.get(key), 1)} | {fmt(r.get('ops_per_sec'))} | {fmt(r.get('mb_per_sec'), 1)} | "
+        lo, hi = r["spread"]
+        md.append(f"| {name} | {fmt(r.get(key), 1)} | {r['runs']}: {fmt(lo, 1)}-{fmt(hi, 1)} | "
+                  f"{fmt(r.get('ops_per_sec'))} | {fmt(r.get('mb_per_sec'), 1)} | "
                   f"{fmt(lat.get('p50'), 3)} | {fmt(lat.get('p99'), 3)} | {fmt(lat.get('p999'), 3)} | "
                   f"{fmt(tt.get('p50'), 3)} | {r.get('errors', 0)} | {fmt(r.get('server_cpu_us_per_unit'), 1)} | "
                   f"{fmt(r.get('server_cpu_seconds_per_gb'), 2)} | {ratios[0]} | {ratios[1]} |")
         if r.get("errors"):
-            md.append(f"|  | first error: {html.escape(r.get('first_error', ''))[:120]} |||||||||||")
+            md.append(f"|  | first error: {html.escape(r.get('first_error', ''))[:120]} ||||||||||||")
     md.append("")
     if not scale:
         svg(w, [(n, r.get(key) or 0) for n, r in items], unit, f"{prefix}-{w}.svg")

@@ -1,8 +1,8 @@
 //! Fault-injection model test: the store on real files under a seeded storm
 //! of injected faults (ENOSPC and EIO on segment creation, writes and
 //! fsyncs; EIO on reads; torn writes that leave a zeroed or garbage tail in
-//! the file and then fail), checked against a model of acknowledged
-//! operations.
+//! the file and then fail; short writes that stop early and leave nothing
+//! beyond), checked against a model of acknowledged operations.
 //!
 //! What must hold, live and across restarts:
 //! * an acknowledged PUT or DELETE is what reads see, until the next
@@ -48,6 +48,7 @@ struct Faults {
     percent: Cell<u32>,
     injected: Cell<u64>,
     torn: Cell<u64>,
+    short: Cell<u64>,
 }
 
 impl Faults {
@@ -65,14 +66,17 @@ impl Faults {
             } else {
                 libc::EIO
             }),
-            FaultPoint::Write { len_bytes, .. } => match rng.gen_range(0..4) {
+            FaultPoint::Write { len_bytes, .. } => match rng.gen_range(0..5) {
                 0 => os(libc::ENOSPC),
                 1 => os(libc::EIO),
-                _ => {
-                    self.torn.set(self.torn.get() + 1);
+                n => {
+                    let short = n == 4;
+                    let counter = if short { &self.short } else { &self.torn };
+                    counter.set(counter.get() + 1);
                     Some(io::Error::other(TornWrite {
                         bytes: rng.gen_range(0..len_bytes.max(1)),
                         garbage: rng.gen_bool(0.5),
+                        short,
                     }))
                 }
             },
@@ -178,7 +182,7 @@ fn faults_never_lose_acknowledged_writes_nor_serve_wrong_bytes() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(6);
-    let mut totals = [0u64; 7];
+    let mut totals = [0u64; 8];
     for seed in 0..seeds {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_path_buf();
@@ -189,6 +193,7 @@ fn faults_never_lose_acknowledged_writes_nor_serve_wrong_bytes() {
                 percent: Cell::new(0),
                 injected: Cell::new(0),
                 torn: Cell::new(0),
+                short: Cell::new(0),
             });
             let mut rng = StdRng::seed_from_u64(seed);
             let (mut store, _) = Store::open(config(&path, &faults)).await.unwrap();
@@ -290,6 +295,7 @@ fn faults_never_lose_acknowledged_writes_nor_serve_wrong_bytes() {
                 failed,
                 faults.injected.get(),
                 faults.torn.get(),
+                faults.short.get(),
                 reads,
                 read_errors,
                 resurrected,
@@ -301,15 +307,15 @@ fn faults_never_lose_acknowledged_writes_nor_serve_wrong_bytes() {
             *a += b;
         }
     }
-    let [acked, failed, injected, torn, reads, read_errors, resurrected] = totals;
+    let [acked, failed, injected, torn, short, reads, read_errors, resurrected] = totals;
     println!(
         "faults: {seeds} seeds, {acked} acknowledged and {failed} failed writes, \
-         {injected} faults injected ({torn} torn writes), {reads} checked reads \
+         {injected} faults injected ({torn} torn and {short} short writes), {reads} checked reads \
          ({read_errors} failed by injected read faults), {resurrected} failed writes \
          visible after restart"
     );
     assert!(
-        failed > 0 && torn > 0 && acked > failed,
+        failed > 0 && torn > 0 && short > 0 && acked > failed,
         "the storm did not bite"
     );
 }

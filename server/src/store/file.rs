@@ -36,18 +36,24 @@ pub enum FaultPoint {
 /// A fault for a `FaultPoint::Write` of a batch: the first `bytes` of the
 /// write reach the file, the rest is zeros (`garbage: false`) or a fixed
 /// junk pattern (`garbage: true`), and the write then fails with EIO: what a
-/// crash or a device error in the middle of a write leaves behind. Return it
-/// from the hook as `io::Error::other(TornWrite { .. })`; at other points it
-/// is an ordinary error.
+/// crash or a device error in the middle of a write leaves behind. With
+/// `short: true` it is a short write instead: the write stops after `bytes`
+/// (rounded down to `WRITE_ALIGN_BYTES`, as O_DIRECT would), nothing beyond
+/// reaches the file (which may end there), and the store sees the byte count
+/// come back short. Return it from the hook as
+/// `io::Error::other(TornWrite { .. })`; at other points it is an ordinary
+/// error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TornWrite {
     pub bytes: u64,
     pub garbage: bool,
+    pub short: bool,
 }
 
 impl std::fmt::Display for TornWrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "torn write after {} bytes (injected)", self.bytes)
+        let what = if self.short { "short" } else { "torn" };
+        write!(f, "{what} write after {} bytes (injected)", self.bytes)
     }
 }
 
@@ -103,6 +109,16 @@ impl WriteBuf {
                 let len = b.len();
                 &mut b.as_mut_capacity()[..len]
             }
+        }
+    }
+
+    /// Cuts the buffer to its first `len_bytes` (a multiple of
+    /// `WRITE_ALIGN_BYTES` for O_DIRECT files).
+    pub fn truncate(&mut self, len_bytes: usize) {
+        match self {
+            WriteBuf::Dma(b) => b.trim_to_size(len_bytes.min(b.len())),
+            WriteBuf::Heap(v) => v.truncate(len_bytes),
+            WriteBuf::Pool(b) => b.set_len(len_bytes.min(b.len())),
         }
     }
 

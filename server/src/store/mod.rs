@@ -870,16 +870,29 @@ impl Store {
             offset: start,
             len_bytes: len,
         }) {
-            // A torn write goes to the file (damaged) and then fails.
+            // A torn write goes to the file (damaged) and then fails; a
+            // short one stops early, leaving nothing beyond its end.
             let t = file::TornWrite::of(&e).ok_or_else(|| StoreError::from_io(e))?;
             let fill = if t.garbage { 0xA5 } else { 0 };
+            let keep_bytes = if t.short {
+                t.bytes / WRITE_ALIGN_BYTES * WRITE_ALIGN_BYTES
+            } else {
+                t.bytes
+            };
             for (i, piece) in pieces.iter_mut().enumerate() {
                 let piece_start = i as u64 * WRITE_PIECE_BYTES;
-                let keep = t.bytes.saturating_sub(piece_start) as usize;
+                let keep = keep_bytes.saturating_sub(piece_start) as usize;
+                if t.short {
+                    piece.truncate(keep);
+                    continue;
+                }
                 let out = piece.as_mut_slice();
                 if keep < out.len() {
                     out[keep..].fill(fill);
                 }
+            }
+            if t.short {
+                pieces.retain_mut(|p| !p.as_mut_slice().is_empty());
             }
             torn = Some(t);
         }
@@ -908,8 +921,13 @@ impl Store {
             result.map_err(StoreError::from_io)?;
         }
         if let Some(t) = torn {
+            let kind = if t.short {
+                io::ErrorKind::WriteZero
+            } else {
+                io::ErrorKind::Other
+            };
             return Err(StoreError::from_io(io::Error::new(
-                io::ErrorKind::Other,
+                kind,
                 format!("{t}: EIO"),
             )));
         }

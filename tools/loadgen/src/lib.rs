@@ -550,11 +550,16 @@ async fn create_bucket(b: &mut Backend, spec: &Spec) -> Result<(), String> {
     }
 }
 
-/// Uploads what the operation reads, with progress on stderr.
+/// Uploads what the operation reads, with progress on stderr. With
+/// `no_prepare` nothing is written, not even the bucket (a plain HTTP
+/// server such as nginx serves files written beforehand and refuses PUTs).
 pub async fn prepare(spec: &Spec) -> Result<(), String> {
+    if spec.no_prepare {
+        return Ok(());
+    }
     let mut b = backend(spec).await?;
     create_bucket(&mut b, spec).await?;
-    if spec.no_prepare || matches!(spec.op, Op::Put) {
+    if matches!(spec.op, Op::Put) {
         return Ok(());
     }
     if spec.op == Op::Range {
