@@ -35,19 +35,35 @@ pub fn http_request(data: &[u8]) {
         return;
     };
     let limits = Limits::default();
-    // The connection only parses once it has seen the end of the head.
-    let end = crate::http::find_head_end(data, 0);
-    let head = match crate::http::parse_head(data, &limits) {
-        Ok(Some((head, used))) => {
+    // The head as the connection finds it: whole, and again as reads would
+    // deliver it (growing windows, the terminator scan carried across them);
+    // both must agree, and the head is exactly its own bytes.
+    let whole = crate::http::next_head(data, &mut 0, &limits);
+    let step = usize::from(split_seed % 13) + 1;
+    let (mut scan_from, mut avail) = (0usize, 0usize);
+    let pieces = loop {
+        avail = (avail + step).min(data.len());
+        let r = crate::http::next_head(&data[..avail], &mut scan_from, &limits);
+        assert!(scan_from <= avail);
+        if !matches!(r, Ok(None)) || avail == data.len() {
+            break r;
+        }
+    };
+    let (head, used) = match (whole, pieces) {
+        (Ok(Some((head, used))), Ok(Some((head2, used2)))) => {
+            assert_eq!((&head, used), (&head2, used2), "pieces disagree with whole");
             assert!(used <= data.len());
-            if let Some(end) = end {
-                assert!(used <= end, "head ends at {used}, blank line at {end}");
-            }
+            let again = crate::http::parse_head(&data[..used], &limits);
+            assert!(matches!(again, Ok(Some((ref h, u))) if *h == head && u == used));
             (head, used)
         }
-        Ok(None) | Err(_) => return,
+        (Ok(None), Ok(None)) | (Err(_), Err(_)) => return,
+        (whole, pieces) => panic!(
+            "whole: {:?}, in pieces: {:?}",
+            whole.map(|o| o.map(|(_, n)| n)),
+            pieces.map(|o| o.map(|(_, n)| n))
+        ),
     };
-    let (head, used) = head;
     let _ = head.keep_alive();
     let _ = head.expects_continue();
     let _ = head.content_length();

@@ -10,7 +10,7 @@ use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::{BodyState, Step};
 use super::date::DateCache;
-use super::head::{find_head_end, parse_head, BodyFraming, Limits, RequestHead};
+use super::head::{next_head, BodyFraming, Limits, RequestHead};
 use super::response::{encode_head, FramingFields, ResponseHead};
 use super::HttpError;
 
@@ -196,18 +196,11 @@ where
     fn try_parse_head(&mut self, scan_from: &mut usize) -> Result<Option<RequestHead>, HttpError> {
         let window_bytes = self.rbuf.len().min(self.limits.head_bytes_max);
         let window = &self.rbuf.data()[..window_bytes];
-        while let Some(end) = find_head_end(window, *scan_from) {
-            if let Some((head, head_bytes)) = parse_head(&window[..end], &self.limits)? {
-                self.rbuf.consume(head_bytes);
-                return Ok(Some(head));
-            }
-            // Only blank lines so far; the next terminator may start at the
-            // last '\n' of this one.
-            *scan_from = end - 1;
-        }
-        // A terminator can straddle reads by at most two bytes.
-        *scan_from = (*scan_from).max(window_bytes.saturating_sub(2));
-        Ok(None)
+        let Some((head, head_bytes)) = next_head(window, scan_from, &self.limits)? else {
+            return Ok(None);
+        };
+        self.rbuf.consume(head_bytes);
+        Ok(Some(head))
     }
 
     fn eof_between_requests(&self) -> Result<Option<RequestHead>, HttpError> {

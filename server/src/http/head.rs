@@ -218,6 +218,29 @@ pub(crate) fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// The next complete request head in `window` (the bytes read so far, the
+/// head-size limit applied), and how many bytes it took. `scan_from` carries
+/// the terminator scan across calls as the window grows, so a client that
+/// sends one byte at a time costs linear time; start it at 0 for each
+/// request. Blank lines before the request line are skipped (RFC 9112 2.2).
+pub(crate) fn next_head(
+    window: &[u8],
+    scan_from: &mut usize,
+    limits: &Limits,
+) -> Result<Option<(RequestHead, usize)>, HttpError> {
+    while let Some(end) = find_head_end(window, *scan_from) {
+        if let Some(parsed) = parse_head(&window[..end], limits)? {
+            return Ok(Some(parsed));
+        }
+        // Only blank lines so far; the next terminator may start at the
+        // last '\n' of this one.
+        *scan_from = end - 1;
+    }
+    // A terminator can straddle reads by at most two bytes.
+    *scan_from = (*scan_from).max(window.len().saturating_sub(2));
+    Ok(None)
+}
+
 /// Parses a head from `buf`. Ok(None) when httparse needs more bytes
 /// (e.g. `buf` held only blank lines that precede the request line).
 pub(crate) fn parse_head(

@@ -18,7 +18,7 @@ pub use conn::{HttpConn, BODY_WINDOW_BYTES, DISCARD_BODY_BYTES_MAX, WRITE_COALES
 pub(crate) use date::civil_from_days;
 pub use date::imf_fixdate;
 pub use error::HttpError;
-pub(crate) use head::{find_head_end, parse_head};
+pub(crate) use head::{next_head, parse_head};
 pub use head::{BodyFraming, Limits, RequestHead};
 pub use range::{content_range, parse_range, RangeError, RangeSpec, RANGES_COUNT_MAX};
 pub use response::{reason_phrase, ResponseHead};
