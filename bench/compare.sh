@@ -226,5 +226,6 @@ if [ "$SCALE" = 1 ]; then
         --secs "$SECS" --json "$JSON"
 fi
 
-python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $ARGS"
+PERCORE_REV="$(git describe --always --dirty 2>/dev/null || echo unknown)" \
+    python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $ARGS"
 echo "wrote $RES/compare.md, $JSON and $RES/compare-*.svg"

@@ -35,7 +35,8 @@ machine = [
     f"file system under the data: {data_fs}",
     f"peers: {sh('nginx -v 2>&1')}; {sh(peers + '/bin/garage --version 2>/dev/null | head -1')}; "
     f"s3s-fs {os.environ.get('S3SFS_VERSION', '0.14.1')}; {sh('fio --version')}; {sh('iperf3 --version | head -1')}",
-    f"percore: {sh('git rev-parse --short HEAD')} ({sh('git log -1 --format=%cs')})",
+    # compare.sh passes the revision it built; a later re-render keeps it.
+    f"percore: {os.environ.get('PERCORE_REV') or sh('git rev-parse --short HEAD')}",
 ]
 
 # What each workload's unit is and which figure the chart shows.
@@ -138,8 +139,13 @@ md += ["## Notes", "",
        "drop first (`echo 3 > /proc/sys/vm/drop_caches`) and then read every object once.",
        "- put-1M: percore and Garage acknowledge after fsync (Garage: data_fsync and metadata_fsync on); "
        "s3s-fs does not fsync, so its PUT rows are not durable and not comparable as such.",
+       "- Garage 2.5.0 and s3s-fs 0.14.1 do not set TCP_NODELAY on accepted connections (strace shows no "
+       "such setsockopt): a response written in two pieces waits for the client's delayed ACK, hence "
+       "their ~44 ms latencies at small sizes. Measured as shipped; the load generator sets TCP_NODELAY "
+       "on its own side.",
        "- The 2-CPU machine gives the server one CPU: these are per-core figures. The shard-scaling rows "
-       "run all shards on that one CPU (overhead of sharding, not scaling); bench/scale.sh with disjoint "
-       "CPU lists measures scaling on a larger machine.", ""]
+       "run all shards on that one CPU (overhead of sharding, not scaling) and, as on a real machine, "
+       "16 connections per shard, so 2 and 4 shards also get 2x and 4x the queue depth; one run each. "
+       "bench/scale.sh with disjoint CPU lists measures scaling on a larger machine.", ""]
 open(prefix + ".md", "w").write("\n".join(md))
 print("\n".join(md))

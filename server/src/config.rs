@@ -74,6 +74,9 @@ pub struct FileConfig {
     pub segment_bytes_max: Option<u64>,
     pub scrub_interval_s: Option<u64>,
     pub scrub_mb_per_sec: Option<u64>,
+    pub connections_per_shard_max: Option<usize>,
+    pub header_timeout_s: Option<u64>,
+    pub idle_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -101,6 +104,13 @@ pub struct ServerConfig {
     pub scrub_interval_s: u64,
     /// Scrub read rate, MB/s.
     pub scrub_mb_per_sec: u64,
+    /// Open connections per shard and front door (S3, native); past it a
+    /// new connection is closed at once.
+    pub connections_per_shard_max: usize,
+    /// S3: first byte of a request head to its end; waiting for the next
+    /// request on a kept-alive connection.
+    pub header_timeout_s: u64,
+    pub idle_timeout_s: u64,
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
@@ -224,6 +234,24 @@ impl ServerConfig {
                     .into(),
             );
         }
+        let connections_per_shard_max = env_num("PERCORE_CONNECTIONS_MAX")?
+            .map(|v| v as usize)
+            .or(file.connections_per_shard_max)
+            .unwrap_or(4096);
+        if !(1..=1 << 20).contains(&connections_per_shard_max) {
+            return Err("connections_per_shard_max must be between 1 and 1048576".into());
+        }
+        let header_timeout_s = env_num("PERCORE_HEADER_TIMEOUT_S")?
+            .or(file.header_timeout_s)
+            .unwrap_or(10);
+        let idle_timeout_s = env_num("PERCORE_IDLE_TIMEOUT_S")?
+            .or(file.idle_timeout_s)
+            .unwrap_or(60);
+        if !(1..=3600).contains(&header_timeout_s) || !(1..=86400).contains(&idle_timeout_s) {
+            return Err(
+                "header_timeout_s must be 1..=3600 and idle_timeout_s 1..=86400 seconds".into(),
+            );
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -258,6 +286,9 @@ impl ServerConfig {
             segment_bytes_max,
             scrub_interval_s,
             scrub_mb_per_sec,
+            connections_per_shard_max,
+            header_timeout_s,
+            idle_timeout_s,
             access_key,
             secret_key,
             default_credentials,
@@ -374,5 +405,45 @@ mod tests {
             ..Default::default()
         };
         assert!(ServerConfig::resolve(&args, &no_env).is_err());
+    }
+
+    #[test]
+    fn connection_bounds_and_timeouts() {
+        let c = ServerConfig::resolve(&ServeArgs::default(), &no_env).unwrap();
+        assert_eq!(
+            (
+                c.connections_per_shard_max,
+                c.header_timeout_s,
+                c.idle_timeout_s
+            ),
+            (4096, 10, 60)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "connections_per_shard_max = 8
+idle_timeout_s = 5
+",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let env = |k: &str| (k == "PERCORE_IDLE_TIMEOUT_S").then(|| "7".to_string());
+        let c = ServerConfig::resolve(&args, &env).unwrap();
+        assert_eq!((c.connections_per_shard_max, c.idle_timeout_s), (8, 7));
+        for (k, v) in [
+            ("PERCORE_CONNECTIONS_MAX", "0"),
+            ("PERCORE_HEADER_TIMEOUT_S", "0"),
+            ("PERCORE_IDLE_TIMEOUT_S", "x"),
+        ] {
+            let env = move |name: &str| (name == k).then(|| v.to_string());
+            assert!(
+                ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
+                "{k}={v}"
+            );
+        }
     }
 }

@@ -41,8 +41,6 @@ use crate::shard::{Shard, BUCKET_OWNER_SHARD};
 use crate::store::record::ObjectMeta;
 use crate::store::ListItem;
 
-/// Open native connections per shard.
-pub const CONNECTIONS_PER_SHARD_MAX: usize = 4096;
 /// Object bytes per Chunk frame (one extent read).
 const CHUNK_BYTES: u64 = 1 << 20;
 /// Payloads up to this size are copied next to their frame header and sent

@@ -18,9 +18,6 @@ use crate::store::{file, Store, StoreConfig};
 use crate::topology::{self, ShardPlacement};
 use crate::{checks, metadata};
 
-/// Open S3 connections per shard.
-pub const CONNECTIONS_PER_SHARD_MAX: usize = 4096;
-
 /// What shards tell the main thread (start-up and shutdown only).
 enum Event {
     Ready(usize),
@@ -126,7 +123,11 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         region: cfg.region.clone(),
         domain: cfg.s3_domain.clone(),
         access_log: cfg.access_log,
-        limits: Limits::default(),
+        limits: Limits {
+            header_timeout_ms: cfg.header_timeout_s * 1000,
+            idle_timeout_ms: cfg.idle_timeout_s * 1000,
+            ..Limits::default()
+        },
     };
     let shard_cpus: Option<Vec<usize>> = placements.iter().map(|p| p.cpu).collect();
     let (s3_fds, steered) = crate::steer::bind_group(cfg.s3, n, shard_cpus.as_deref())?;
@@ -346,6 +347,9 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
     } else {
         shard.wait_started().await;
     }
+    // Per front door: past it a new connection is closed at once (clients
+    // retry), so the shard keeps serving the others.
+    let conns_max = s.cfg.connections_per_shard_max as u64;
     let front = S3Front::new(shard.clone(), Rc::new(s.s3_cfg));
     // Bound and listening already (steer::bind_group), owned from here on.
     let listener =
@@ -357,12 +361,12 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
                 Ok(stream) => {
                     let m = &accept_front.shard.metrics;
                     m.connections_accepted.set(m.connections_accepted.get() + 1);
-                    // Bounded: past the limit a connection is closed at once
-                    // (clients retry), so the shard keeps serving the others.
-                    let m = &accept_front.shard.metrics;
-                    if m.connections_open.get() >= CONNECTIONS_PER_SHARD_MAX as u64 {
+                    if m.connections_open.get() >= conns_max {
                         m.connections_refused.set(m.connections_refused.get() + 1);
-                        tracing::warn!(shard = accept_front.shard.id, "connection limit {CONNECTIONS_PER_SHARD_MAX} reached; closing a new connection");
+                        tracing::warn!(
+                            shard = accept_front.shard.id,
+                            "S3 connection limit {conns_max} reached (connections_per_shard_max); closing a new connection"
+                        );
                         drop(stream);
                         continue;
                     }
@@ -392,14 +396,11 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
                     let m = &accept_native.shard.metrics;
                     m.native_connections_accepted
                         .set(m.native_connections_accepted.get() + 1);
-                    if m.native_connections_open.get()
-                        >= crate::native::CONNECTIONS_PER_SHARD_MAX as u64
-                    {
+                    if m.native_connections_open.get() >= conns_max {
                         m.connections_refused.set(m.connections_refused.get() + 1);
                         tracing::warn!(
                             shard = accept_native.shard.id,
-                            "native connection limit {} reached; closing a new connection",
-                            crate::native::CONNECTIONS_PER_SHARD_MAX
+                            "native connection limit {conns_max} reached (connections_per_shard_max); closing a new connection"
                         );
                         drop(stream);
                         continue;

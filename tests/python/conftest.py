@@ -411,6 +411,19 @@ class AwsCli:
         return p.stderr
 
 
+def metric(srv, name: str) -> float:
+    """A metric from the server's /metrics, summed over its label sets."""
+    import urllib.request
+    body = urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics",
+                                  timeout=5).read().decode()
+    total = 0.0
+    for line in body.splitlines():
+        m = re.match(rf"{name}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
 def unique_bucket_name(hint: str = "b") -> str:
     """A valid, unique bucket name (3-63 chars, lowercase, digits, hyphens)."""
     base = re.sub(r"[^a-z0-9]+", "-", hint.lower()).strip("-")[:40].strip("-")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import s3wire
-from conftest import ACCESS_KEY, SECRET_KEY
+from conftest import ACCESS_KEY, SECRET_KEY, metric
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -252,3 +252,87 @@ def test_slowloris_head_is_cut_off(server_factory):
     s.close()
     assert closed, "a trickled request head was never cut off"
     srv.client().list_buckets()
+
+
+def _read_reply(s: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body), or what came
+    before the server closed."""
+    reply = b""
+    while b"\r\n\r\n" not in reply or not _complete(reply):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    return reply
+
+
+def _closed_within(s: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed `s` (EOF or reset), None if it did not."""
+    started = time.monotonic()
+    s.settimeout(seconds)
+    try:
+        while True:
+            if not s.recv(4096):
+                return time.monotonic() - started
+    except (ConnectionResetError, BrokenPipeError):
+        return time.monotonic() - started
+    except socket.timeout:
+        return None
+
+
+def test_idle_connections_are_closed(server_factory):
+    # Short timeouts (PERCORE_IDLE_TIMEOUT_S / idle_timeout_s): a connection
+    # that never sends, and one that goes quiet after a request, are both
+    # closed; a busy client meanwhile is served.
+    srv = server_factory(shards=1, env={"PERCORE_IDLE_TIMEOUT_S": "2",
+                                        "PERCORE_HEADER_TIMEOUT_S": "2"})
+    silent = socket.create_connection((srv.host, srv.s3_port))
+    kept = socket.create_connection((srv.host, srv.s3_port))
+    kept.sendall(signed_request(srv, "GET", "/"))
+    reply = _read_reply(kept)
+    assert status_of(reply) == 200, reply[:300]
+    c = srv.client()
+    for _ in range(5):
+        c.list_buckets()
+        time.sleep(0.2)
+    for name, s in (("silent", silent), ("kept-alive then idle", kept)):
+        took = _closed_within(s, 15)
+        s.close()
+        assert took is not None, f"{name} connection still open after 15 s with a 2 s idle timeout"
+    c.list_buckets()
+
+
+def test_connection_limit_refuses_new_connections_and_recovers(server_factory):
+    # connections_per_shard_max = 4 on one shard: the 5th S3 connection is
+    # closed at once and counted; the four keep working; after one closes a
+    # new connection is served.
+    srv = server_factory(shards=1, env={"PERCORE_CONNECTIONS_MAX": "4"})
+
+    def served(s: socket.socket) -> bool:
+        s.sendall(signed_request(srv, "GET", "/"))
+        return status_of(_read_reply(s)) == 200
+
+    held = [socket.create_connection((srv.host, srv.s3_port), timeout=10) for _ in range(4)]
+    assert all(served(s) for s in held)
+    refused_before = metric(srv, "percore_connections_refused_total")
+    extra = socket.create_connection((srv.host, srv.s3_port), timeout=10)
+    took = _closed_within(extra, 5)
+    extra.close()
+    assert took is not None, "a 5th connection over a limit of 4 was not closed"
+    assert metric(srv, "percore_connections_refused_total") == refused_before + 1
+    assert all(served(s) for s in held), "connections under the limit stopped being served"
+    held.pop().close()
+    deadline = time.monotonic() + 10
+    while True:
+        s = socket.create_connection((srv.host, srv.s3_port), timeout=10)
+        try:
+            if served(s):
+                break
+        except OSError:
+            pass
+        finally:
+            s.close()
+        assert time.monotonic() < deadline, "no new connection served after one closed"
+        time.sleep(0.2)
+    for s in held:
+        s.close()

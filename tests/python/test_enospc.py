@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError

@@ -7,11 +7,9 @@ import hashlib
 import os
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig

@@ -6,7 +6,6 @@ import os
 import re
 
 import pytest
-from botocore.exceptions import ClientError
 
 from test_s3_basic import MiB, etag, md5, s3_error, spread_keys, status_of
 

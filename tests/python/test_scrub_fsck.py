@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import subprocess
 import time
-import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import percore_bin, unique_bucket_name
+from conftest import metric, percore_bin, unique_bucket_name
 
 MiB = 1024 * 1024
 
@@ -26,17 +24,6 @@ MiB = 1024 * 1024
 def fsck(data_dir) -> subprocess.CompletedProcess:
     return subprocess.run([str(percore_bin()), "fsck", "--data", str(data_dir)],
                           capture_output=True, text=True, timeout=120)
-
-
-def metric(srv, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics",
-                                  timeout=5).read().decode()
-    total = 0.0
-    for line in body.splitlines():
-        m = re.match(rf"{name}(\{{[^}}]*\}})? (\S+)$", line)
-        if m:
-            total += float(m.group(2))
-    return total
 
 
 def test_fsck_and_scrubber_find_a_flipped_byte(server_factory, tmp_path):

@@ -17,25 +17,20 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 
-from conftest import percore_bin, unique_bucket_name
+from conftest import metric, percore_bin, unique_bucket_name
 
 PHASE_S = float(os.environ.get("PERCORE_SOAK_SECONDS", "10"))
 MiB = 1024 * 1024
 
 
 def gauges(srv) -> dict[str, float]:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics",
-                                  timeout=5).read().decode()
-    out = {}
-    for name in ("process_resident_memory_bytes", "process_open_fds"):
-        m = re.search(rf"^{name} (\S+)$", body, re.M)
-        out[name] = float(m.group(1))
-    # Each segment file is an open descriptor: more data, more of them.
-    out["segments"] = sum(float(v) for v in re.findall(r"^percore_segments(?:\{[^}]*\})? (\S+)$",
-                                                       body, re.M))
-    return out
+    return {
+        "process_resident_memory_bytes": metric(srv, "process_resident_memory_bytes"),
+        "process_open_fds": metric(srv, "process_open_fds"),
+        # Each segment file is an open descriptor: more data, more of them.
+        "segments": metric(srv, "percore_segments"),
+    }
 
 
 def native_endpoint(srv) -> str:

@@ -5,7 +5,6 @@ packets) and `percore doctor`."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 

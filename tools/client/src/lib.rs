@@ -485,27 +485,20 @@ impl Client {
     async fn simple(&self, shard: usize, req: &Request) -> Result<Reply> {
         let conn = self.conn(shard).await?;
         let (_, mut rx) = conn.start(req, &[], false).await?;
-        loop {
-            match rx.recv().await {
-                Some(Frame {
-                    msg: ServerMessage::Reply(r),
-                    ..
-                }) => {
-                    if r.status != Status::Ok.0 {
-                        return Err(Error::from_reply(&r));
-                    }
-                    return Ok(r);
-                }
-                Some(other) => {
-                    return Err(Error::Protocol(format!("unexpected frame {:?}", other.msg)))
-                }
-                None => {
-                    return Err(Error::Io(
-                        std::io::ErrorKind::ConnectionReset.into(),
-                        conn.shard,
-                    ))
-                }
-            }
+        match rx.recv().await {
+            Some(Frame {
+                msg: ServerMessage::Reply(r),
+                ..
+            }) if r.status != Status::Ok.0 => Err(Error::from_reply(&r)),
+            Some(Frame {
+                msg: ServerMessage::Reply(r),
+                ..
+            }) => Ok(r),
+            Some(other) => Err(Error::Protocol(format!("unexpected frame {:?}", other.msg))),
+            None => Err(Error::Io(
+                std::io::ErrorKind::ConnectionReset.into(),
+                conn.shard,
+            )),
         }
     }
 
