@@ -224,6 +224,7 @@ async fn writer(
     ring: Option<Rc<crate::ring::DataRing>>,
 ) {
     let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BATCH_BYTES + COALESCE_BYTES_MAX);
+    let mut send_zc = true;
     async fn write_within(wr: &mut WriteHalf<TcpStream>, bytes: &[u8]) -> bool {
         let write = Box::pin(wr.write_all(bytes));
         let timer = Box::pin(glommio::timer::sleep(IO_TIMEOUT));
@@ -263,12 +264,15 @@ async fn writer(
                         .as_deref()
                         .expect("registered buffers come from the ring");
                     while ok && a < b {
-                        let send = Box::pin(ring.send(fd, r, a, b));
+                        let send = Box::pin(ring.send(fd, r, a, b, send_zc));
                         let timer = Box::pin(glommio::timer::sleep(IO_TIMEOUT));
                         match futures::future::select(send, timer).await {
-                            futures::future::Either::Left(((Ok((n, _)), back), _)) if n > 0 => {
+                            futures::future::Either::Left(((Ok((n, kind)), back), _)) if n > 0 => {
                                 a += n;
                                 r = back;
+                                // Copied by the kernel (loopback, veth):
+                                // plain sends from now on (DataRing::send).
+                                send_zc &= kind != crate::ring::SendKind::Copied;
                             }
                             futures::future::Either::Left(_) => {
                                 ok = false;

@@ -306,6 +306,90 @@ fn bit_rot_in_a_sealed_segment_is_detected_on_read() {
     });
 }
 
+/// The header and block-CRC caches: a second ranged read of an object makes
+/// no header reads; bytes that rot on disk after the caches are warm are
+/// still refused (the cached CRCs check them); once compaction moves the
+/// object, reads follow it with correct bytes.
+#[test]
+fn header_caches_save_reads_and_never_hide_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let big = payload("big", 1, 100_000);
+        store.put("b", "big", meta("e"), big.clone()).await.unwrap();
+        // Garbage so that compaction has a reason to move "big".
+        for i in 0..40 {
+            let k = format!("junk/{i}");
+            store
+                .put("b", &k, meta("e"), payload(&k, 1, 9000))
+                .await
+                .unwrap();
+            store.delete("b", &k).await.unwrap();
+        }
+        let ranged = |at: u64| {
+            let store = store.clone();
+            async move {
+                let mut r = store.open_read("b", "big").await?;
+                r.read(at, 4096).await.map(|b| b.to_vec())
+            }
+        };
+        assert!(ranged(40_000).await.unwrap()[..] == big[40_000..44_096]);
+        let before = store.stats();
+        let reads = 20;
+        for _ in 0..reads {
+            assert!(ranged(40_000).await.unwrap()[..] == big[40_000..44_096]);
+        }
+        let after = store.stats();
+        assert_eq!(after.header_cache_hits - before.header_cache_hits, reads);
+        assert_eq!(after.crc_cache_hits - before.crc_cache_hits, reads);
+        assert_eq!(after.header_cache_misses, before.header_cache_misses);
+        assert_eq!(after.crc_cache_misses, before.crc_cache_misses);
+
+        // Rot a byte of that extent on disk, caches warm: refused.
+        let needle = &big[40_000..40_064];
+        let mut damaged = None;
+        for seg in segment_files(&path) {
+            let mut bytes = std::fs::read(&seg).unwrap();
+            if let Some(pos) = bytes.windows(64).position(|w| w == needle) {
+                bytes[pos + 10] ^= 1;
+                std::fs::write(&seg, &bytes).unwrap();
+                damaged = Some((seg, pos + 10));
+                break;
+            }
+        }
+        let (seg, pos) = damaged.expect("extent bytes on disk");
+        assert!(matches!(
+            ranged(40_000).await,
+            Err(StoreError::Corrupt { .. })
+        ));
+        // Repair it, compact everything that can be: "big" moves; its old
+        // segments (and their cache entries) go.
+        let mut bytes = std::fs::read(&seg).unwrap();
+        bytes[pos] ^= 1;
+        std::fs::write(&seg, &bytes).unwrap();
+        let mut compacted = 0;
+        while let Ok(Some(_)) = store.compact_once().await {
+            compacted += 1;
+        }
+        assert!(compacted > 0, "nothing was compacted");
+        let moved = store.stats().header_cache_misses;
+        assert!(ranged(0).await.unwrap()[..] == big[..4096]);
+        assert_eq!(
+            store.stats().header_cache_misses,
+            moved + 1,
+            "compaction did not move \"big\" (the test needs it to)"
+        );
+        // (Ranges within one 16 KiB extent: a read stops at a part boundary.)
+        for at in [0usize, 40_000, 90_000] {
+            let got = ranged(at as u64).await.unwrap();
+            assert!(got[..] == big[at..at + 4096], "at {at} after compaction");
+        }
+        assert!(read_all(&store, "b", "big").await.unwrap() == big[..]);
+        store.shutdown().await;
+    });
+}
+
 #[test]
 fn enospc_fails_the_write_and_the_store_recovers() {
     let dir = tempfile::tempdir().unwrap();

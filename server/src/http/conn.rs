@@ -41,6 +41,9 @@ pub struct HttpConn<S>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    /// Whether SEND_ZC is still worth trying on this socket: cleared once
+    /// the kernel reports a zero-copy send as copied (see `DataRing::send`).
+    pub send_zc: bool,
     stream: S,
     limits: Limits,
     rbuf: super::buf::ReadBuf,
@@ -74,6 +77,7 @@ where
             .max(1)
             .saturating_add(BODY_WINDOW_BYTES);
         HttpConn {
+            send_zc: true,
             stream,
             rbuf: super::buf::ReadBuf::new(READ_BUF_INITIAL_BYTES, capacity_max_bytes),
             limits,

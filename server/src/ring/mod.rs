@@ -71,6 +71,9 @@ pub struct RingStats {
     pub sends_zero_copy: u64,
     pub sends_copied: u64,
     pub sends_plain: u64,
+    /// Plain sends (counted in `sends_plain` too) of sizes that would use
+    /// SEND_ZC, on sockets whose SEND_ZC the kernel had already copied.
+    pub sends_zc_declined: u64,
     pub send_zc_unsupported: u64,
     pub eventfd_waits: u64,
 }
@@ -445,15 +448,23 @@ impl DataRing {
     /// buffer at or above the size threshold (falling back to a plain send
     /// where the kernel refuses), a plain send below it. Resolves after the
     /// kernel is done with the buffer.
+    ///
+    /// `zc_allowed` is the caller's per-socket verdict: a caller that got
+    /// `SendKind::Copied` back should pass false from then on. A SEND_ZC the
+    /// kernel copies (loopback, veth, a device without scatter-gather) costs
+    /// more than a plain send and holds the buffer until the peer has read
+    /// the data, which on loopback stalled 1 MiB replies for tens of ms.
     pub async fn send(
         &self,
         fd: RawFd,
         buf: PoolBuf,
         start: usize,
         end: usize,
+        zc_allowed: bool,
     ) -> (io::Result<(usize, SendKind)>, PoolBuf) {
         assert!(start <= end && end <= buf.len());
-        let zc = end - start >= self.cfg.send_zc_min_bytes && self.zc_supported.get();
+        let wants_zc = end - start >= self.cfg.send_zc_min_bytes && self.zc_supported.get();
+        let zc = wants_zc && zc_allowed;
         let ptr = unsafe { buf.as_ptr().add(start) };
         let len = (end - start) as u32;
         let entry = if zc {
@@ -473,7 +484,7 @@ impl DataRing {
         if result == -libc::EOPNOTSUPP && zc {
             self.zc_supported.set(false);
             self.stats.borrow_mut().send_zc_unsupported += 1;
-            return Box::pin(self.send(fd, buf, start, end)).await;
+            return Box::pin(self.send(fd, buf, start, end, zc_allowed)).await;
         }
         if result < 0 {
             return (Err(io::Error::from_raw_os_error(-result)), buf);
@@ -488,6 +499,9 @@ impl DataRing {
             SendKind::ZeroCopy => stats.sends_zero_copy += 1,
             SendKind::Copied => stats.sends_copied += 1,
             SendKind::Plain => stats.sends_plain += 1,
+        }
+        if wants_zc && !zc {
+            stats.sends_zc_declined += 1;
         }
         (Ok((result as usize, kind)), buf)
     }

@@ -1124,7 +1124,7 @@ impl S3Front {
         let fd = conn.get_ref().as_raw_fd();
         let limit = Duration::from_millis(conn.limits().body_timeout_ms.max(1));
         while a < b {
-            let send = Box::pin(ring.send(fd, buf, a, b));
+            let send = Box::pin(ring.send(fd, buf, a, b, conn.send_zc));
             let timer = Box::pin(glommio::timer::sleep(limit));
             let (result, back) = match futures::future::select(send, timer).await {
                 futures::future::Either::Left((r, _)) => r,
@@ -1143,9 +1143,12 @@ impl S3Front {
             buf = back;
             match result {
                 Ok((0, _)) => return Err(S3Error::internal("connection closed mid-body")),
-                Ok((n, _)) => {
+                Ok((n, kind)) => {
                     a += n;
                     conn.body_bytes_written += n as u64;
+                    if kind == crate::ring::SendKind::Copied {
+                        conn.send_zc = false;
+                    }
                 }
                 Err(e) => {
                     tracing::debug!(shard = self.shard.id, "send failed: {e}");

@@ -698,7 +698,8 @@ impl Shard {
             out.counters.extend([
                 ("percore_ring_sends_zero_copy_total", "SEND_ZC sends the kernel completed without copying.", r.sends_zero_copy),
                 ("percore_ring_sends_copied_total", "SEND_ZC sends the kernel reported as copied (always so on loopback and veth).", r.sends_copied),
-                ("percore_ring_sends_plain_total", "Plain sends from registered buffers (below the SEND_ZC threshold, or SEND_ZC unsupported).", r.sends_plain),
+                ("percore_ring_sends_plain_total", "Plain sends from registered buffers (below the SEND_ZC threshold, SEND_ZC unsupported, or declined).", r.sends_plain),
+                ("percore_ring_sends_zc_declined_total", "Plain sends at SEND_ZC sizes on sockets whose earlier SEND_ZC the kernel copied (loopback, veth).", r.sends_zc_declined),
                 ("percore_ring_reads_fixed_total", "READ_FIXED reads into registered buffers.", r.reads_fixed),
                 ("percore_ring_writes_fixed_total", "WRITE_FIXED batch pieces written from registered buffers.", r.writes_fixed),
                 ("percore_ring_sq_full_total", "Times the submission queue was full and had to be submitted early.", r.sq_full),
@@ -754,6 +755,26 @@ impl Shard {
                 "percore_store_corrupt_reads_total",
                 "Reads that failed a CRC check: never served.",
                 st.corrupt_reads,
+            ),
+            (
+                "percore_store_crc_cache_hits_total",
+                "Extent block-CRC lookups answered from the shard's cache (no header read).",
+                st.crc_cache_hits,
+            ),
+            (
+                "percore_store_crc_cache_misses_total",
+                "Extent block-CRC lookups that read the extent's header from disk.",
+                st.crc_cache_misses,
+            ),
+            (
+                "percore_store_header_cache_hits_total",
+                "Opens of extent-stored objects whose header came from the shard's cache.",
+                st.header_cache_hits,
+            ),
+            (
+                "percore_store_header_cache_misses_total",
+                "Opens of extent-stored objects that read the object's header from disk.",
+                st.header_cache_misses,
             ),
             (
                 "percore_compaction_segments_total",

@@ -271,6 +271,11 @@ impl Store {
             }
         }
         self.inner.segments.borrow_mut().remove(&segment_id);
+        self.inner.crc_cache.borrow_mut().forget_segment(segment_id);
+        self.inner
+            .header_cache
+            .borrow_mut()
+            .forget_segment(segment_id);
         std::fs::remove_file(super::segment_path(&self.inner.cfg.dir, segment_id))?;
         file::sync_dir(&self.inner.cfg.dir)?;
         {

@@ -16,6 +16,7 @@
 pub mod file;
 pub mod mpu;
 pub mod record;
+mod record_cache;
 mod recovery;
 pub mod scrub;
 
@@ -125,6 +126,12 @@ pub struct StoreConfig {
     pub scrub_interval_ms: u64,
     /// Scrub read rate limit.
     pub scrub_bytes_per_sec_max: u64,
+    /// Memory for cached extent block CRCs (see `record_cache`); about 160
+    /// bytes per 1 MiB extent, so the default covers ~100k extents.
+    pub crc_cache_bytes_max: usize,
+    /// Memory for cached headers of objects stored in extents (metadata
+    /// and extent list: ~200 bytes plus ~24 per MiB of object).
+    pub header_cache_bytes_max: usize,
     pub faults: Option<FaultHook>,
 }
 
@@ -143,6 +150,8 @@ impl StoreConfig {
             compaction_interval_ms: 1000,
             scrub_interval_ms: 0,
             scrub_bytes_per_sec_max: 64 << 20,
+            crc_cache_bytes_max: 16 << 20,
+            header_cache_bytes_max: 16 << 20,
             faults: None,
         }
     }
@@ -288,6 +297,33 @@ struct Inner {
     /// The shard's data ring: batches are written with WRITE_FIXED from its
     /// registered buffers when attached (O_DIRECT files only).
     ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
+    crc_cache: RefCell<record_cache::RecordCache<Rc<[u32]>>>,
+    header_cache: RefCell<record_cache::RecordCache<Rc<CachedHeader>>>,
+}
+
+/// What a read needs of an object's record header when the object is not
+/// read whole with it (stored in extents, or inline but large).
+struct CachedHeader {
+    seq: u64,
+    meta: ObjectMeta,
+    extents: Vec<record::ExtentRef>,
+    /// The record's own payload CRCs (inline objects; empty otherwise).
+    block_crcs: Rc<[u32]>,
+}
+
+impl CachedHeader {
+    fn heap_bytes(h: &Rc<CachedHeader>) -> usize {
+        let m = &h.meta;
+        std::mem::size_of::<CachedHeader>()
+            + m.etag.len()
+            + m.content_type.len()
+            + m.headers
+                .iter()
+                .map(|(k, v)| 48 + k.len() + v.len())
+                .sum::<usize>()
+            + h.extents.len() * std::mem::size_of::<record::ExtentRef>()
+            + std::mem::size_of_val(&h.block_crcs[..])
+    }
 }
 
 /// Counters, read by tests, benchmarks and (later) /metrics.
@@ -306,6 +342,12 @@ pub struct StoreStats {
     pub scrub_corrupt_records: u64,
     pub scrub_last_pass_unix_ms: u64,
     pub scrub_last_pass_corrupt: u64,
+    /// Extent block-CRC lookups answered from memory / read from disk.
+    pub crc_cache_hits: u64,
+    pub crc_cache_misses: u64,
+    /// The same for extent-stored objects' headers.
+    pub header_cache_hits: u64,
+    pub header_cache_misses: u64,
 }
 
 /// Summary of a recovery, printed at start-up.
@@ -373,6 +415,14 @@ impl Store {
             file::prime_iopoll_probe(&cfg.dir).await?;
         }
         let (doorbell, doorbell_rx) = glommio::channels::local_channel::new_bounded(1);
+        let crc_cache = RefCell::new(record_cache::RecordCache::new(
+            cfg.crc_cache_bytes_max,
+            |c: &Rc<[u32]>| std::mem::size_of_val(&c[..]),
+        ));
+        let header_cache = RefCell::new(record_cache::RecordCache::new(
+            cfg.header_cache_bytes_max,
+            CachedHeader::heap_bytes,
+        ));
         let inner = Rc::new(Inner {
             cfg,
             index: RefCell::new(BTreeMap::new()),
@@ -398,6 +448,8 @@ impl Store {
             device_write: Default::default(),
             device_read: Default::default(),
             ring: RefCell::new(None),
+            crc_cache,
+            header_cache,
         });
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
@@ -482,7 +534,17 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.inner.stats.borrow().clone()
+        let (crcs, headers) = (
+            self.inner.crc_cache.borrow(),
+            self.inner.header_cache.borrow(),
+        );
+        StoreStats {
+            crc_cache_hits: crcs.hits,
+            crc_cache_misses: crcs.misses,
+            header_cache_hits: headers.hits,
+            header_cache_misses: headers.misses,
+            ..self.inner.stats.borrow().clone()
+        }
     }
 
     /// Writes batches through `ring` (WRITE_FIXED) from now on.
@@ -1267,14 +1329,57 @@ impl Store {
         let file = self
             .segment_file(entry.loc.segment_id)
             .ok_or(StoreError::NotFound)?;
-        let inline = info.extents.is_empty();
         // Small inline records are read whole at once: one I/O per GET.
-        let whole = inline && entry.loc.span_bytes() <= 256 * 1024;
-        let read_len = if whole {
-            entry.loc.header_bytes as u64 + entry.loc.payload_bytes
-        } else {
-            entry.loc.header_bytes as u64
+        let whole = info.extents.is_empty() && entry.loc.span_bytes() <= 256 * 1024;
+        if !whole {
+            return self.open_by_header(bucket, key, &entry).await;
+        }
+        let read_len = entry.loc.header_bytes as u64 + entry.loc.payload_bytes;
+        let (raw, header, header_bytes) = self
+            .read_object_header(bucket, key, &entry, read_len)
+            .await?;
+        let Body::Object { meta, .. } = header.body else {
+            unreachable!("checked by read_object_header")
         };
+        let corrupt = || StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        };
+        let cached = ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize)
+            .ok_or_else(corrupt)?;
+        if !record::verify_blocks(&header.block_crcs, 0, &cached) {
+            self.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Err(corrupt());
+        }
+        Ok(ObjectReader {
+            store: self.clone(),
+            seq: entry.seq,
+            meta,
+            parts: vec![Part {
+                file,
+                segment_id: entry.loc.segment_id,
+                record_offset: entry.loc.offset,
+                header_bytes: header_bytes as u32,
+                object_offset: 0,
+                payload_bytes: entry.loc.payload_bytes,
+                block_crcs: Some(header.block_crcs.into()),
+                cached: Some(cached),
+            }],
+        })
+    }
+
+    /// Reads `read_len` bytes at the record of `entry` and decodes its
+    /// header, which must be the object record the index points at.
+    async fn read_object_header(
+        &self,
+        bucket: &str,
+        key: &str,
+        entry: &Entry,
+        read_len: u64,
+    ) -> Result<(ReadResult, Header, usize)> {
+        let file = self
+            .segment_file(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
         self.fault(FaultPoint::Read {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
@@ -1290,56 +1395,88 @@ impl Store {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             corrupt()
         })?;
-        let Body::Object { meta, extents } = header.body else {
-            return Err(corrupt());
-        };
-        if header.seq != entry.seq || header.bucket != bucket || header.key != key {
+        if !matches!(header.body, Body::Object { .. })
+            || header.seq != entry.seq
+            || header.bucket != bucket
+            || header.key != key
+        {
             return Err(corrupt());
         }
-        let mut parts = Vec::new();
-        if inline {
-            let cached = if whole {
-                ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize)
-            } else {
-                None
-            };
-            if let Some(c) = &cached {
-                if !record::verify_blocks(&header.block_crcs, 0, c) {
-                    self.inner.stats.borrow_mut().corrupt_reads += 1;
-                    return Err(corrupt());
-                }
+        Ok((raw, header, header_bytes))
+    }
+
+    /// Opens an object that is not read whole with its header (stored in
+    /// extents, or inline but large): the header (metadata, extent list,
+    /// inline CRCs) from the shard's header cache, else from disk (then
+    /// cached); the payload is read later, piece by piece.
+    async fn open_by_header(&self, bucket: &str, key: &str, entry: &Entry) -> Result<ObjectReader> {
+        let (seg, off) = (entry.loc.segment_id, entry.loc.offset);
+        let cached = self.inner.header_cache.borrow_mut().get(seg, off);
+        let header = match cached {
+            // (segment, offset) names one record for the life of the
+            // process; the seq check is belt and braces.
+            Some(h) if h.seq == entry.seq => h,
+            _ => {
+                let (_, header, _) = self
+                    .read_object_header(bucket, key, entry, u64::from(entry.loc.header_bytes))
+                    .await?;
+                let Body::Object { meta, extents } = header.body else {
+                    unreachable!("checked by read_object_header")
+                };
+                let block_crcs = if extents.is_empty() {
+                    header.block_crcs.into()
+                } else {
+                    Rc::from([])
+                };
+                let h = Rc::new(CachedHeader {
+                    seq: entry.seq,
+                    meta,
+                    extents,
+                    block_crcs,
+                });
+                self.inner
+                    .header_cache
+                    .borrow_mut()
+                    .insert(seg, off, h.clone());
+                h
             }
+        };
+        let corrupt = || StoreError::Corrupt {
+            segment_id: seg,
+            offset: off,
+        };
+        let mut parts = Vec::with_capacity(header.extents.len().max(1));
+        if header.extents.is_empty() {
             parts.push(Part {
-                file,
-                segment_id: entry.loc.segment_id,
-                record_offset: entry.loc.offset,
-                header_bytes: header_bytes as u32,
+                file: self.segment_file(seg).ok_or_else(corrupt)?,
+                segment_id: seg,
+                record_offset: off,
+                header_bytes: entry.loc.header_bytes,
                 object_offset: 0,
                 payload_bytes: entry.loc.payload_bytes,
-                block_crcs: Some(header.block_crcs),
-                cached,
+                block_crcs: Some(header.block_crcs.clone()),
+                cached: None,
             });
-        } else {
-            let mut object_offset = 0;
-            for e in &extents {
-                let file = self.segment_file(e.segment_id).ok_or_else(corrupt)?;
-                parts.push(Part {
-                    file,
-                    segment_id: e.segment_id,
-                    record_offset: e.record_offset,
-                    header_bytes: e.header_bytes,
-                    object_offset,
-                    payload_bytes: e.payload_bytes,
-                    block_crcs: None,
-                    cached: None,
-                });
-                object_offset += e.payload_bytes;
-            }
+        }
+        let mut object_offset = 0;
+        for e in &header.extents {
+            let file = self.segment_file(e.segment_id).ok_or_else(corrupt)?;
+            parts.push(Part {
+                file,
+                segment_id: e.segment_id,
+                record_offset: e.record_offset,
+                header_bytes: e.header_bytes,
+                object_offset,
+                payload_bytes: e.payload_bytes,
+                block_crcs: None,
+                cached: None,
+            });
+            object_offset += e.payload_bytes;
         }
         Ok(ObjectReader {
             store: self.clone(),
             seq: entry.seq,
-            meta,
+            meta: header.meta.clone(),
             parts,
         })
     }
@@ -1815,9 +1952,61 @@ struct Part {
     object_offset: u64,
     payload_bytes: u64,
     /// Loaded with the header; None for extents until first read.
-    block_crcs: Option<Vec<u32>>,
+    block_crcs: Option<Rc<[u32]>>,
     /// Whole payload, already verified (small inline objects).
     cached: Option<ReadResult>,
+}
+
+impl Part {
+    /// The part's block CRCs: kept from the object's header (inline), else
+    /// from the shard's cache, else read from the extent's header on disk
+    /// (and cached).
+    async fn load_block_crcs(&mut self, store: &Store) -> Result<Rc<[u32]>> {
+        if let Some(c) = &self.block_crcs {
+            return Ok(c.clone());
+        }
+        let cached = store
+            .inner
+            .crc_cache
+            .borrow_mut()
+            .get(self.segment_id, self.record_offset);
+        let crcs = match cached {
+            Some(c) => c,
+            None => {
+                store.fault(FaultPoint::Read {
+                    segment_id: self.segment_id,
+                    offset: self.record_offset,
+                })?;
+                let raw = self
+                    .file
+                    .read_at(self.record_offset, self.header_bytes as usize)
+                    .await?;
+                let header = match record::decode_header(&raw) {
+                    Ok((h, _))
+                        if h.kind() == Kind::Extent && h.payload_bytes == self.payload_bytes =>
+                    {
+                        h
+                    }
+                    _ => {
+                        store.inner.stats.borrow_mut().corrupt_reads += 1;
+                        return Err(StoreError::Corrupt {
+                            segment_id: self.segment_id,
+                            offset: self.record_offset,
+                        });
+                    }
+                };
+                let crcs: Rc<[u32]> = header.block_crcs.into();
+                store.inner.crc_cache.borrow_mut().insert(
+                    self.segment_id,
+                    self.record_offset,
+                    crcs.clone(),
+                );
+                crcs
+            }
+        };
+        self.block_crcs = Some(crcs.clone());
+        Ok(crcs)
+    }
 }
 
 /// Reads one object version; every byte returned has passed its block CRC.
@@ -1856,26 +2045,7 @@ impl ObjectReader {
             segment_id: part.segment_id,
             offset: part.record_offset,
         };
-        if part.block_crcs.is_none() {
-            store.fault(FaultPoint::Read {
-                segment_id: part.segment_id,
-                offset: part.record_offset,
-            })?;
-            let raw = part
-                .file
-                .read_at(part.record_offset, part.header_bytes as usize)
-                .await?;
-            let header = match record::decode_header(&raw) {
-                Ok((h, _)) if h.kind() == Kind::Extent && h.payload_bytes == part.payload_bytes => {
-                    h
-                }
-                _ => {
-                    store.inner.stats.borrow_mut().corrupt_reads += 1;
-                    return Err(corrupt);
-                }
-            };
-            part.block_crcs = Some(header.block_crcs);
-        }
+        let crcs = part.load_block_crcs(&store).await?;
         let first_block = within / record::BLOCK_BYTES;
         let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
         let read_start = first_block * record::BLOCK_BYTES;
@@ -1891,9 +2061,8 @@ impl ObjectReader {
             .read_at(file_offset, (read_end - read_start) as usize)
             .await?;
         store.inner.device_read.record(read_started.elapsed());
-        let crcs = part.block_crcs.as_ref().unwrap();
         if raw.len() as u64 != read_end - read_start
-            || !record::verify_blocks(crcs, first_block as usize, &raw)
+            || !record::verify_blocks(&crcs, first_block as usize, &raw)
         {
             store.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt);
@@ -1929,13 +2098,11 @@ impl ObjectReader {
             return None;
         }
         let target = self.parts[index].file.ring_target(ring)?;
-        if self.parts[index].block_crcs.is_none() {
-            // Loads the extent's header (block CRCs) the ordinary way.
-            if let Err(e) = self.read(offset, 1).await {
-                return Some(Err(e));
-            }
-        }
         let store = self.store.clone();
+        let crcs = match self.parts[index].load_block_crcs(&store).await {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
         let part = &self.parts[index];
         let within = offset - part.object_offset;
         let len = len_bytes.min(part.payload_bytes - within);
@@ -1971,10 +2138,9 @@ impl ObjectReader {
             Err(e) => return Some(Err(e.into())),
         };
         let data_len = (read_end - read_start) as usize;
-        let crcs = part.block_crcs.as_ref().expect("loaded above");
         if n < skew + data_len
             || !record::verify_blocks(
-                crcs,
+                &crcs,
                 first_block as usize,
                 &buf.as_slice()[skew..skew + data_len],
             )
