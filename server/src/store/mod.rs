@@ -1326,16 +1326,13 @@ impl Store {
         let State::Live(info) = &entry.state else {
             return Err(StoreError::NotFound);
         };
-        let file = self
-            .segment_file(entry.loc.segment_id)
-            .ok_or(StoreError::NotFound)?;
         // Small inline records are read whole at once: one I/O per GET.
         let whole = info.extents.is_empty() && entry.loc.span_bytes() <= 256 * 1024;
         if !whole {
             return self.open_by_header(bucket, key, &entry).await;
         }
         let read_len = entry.loc.header_bytes as u64 + entry.loc.payload_bytes;
-        let (raw, header, header_bytes) = self
+        let (file, raw, header, header_bytes) = self
             .read_object_header(bucket, key, &entry, read_len)
             .await?;
         let Body::Object { meta, .. } = header.body else {
@@ -1369,14 +1366,15 @@ impl Store {
     }
 
     /// Reads `read_len` bytes at the record of `entry` and decodes its
-    /// header, which must be the object record the index points at.
+    /// header, which must be the object record the index points at. Returns
+    /// the segment file too.
     async fn read_object_header(
         &self,
         bucket: &str,
         key: &str,
         entry: &Entry,
         read_len: u64,
-    ) -> Result<(ReadResult, Header, usize)> {
+    ) -> Result<(Rc<SegFile>, ReadResult, Header, usize)> {
         let file = self
             .segment_file(entry.loc.segment_id)
             .ok_or(StoreError::NotFound)?;
@@ -1402,7 +1400,7 @@ impl Store {
         {
             return Err(corrupt());
         }
-        Ok((raw, header, header_bytes))
+        Ok((file, raw, header, header_bytes))
     }
 
     /// Opens an object that is not read whole with its header (stored in
@@ -1417,7 +1415,7 @@ impl Store {
             // process; the seq check is belt and braces.
             Some(h) if h.seq == entry.seq => h,
             _ => {
-                let (_, header, _) = self
+                let (_, _, header, _) = self
                     .read_object_header(bucket, key, entry, u64::from(entry.loc.header_bytes))
                     .await?;
                 let Body::Object { meta, extents } = header.body else {
