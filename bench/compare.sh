@@ -45,6 +45,9 @@ CONC="${CONC:-16}"
 [ -x "$PEERS/bin/garage" ] && [ -x "$PEERS/bin/s3s-fs" ] && command -v fio >/dev/null &&
     command -v iperf3 >/dev/null || peers_install
 cargo build --release -q -p percore-server
+# The revision the measured binary was built from (edits made while the run
+# goes on must not relabel it).
+REV="$(git describe --always --dirty 2>/dev/null || echo unknown)"
 BIN=target/release/percore
 RES=bench/results
 JSON=$RES/compare.jsonl
@@ -226,6 +229,6 @@ if [ "$SCALE" = 1 ]; then
         --secs "$SECS" --json "$JSON"
 fi
 
-PERCORE_REV="$(git describe --always --dirty 2>/dev/null || echo unknown)" \
+PERCORE_REV="$REV" \
     python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $ARGS"
 echo "wrote $RES/compare.md, $JSON and $RES/compare-*.svg"
