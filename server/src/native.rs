@@ -1051,11 +1051,9 @@ impl NativeFront {
             Some(d) if l.start_after.starts_with(&l.prefix) => {
                 let rest = &l.start_after[l.prefix.len()..];
                 match rest.find(d.as_str()) {
-                    Some(i) => {
-                        let mut p = l.start_after[..l.prefix.len() + i + d.len()].to_string();
-                        p.push(char::MAX);
-                        p
-                    }
+                    // The common prefix itself: the store resumes after
+                    // every key under a marker that ends on a delimiter.
+                    Some(i) => l.start_after[..l.prefix.len() + i + d.len()].to_string(),
                     None => l.start_after.clone(),
                 }
             }

@@ -196,6 +196,7 @@ impl Shard {
         let mut cursors: Vec<String> = vec![from.to_string(); n];
         let mut buffered: Vec<VecDeque<crate::store::ListItem>> = vec![VecDeque::new(); n];
         let mut exhausted = vec![false; n];
+        let mut asked = vec![false; n];
         let mut out: Vec<crate::store::ListItem> = Vec::with_capacity(max.min(1024));
         loop {
             let starved: Vec<usize> = (0..n)
@@ -218,6 +219,23 @@ impl Shard {
                 for (&i, reply) in starved.iter().zip(replies) {
                     match reply {
                         Reply::List(items) => {
+                            // No-progress guard: a shard's page must be
+                            // strictly increasing and after its cursor,
+                            // or asking again could loop forever.
+                            // (The first page may start with a common
+                            // prefix that sorts before the caller's marker.)
+                            let mut prev = asked[i].then_some(cursors[i].as_str());
+                            for item in &items {
+                                if prev.is_some_and(|p| item.name() <= p) {
+                                    tracing::error!(shard = self.id, peer = i, "listing made no progress after {prev:?}");
+                                    return Err(ShardError::Internal(format!(
+                                        "shard {i} listed {:?} after {prev:?}: listing made no progress",
+                                        item.name()
+                                    )));
+                                }
+                                prev = Some(item.name());
+                            }
+                            asked[i] = true;
                             exhausted[i] = items.len() < batch;
                             if let Some(last) = items.last() {
                                 cursors[i] = last.name().to_string();

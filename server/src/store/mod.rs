@@ -1548,18 +1548,23 @@ impl Store {
         } else {
             Bound::Included(prefix.to_string())
         };
-        // Keys starting with NUL are internal (multipart state), never listed.
-        if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
-        {
-            lower = Bound::Included("\u{1}".to_string());
-        }
         // A continuation that ends on a common prefix resumes after all of it.
         if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
             if let Some(rest) = start_after.strip_prefix(prefix) {
                 if rest.ends_with(d) && !rest.is_empty() {
-                    lower = Bound::Excluded(prefix_successor(start_after));
+                    match prefix_successor(start_after) {
+                        Some(next) => lower = Bound::Included(next),
+                        None => return items,
+                    }
                 }
             }
+        }
+        // Keys starting with NUL are internal (multipart state), never
+        // listed. Applied last, so that no bound computed above (from a
+        // token holding a NUL, say) can reach into them.
+        if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
+        {
+            lower = Bound::Included("\u{1}".to_string());
         }
         'outer: while items.len() < limit {
             let mut range = keys.range::<String, _>((lower.clone(), Bound::Unbounded));
@@ -1570,14 +1575,25 @@ impl Store {
                 if !key.starts_with(prefix) {
                     break 'outer;
                 }
+                debug_assert!(!key.starts_with('\0'));
+                if key.starts_with('\0') {
+                    continue;
+                }
                 let State::Live(info) = &entry.state else {
                     continue;
                 };
                 if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
                     if let Some(pos) = key[prefix.len()..].find(d) {
                         let common = key[..prefix.len() + pos + d.len()].to_string();
-                        lower = Bound::Excluded(prefix_successor(&common));
+                        let next = prefix_successor(&common);
+                        // Every later item sorts after this one: a page
+                        // can never hold the same prefix twice.
+                        debug_assert!(next.as_deref().is_none_or(|n| n > key.as_str()));
                         items.push(ListItem::Prefix(common));
+                        match next {
+                            Some(next) => lower = Bound::Included(next),
+                            None => break 'outer,
+                        }
                         continue 'outer;
                     }
                 }
@@ -1707,12 +1723,29 @@ impl Store {
     }
 }
 
-/// The smallest string greater than every string starting with `prefix`
-/// that sorts after it (good enough for UTF-8 keys).
-fn prefix_successor(prefix: &str) -> String {
+/// The least string greater than every string that starts with `prefix`,
+/// or None if there is none (`prefix` is empty or all U+10FFFF).
+///
+/// Keys compare byte-wise, which for UTF-8 is code-point order, so the
+/// successor is `prefix` with its last character replaced by the next
+/// code point (skipping surrogates), after dropping trailing U+10FFFF.
+/// Appending `char::MAX` instead (the old rule) is not an upper bound:
+/// `"dir/\u{10FFFF}x"` sorts after `"dir/\u{10FFFF}"`, and a listing
+/// that resumed there found the same common prefix forever.
+pub fn prefix_successor(prefix: &str) -> Option<String> {
     let mut s = prefix.to_string();
-    s.push(char::MAX);
-    s
+    while let Some(last) = s.pop() {
+        let next = match last as u32 + 1 {
+            0xD800 => Some('\u{E000}'),
+            n => char::from_u32(n),
+        };
+        if let Some(c) = next {
+            s.push(c);
+            debug_assert!(s.as_str() > prefix && !s.starts_with(prefix));
+            return Some(s);
+        }
+    }
+    None
 }
 
 /// See `Inner::keys_writing`.
