@@ -77,6 +77,7 @@ pub struct FileConfig {
     pub connections_per_shard_max: Option<usize>,
     pub header_timeout_s: Option<u64>,
     pub idle_timeout_s: Option<u64>,
+    pub admin_open_writes: Option<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -114,6 +115,9 @@ pub struct ServerConfig {
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
+    /// Admin writes (PUT /log/level) without `Authorization: Bearer
+    /// <secret key>`; off by default.
+    pub admin_open_writes: bool,
 }
 
 impl ServerConfig {
@@ -292,6 +296,10 @@ impl ServerConfig {
             access_key,
             secret_key,
             default_credentials,
+            admin_open_writes: env("PERCORE_ADMIN_OPEN_WRITES")
+                .map(|v| v == "1" || v == "true")
+                .or(file.admin_open_writes)
+                .unwrap_or(false),
         })
     }
 }
@@ -384,6 +392,15 @@ mod tests {
         assert!(c.access_log);
         let bad = |k: &str| (k == "PERCORE_S3_DOMAIN").then(|| "a b".to_string());
         assert!(ServerConfig::resolve(&ServeArgs::default(), &bad).is_err());
+    }
+
+    #[test]
+    fn admin_writes_need_auth_unless_opened() {
+        let c = ServerConfig::resolve(&ServeArgs::default(), &no_env).unwrap();
+        assert!(!c.admin_open_writes);
+        let env = |k: &str| (k == "PERCORE_ADMIN_OPEN_WRITES").then(|| "1".to_string());
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert!(c.admin_open_writes);
     }
 
     #[test]

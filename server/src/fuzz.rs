@@ -192,6 +192,165 @@ pub fn sigv4_auth(data: &[u8]) {
     let _ = SystemTime::now();
 }
 
+/// The signing property behind presigned URLs: a request correctly signed
+/// (header auth or a presigned query, chosen by the input) stays accepted
+/// with unsigned headers added that are not `x-amz-*`, and is refused once
+/// any `x-amz-*` header it did not sign is added, in any case and at any
+/// position (403 AccessDenied). The one exception: under query auth, a
+/// header that repeats exactly a value the query signed (x-amz-date,
+/// x-amz-content-sha256). The request is signed here by an independent
+/// minimal signer (unreserved characters only, so canonical forms are
+/// trivial), not by the code under test.
+pub fn sigv4_unsigned_headers(data: &[u8]) {
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+        mac.update(msg);
+        mac.finalize().into_bytes().to_vec()
+    }
+    fn pick(byte: u8, alphabet: &[u8]) -> char {
+        alphabet[usize::from(byte) % alphabet.len()] as char
+    }
+    const LOWER: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    const NAME: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789-";
+    const SIGNABLE: [(&str, &str); 5] = [
+        ("content-type", "text/plain"),
+        ("range", "bytes=0-9"),
+        ("x-amz-copy-source", "/src/obj"),
+        ("x-amz-meta-a", "v"),
+        ("x-amz-metadata-directive", "COPY"),
+    ];
+    const DATE: &str = "20231114T221320Z"; // 1_700_000_000
+    const SCOPE: &str = "20231114/us-east-1/s3/aws4_request";
+    const SECRET: &str = "secret";
+
+    let mut bytes = data.iter().copied();
+    let mut next = || bytes.next().unwrap_or(0);
+    let (flags, signed_bits, position, name_len, name_mode) =
+        (next(), next(), next(), next(), next());
+    let query_auth = flags & 1 == 1;
+    let method = ["GET", "PUT", "HEAD", "POST", "DELETE"][usize::from(flags >> 1) % 5];
+    let key: String = (0..(flags >> 4)).map(|_| pick(next(), LOWER)).collect();
+    let path = format!("/b/{key}");
+
+    let mut headers: Vec<(String, String)> = vec![("host".into(), "localhost:9000".into())];
+    let payload = "UNSIGNED-PAYLOAD";
+    if !query_auth {
+        headers.push(("x-amz-content-sha256".into(), payload.into()));
+        headers.push(("x-amz-date".into(), DATE.into()));
+    }
+    for (i, (name, value)) in SIGNABLE.iter().enumerate() {
+        if signed_bits >> i & 1 == 1 {
+            headers.push((name.to_string(), value.to_string()));
+        }
+    }
+    headers.sort();
+    let signed: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
+    let signed = signed.join(";");
+    let mut query: Vec<(String, String)> = Vec::new();
+    if query_auth {
+        query = vec![
+            ("X-Amz-Algorithm".into(), "AWS4-HMAC-SHA256".into()),
+            (
+                "X-Amz-Credential".into(),
+                format!("AKIDEXAMPLE%2F{}", SCOPE.replace('/', "%2F")),
+            ),
+            ("X-Amz-Date".into(), DATE.into()),
+            ("X-Amz-Expires".into(), "600".into()),
+            ("X-Amz-SignedHeaders".into(), signed.replace(';', "%3B")),
+        ];
+    }
+    let canonical_query: Vec<String> = query.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    let canonical_headers: String = headers.iter().map(|(n, v)| format!("{n}:{v}\n")).collect();
+    let canonical = format!(
+        "{method}\n{path}\n{}\n{canonical_headers}\n{signed}\n{payload}",
+        canonical_query.join("&")
+    );
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{DATE}\n{SCOPE}\n{}",
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    );
+    let mut k = hmac(format!("AWS4{SECRET}").as_bytes(), b"20231114");
+    for part in ["us-east-1", "s3", "aws4_request"] {
+        k = hmac(&k, part.as_bytes());
+    }
+    let signature = hex::encode(hmac(&k, to_sign.as_bytes()));
+    let mut raw_query = canonical_query.join("&");
+    if query_auth {
+        raw_query.push_str(&format!("&X-Amz-Signature={signature}"));
+    } else {
+        headers.push((
+            "Authorization".into(),
+            format!("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/{SCOPE}, SignedHeaders={signed}, Signature={signature}"),
+        ));
+    }
+
+    let lookup = |ak: &str| (ak == "AKIDEXAMPLE").then(|| SECRET.to_string());
+    let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let check = |headers: &[(String, String)]| {
+        let views: Vec<HeaderView> = headers
+            .iter()
+            .map(|(n, v)| HeaderView {
+                name: n,
+                value: v.as_bytes(),
+            })
+            .collect();
+        let input = AuthInput {
+            method,
+            raw_path: &path,
+            raw_query: &raw_query,
+            headers: &views,
+        };
+        sigv4::verify(&input, &lookup, now, Duration::from_secs(900))
+    };
+    check(&headers).expect("the signer and the verifier disagree");
+
+    // The added header: a name from the input, or one the string-to-sign
+    // covers, given the value that was signed.
+    let at = usize::from(position) % (headers.len() + 1);
+    let (name, value): (String, String) = match name_mode % 4 {
+        0 => ("x-amz-date".into(), DATE.into()),
+        1 => ("x-amz-content-sha256".into(), payload.into()),
+        _ => {
+            let suffix: String = (0..name_len % 24).map(|_| pick(next(), NAME)).collect();
+            let value: String = (0..next() % 32).map(|_| pick(next(), LOWER)).collect();
+            (format!("x-amz-{suffix}"), value)
+        }
+    };
+    // Any spelling of the name (HTTP names are case-insensitive).
+    let name: String = name
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if name_len >> (i % 8) & 1 == 1 {
+                c.to_ascii_uppercase()
+            } else {
+                c
+            }
+        })
+        .collect();
+    let mut harmless = headers.clone();
+    harmless.insert(at, (format!("x-other-{}", name.len()), value.clone()));
+    check(&harmless).expect("an unsigned header outside x-amz-* refused");
+
+    let lower = name.to_ascii_lowercase();
+    let already_present = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(&name));
+    let repeats_signed = query_auth && name_mode % 4 < 2;
+    let mut added = headers.clone();
+    added.insert(at, (name.clone(), value));
+    match check(&added) {
+        Ok(_) => assert!(repeats_signed, "unsigned {name} accepted"),
+        Err(e) if !already_present && !repeats_signed => {
+            assert_eq!(e, sigv4::AuthError::UnsignedHeaders(lower));
+            assert_eq!((e.s3_code(), e.http_status()), ("AccessDenied", 403));
+        }
+        // A second copy of a signed header changes the signed value (or is
+        // refused as a duplicate): refused either way.
+        Err(e) => assert!(!repeats_signed, "{name}: {e:?}"),
+    }
+}
+
 /// An aws-chunked body in all three modes, fed whole and in two pieces:
 /// the decoder is incremental, so both must decode the same bytes to the
 /// same outcome.
@@ -305,6 +464,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("http_request", http_request),
     ("s3_route", s3_route),
     ("sigv4_auth", sigv4_auth),
+    ("sigv4_unsigned_headers", sigv4_unsigned_headers),
     ("aws_chunked", aws_chunked),
     ("xml_body", xml_body),
     ("record_header", record_header),
@@ -357,6 +517,26 @@ mod tests {
             record::decode_header(&bad).unwrap_err(),
             record::DecodeError::Malformed("block CRCs past header end")
         );
+    }
+
+    /// `sigv4_unsigned_headers` on many random inputs (the fuzz target
+    /// explores further): header and query auth, every subset of signed
+    /// headers, added x-amz-* names of any length, case and position.
+    #[test]
+    fn sigv4_no_unsigned_amz_header_is_accepted() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5157_0a11);
+        for _ in 0..4000 {
+            let len = rng.gen_range(0..80);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            sigv4_unsigned_headers(&data);
+        }
+        // Each mode on its own, header auth and query auth.
+        for flags in [0u8, 1, 0x31] {
+            for mode in 0..4u8 {
+                sigv4_unsigned_headers(&[flags, 0xff, 3, 17, mode, 5, 9]);
+            }
+        }
     }
 
     #[test]

@@ -279,6 +279,11 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
             phase: Cell::new(Phase::Starting),
             shard: RefCell::new(None),
             log_filter: RefCell::new(LOG_FILTER_INITIAL.get().cloned().unwrap_or_default()),
+            writes: AdminWrites {
+                secret_key: s.cfg.secret_key.clone(),
+                default_credentials: s.cfg.default_credentials,
+                open: s.cfg.admin_open_writes,
+            },
         })
     });
     let admin = match &admin_state {
@@ -489,6 +494,56 @@ struct Admin {
     phase: Cell<Phase>,
     shard: RefCell<Option<Rc<Shard>>>,
     log_filter: RefCell<String>,
+    writes: AdminWrites,
+}
+
+/// Who may change state through the admin endpoint (PUT /log/level): a
+/// request with `Authorization: Bearer <S3 secret key>` (the built-in
+/// default secret from loopback peers only, as on the S3 port), or anyone
+/// when the operator set `admin_open_writes`. Reads (/health, /metrics,
+/// GET /log/level) stay open.
+struct AdminWrites {
+    secret_key: String,
+    default_credentials: bool,
+    open: bool,
+}
+
+impl AdminWrites {
+    /// None when allowed, else the refusal (status, message).
+    fn refusal(
+        &self,
+        head: &crate::http::RequestHead,
+        loopback: bool,
+    ) -> Option<(u16, &'static str)> {
+        use subtle::ConstantTimeEq;
+        if self.open {
+            return None;
+        }
+        let Some(value) = head.header_str("authorization") else {
+            return Some((
+                401,
+                "admin writes need 'Authorization: Bearer <PERCORE_SECRET_KEY>' (or admin_open_writes = true)\n",
+            ));
+        };
+        let token = value
+            .trim()
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .unwrap_or("");
+        if !bool::from(token.as_bytes().ct_eq(self.secret_key.as_bytes())) {
+            return Some((
+                403,
+                "wrong admin credentials: send 'Authorization: Bearer <PERCORE_SECRET_KEY>'\n",
+            ));
+        }
+        if self.default_credentials && !loopback {
+            return Some((
+                403,
+                "the default credentials are accepted from loopback only; set PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY\n",
+            ));
+        }
+        None
+    }
 }
 
 /// Changes the log filter at run time (set once by `main`).
@@ -516,8 +571,29 @@ fn process_gauges() -> String {
 }
 
 async fn serve_admin(admin: Rc<Admin>, stream: glommio::net::TcpStream) {
+    let loopback = stream
+        .peer_addr()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or(false);
     let mut conn = HttpConn::new(stream, Limits::default());
     while let Ok(Some(head)) = conn.read_head().await {
+        // Refused before any body is read; the connection then closes.
+        let refusal = match head.method.as_str() {
+            "GET" | "HEAD" => None,
+            _ => admin.writes.refusal(&head, loopback),
+        };
+        if let Some((status, message)) = refusal {
+            let mut reply = ResponseHead::new(status).with_header("Content-Type", "text/plain");
+            if status == 401 {
+                reply.push_header("WWW-Authenticate", "Bearer realm=\"percore-admin\"");
+            }
+            let _ = conn
+                .write_response(&reply, message.len() as u64, true)
+                .await;
+            let _ = conn.write_body(message.as_bytes()).await;
+            let _ = conn.flush().await;
+            break;
+        }
         let (status, ctype, body): (u16, &str, Vec<u8>) = match (
             head.method.as_str(),
             head.path.as_str(),

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from conftest import SECRET_KEY
 from test_s3_basic import s3_error
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 
 
-def http(method, url, body=None):
-    req = urllib.request.Request(url, data=body, method=method)
+def http(method, url, body=None, headers=None):
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read()
@@ -146,12 +147,14 @@ def test_health_and_log_level(server_factory):
     assert http("GET", base + "/health/live") == (200, b"ok\n")
     assert http("GET", base + "/health/ready") == (200, b"ok\n")
     assert http("GET", base + "/log/level") == (200, b"info\n")
-    assert http("PUT", base + "/log/level", b"debug") == (200, b"debug\n")
+    # Writes need the secret key as a bearer token (see test_admin.py).
+    auth = {"Authorization": f"Bearer {SECRET_KEY}"}
+    assert http("PUT", base + "/log/level", b"debug", auth) == (200, b"debug\n")
     assert http("GET", base + "/log/level") == (200, b"debug\n")
-    status, body = http("PUT", base + "/log/level", b"not a [filter")
+    status, body = http("PUT", base + "/log/level", b"not a [filter", auth)
     assert status == 400 and b"invalid filter" in body
     assert http("GET", base + "/log/level") == (200, b"debug\n")
-    assert http("PUT", base + "/log/level", b"info") == (200, b"info\n")
+    assert http("PUT", base + "/log/level", b"info", auth) == (200, b"info\n")
 
 
 def test_access_log_names_every_request(server_factory):

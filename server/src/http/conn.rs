@@ -21,6 +21,10 @@ pub const BODY_WINDOW_BYTES: usize = 256 * 1024;
 /// `discard_body` reads at most this much; a larger unread body costs more
 /// than a new connection, so the caller closes instead.
 pub const DISCARD_BODY_BYTES_MAX: u64 = 1024 * 1024;
+/// `discard_body` reads at most this many bytes off the wire, chunk framing
+/// included: a chunked body of 1-byte chunks with long extensions carries
+/// kilobytes of framing per byte of data.
+pub const DISCARD_WIRE_BYTES_MAX: u64 = 2 * DISCARD_BODY_BYTES_MAX;
 /// Responses whose head and body fit in this go out in one write.
 pub const WRITE_COALESCE_BYTES: usize = 16 * 1024;
 const READ_BUF_INITIAL_BYTES: usize = 8 * 1024;
@@ -359,7 +363,11 @@ where
     }
 
     /// Reads and drops the rest of the current body, up to
-    /// `DISCARD_BODY_BYTES_MAX`. On error the caller must close.
+    /// `DISCARD_BODY_BYTES_MAX` of data and `DISCARD_WIRE_BYTES_MAX` on the
+    /// wire, within `header_timeout_ms` in all (a body nobody wants gets no
+    /// more time than a request head: without a total deadline a client
+    /// trickling a byte just inside the body timeout would hold the
+    /// connection for days). On error the caller must close.
     pub async fn discard_body(&mut self) -> Result<(), HttpError> {
         if !self.body_discardable() {
             self.read_failed = true;
@@ -374,10 +382,27 @@ where
     }
 
     async fn discard_body_unguarded(&mut self) -> Result<(), HttpError> {
+        // Dropping the discard mid-way leaves the stream out of sync; the
+        // caller marks the connection failed on any error.
+        let deadline = timeout_duration(self.limits.header_timeout_ms);
+        match within(deadline, self.discard_body_bounded()).await {
+            Some(result) => result,
+            None => Err(HttpError::Timeout),
+        }
+    }
+
+    async fn discard_body_bounded(&mut self) -> Result<(), HttpError> {
         let mut discarded_bytes = 0u64;
+        let mut wire_bytes = 0u64;
         loop {
+            if wire_bytes > DISCARD_WIRE_BYTES_MAX {
+                return Err(HttpError::BodyTooLarge);
+            }
             match self.body.step(self.rbuf.data())? {
-                Step::Framing { consumed_bytes } => self.rbuf.consume(consumed_bytes),
+                Step::Framing { consumed_bytes } => {
+                    self.rbuf.consume(consumed_bytes);
+                    wire_bytes += consumed_bytes as u64;
+                }
                 Step::NeedMore => self.fill().await?,
                 Step::Done { consumed_bytes } => {
                     self.rbuf.consume(consumed_bytes);
@@ -392,6 +417,7 @@ where
                     self.rbuf.consume(dropped_bytes);
                     self.body.data_consumed(dropped_bytes);
                     discarded_bytes += dropped_bytes as u64;
+                    wire_bytes += dropped_bytes as u64;
                     if discarded_bytes > DISCARD_BODY_BYTES_MAX {
                         return Err(HttpError::BodyTooLarge);
                     }

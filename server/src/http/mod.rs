@@ -14,7 +14,10 @@ mod range;
 mod response;
 
 pub(crate) use body::{BodyState, Step};
-pub use conn::{HttpConn, BODY_WINDOW_BYTES, DISCARD_BODY_BYTES_MAX, WRITE_COALESCE_BYTES};
+pub use conn::{
+    HttpConn, BODY_WINDOW_BYTES, DISCARD_BODY_BYTES_MAX, DISCARD_WIRE_BYTES_MAX,
+    WRITE_COALESCE_BYTES,
+};
 pub(crate) use date::civil_from_days;
 pub use date::imf_fixdate;
 pub use error::HttpError;

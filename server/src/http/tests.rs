@@ -543,6 +543,69 @@ fn early_reply_then_discard_keeps_the_connection() {
 }
 
 #[test]
+fn discard_has_a_total_deadline() {
+    // A body trickled a byte at a time, each byte well inside the body
+    // timeout: the discard must still end at the (header) deadline instead
+    // of following the client for as long as it keeps trickling.
+    let limits = Limits {
+        header_timeout_ms: 300,
+        body_timeout_ms: 1_000,
+        ..Limits::default()
+    };
+    let client: Client = Box::new(|mut stream| {
+        let head = "PUT /denied HTTP/1.1\r\nContent-Length: 1000\r\n\r\n";
+        if stream.write_all(head.as_bytes()).is_err() {
+            return Vec::new();
+        }
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(4_000) {
+            if stream.write_all(b"x").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Vec::new()
+    });
+    let ((result, elapsed), _) = exchange(limits, client, |mut conn| async move {
+        conn.read_head().await.unwrap().unwrap();
+        assert!(conn.body_discardable());
+        let started = Instant::now();
+        let result = conn.discard_body().await;
+        (result, started.elapsed())
+    });
+    assert!(matches!(result, Err(HttpError::Timeout)), "{result:?}");
+    assert!(elapsed >= Duration::from_millis(250), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(2_000), "{elapsed:?}");
+}
+
+#[test]
+fn discard_bounds_chunk_framing_bytes() {
+    // 1-byte chunks behind 3000-byte chunk extensions: 1000 data bytes, but
+    // about 3 MB on the wire. The data bound alone never trips; the wire
+    // bound does.
+    let mut request = b"PUT /denied HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let extension = "x".repeat(3000);
+    for _ in 0..1000 {
+        request.extend_from_slice(format!("1;{extension}\r\na\r\n").as_bytes());
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    let wire_bytes = request.len() as u64;
+    assert!(wire_bytes > DISCARD_WIRE_BYTES_MAX);
+    let client: Client = Box::new(move |mut stream| {
+        // The server stops reading part-way; a failed write is expected.
+        let _ = stream.write_all(&request);
+        let _ = stream.shutdown(Shutdown::Write);
+        read_all(&mut stream)
+    });
+    let (result, _) = exchange(Limits::default(), client, |mut conn| async move {
+        conn.read_head().await.unwrap().unwrap();
+        assert!(conn.body_discardable());
+        conn.discard_body().await
+    });
+    assert!(matches!(result, Err(HttpError::BodyTooLarge)), "{result:?}");
+}
+
+#[test]
 fn large_unread_body_is_not_discarded() {
     let request = "PUT /huge HTTP/1.1\r\nContent-Length: 10485760\r\n\r\nabc";
     let (after, _) = exchange(Limits::default(), send(request), |mut conn| async move {

@@ -38,6 +38,10 @@ const PUT_PIECE_BYTES: usize = 1 << 20;
 const GET_PIECE_BYTES: u64 = 1 << 20;
 /// S3 allows 2 KiB of user metadata.
 const USER_METADATA_BYTES_MAX: usize = 2048;
+/// Metadata entries (x-amz-meta-* plus STORED_HEADERS) kept with an object:
+/// the record format's bound, less one for the verified checksum header
+/// added when the body is in. Checked before the body is read.
+const METADATA_HEADERS_MAX: usize = crate::store::record::HEADERS_COUNT_MAX - 1;
 const CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
 /// Small request bodies (CreateBucket configuration).
 const SMALL_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -156,6 +160,20 @@ fn check_key_and_query(key: &str, raw_query: &str) -> Result<Vec<(String, String
         ));
     }
     Ok(query)
+}
+
+/// A ListObjectsV2 continuation token back to the key it resumes after.
+/// Tokens are keys we handed out (URL-safe base64), and keys never hold NUL
+/// (`check_key_and_query`): keys starting with NUL are the store's internal
+/// multipart state, so a token with a NUL in it is forged and must not
+/// resume a listing among them.
+fn decode_continuation_token(token: &str) -> Result<String, S3Error> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|t| !t.contains('\0'))
+        .ok_or_else(|| S3Error::invalid_argument("The continuation token provided is incorrect"))
 }
 
 /// S3 bucket naming rules (the strict, DNS-compatible ones).
@@ -677,15 +695,7 @@ impl S3Front {
             }
         };
         let token = match req.q("continuation-token").filter(|_| v2) {
-            Some(t) => Some(
-                base64::engine::general_purpose::URL_SAFE_NO_PAD
-                    .decode(t)
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok())
-                    .ok_or_else(|| {
-                        S3Error::invalid_argument("The continuation token provided is incorrect")
-                    })?,
-            ),
+            Some(t) => Some(decode_continuation_token(t)?),
             None => None,
         };
         let start_after = if v2 {
@@ -803,6 +813,18 @@ impl S3Front {
                 user_bytes += name.len() - "x-amz-meta-".len() + value.len();
             }
             headers.push((name.clone(), value));
+        }
+        if headers.len() > METADATA_HEADERS_MAX {
+            return Err(S3Error::new(
+                400,
+                "MetadataTooLarge",
+                format!(
+                    "Too many metadata headers: {} x-amz-meta-* and stored headers \
+                     (Content-Encoding, Content-Disposition, Cache-Control, \
+                     Content-Language, Expires) were sent, at most {METADATA_HEADERS_MAX} are allowed.",
+                    headers.len()
+                ),
+            ));
         }
         if user_bytes > USER_METADATA_BYTES_MAX {
             return Err(S3Error::new(
@@ -1438,4 +1460,29 @@ fn check_conditions_with(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continuation_token_with_nul_is_refused() {
+        let encode = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        assert_eq!(
+            decode_continuation_token(&encode("dir/a")).unwrap(),
+            "dir/a"
+        );
+        // Internal multipart keys start with NUL ("\0u/", "\0p/"): a forged
+        // token among them (with a delimiter it ends on) listed them.
+        for forged in ["\0", "\0!", "\0u/", "a\0b"] {
+            let err = decode_continuation_token(&encode(forged)).unwrap_err();
+            assert_eq!(
+                (err.status, err.code),
+                (400, "InvalidArgument"),
+                "{forged:?}"
+            );
+        }
+        assert!(decode_continuation_token("not base64!").is_err());
+    }
 }

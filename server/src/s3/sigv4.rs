@@ -25,6 +25,8 @@ const PRESIGN_EXPIRES_SECS_MAX: u64 = 604_800;
 const EMPTY_SHA256_HEX: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+/// Every request header with this prefix must be covered by the signature.
+const AMZ_HEADER_PREFIX: &str = "x-amz-";
 const STREAMING_SIGNED: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD";
 const STREAMING_SIGNED_TRAILER: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER";
 const STREAMING_UNSIGNED_TRAILER: &str = "STREAMING-UNSIGNED-PAYLOAD-TRAILER";
@@ -176,13 +178,21 @@ pub enum AuthError {
     /// The decoded body is shorter or longer than announced.
     #[error("body length does not match the announced length")]
     IncompleteBody,
+    /// `x-amz-*` headers (named, lowercased) that the signature does not
+    /// cover: anyone holding the signed request could add them.
+    #[error("x-amz-* headers not covered by the signature: {0}")]
+    UnsignedHeaders(String),
 }
 
 impl AuthError {
     /// The S3 error code for the XML error body.
     pub fn s3_code(&self) -> &'static str {
         match self {
-            Self::Missing | Self::Expired | Self::NotYetValid | Self::MissingDate => "AccessDenied",
+            Self::Missing
+            | Self::Expired
+            | Self::NotYetValid
+            | Self::MissingDate
+            | Self::UnsignedHeaders(_) => "AccessDenied",
             Self::Malformed(_) => "AuthorizationHeaderMalformed",
             Self::QueryMalformed(_) => "AuthorizationQueryParametersError",
             Self::InvalidAccessKeyId => "InvalidAccessKeyId",
@@ -205,7 +215,8 @@ impl AuthError {
             | Self::RequestTimeTooSkewed
             | Self::Expired
             | Self::NotYetValid
-            | Self::MissingDate => 403,
+            | Self::MissingDate
+            | Self::UnsignedHeaders(_) => 403,
             Self::Malformed(_)
             | Self::QueryMalformed(_)
             | Self::UnsupportedAlgorithm
@@ -256,6 +267,9 @@ impl AuthError {
             Self::ConflictingAuth => "Only one auth mechanism allowed",
             Self::IncompleteBody => {
                 "You did not provide the number of bytes specified by the Content-Length HTTP header."
+            }
+            Self::UnsignedHeaders(_) => {
+                "There were headers present in the request which were not signed"
             }
         };
         text.to_string()
@@ -339,6 +353,16 @@ fn verify_header_auth(
         credential.scope,
         &canonical,
         &parsed.signature,
+    )?;
+    // x-amz-date and x-amz-content-sha256 are in the string-to-sign (as the
+    // request date and the hashed payload) even where SignedHeaders omits them.
+    check_amz_headers_signed(
+        input.headers,
+        parsed.signed_headers,
+        &[
+            ("x-amz-date", &amz_date),
+            ("x-amz-content-sha256", content_sha256),
+        ],
     )?;
     Ok(Verified {
         access_key: credential.access_key.to_string(),
@@ -522,6 +546,18 @@ fn verify_query_auth(
     )?;
     let key = signing_key(&secret, credential.date, credential.region, SERVICE);
     check_signature(&key, amz_date, credential.scope, &canonical, &signature)?;
+    // Presigned URLs are handed to others: a header added to one must not
+    // change what the request does (x-amz-copy-source, x-amz-meta-*, ...).
+    // A header repeating what the query signed (some clients send
+    // x-amz-content-sha256: UNSIGNED-PAYLOAD) changes nothing.
+    check_amz_headers_signed(
+        input.headers,
+        signed_headers,
+        &[
+            ("x-amz-date", amz_date),
+            ("x-amz-content-sha256", hashed_payload),
+        ],
+    )?;
     Ok(Verified {
         access_key: credential.access_key.to_string(),
         payload,
@@ -782,6 +818,51 @@ fn push_trimmed_value(out: &mut Vec<u8>, value: &[u8]) {
         }
         started = true;
         out.push(byte);
+    }
+}
+
+/// Refuses any `x-amz-*` header the signature does not cover: one not in
+/// SignedHeaders, unless it is one of `in_string_to_sign` (name, value) and
+/// carries exactly the value that was signed. S3 answers such requests with
+/// 403 AccessDenied ("There were headers present in the request which were
+/// not signed"); without this, whoever holds a presigned URL (or replays a
+/// signed request) could add x-amz-copy-source and turn a PUT into a copy.
+fn check_amz_headers_signed(
+    headers: &[HeaderView],
+    signed_headers: &str,
+    in_string_to_sign: &[(&str, &str)],
+) -> Result<(), AuthError> {
+    let mut unsigned: Vec<String> = Vec::new();
+    for header in headers {
+        let name = header.name;
+        if !name
+            .get(..AMZ_HEADER_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(AMZ_HEADER_PREFIX))
+        {
+            continue;
+        }
+        if signed_headers
+            .split(';')
+            .any(|signed| signed.eq_ignore_ascii_case(name))
+        {
+            continue;
+        }
+        let same_as_signed = in_string_to_sign.iter().any(|(covered, value)| {
+            covered.eq_ignore_ascii_case(name)
+                && std::str::from_utf8(header.value).is_ok_and(|v| trim_ows(v) == *value)
+        });
+        if same_as_signed {
+            continue;
+        }
+        let lower = name.to_ascii_lowercase();
+        if !unsigned.contains(&lower) {
+            unsigned.push(lower);
+        }
+    }
+    if unsigned.is_empty() {
+        Ok(())
+    } else {
+        Err(AuthError::UnsignedHeaders(unsigned.join(",")))
     }
 }
 
@@ -1848,6 +1929,80 @@ mod tests {
     }
 
     // --- Header-auth behaviour, using the independent client signer.
+
+    /// The presigned example URL plus `extra` headers, an hour after signing.
+    fn presigned_with(extra: &[(&str, &str)]) -> Result<Verified, AuthError> {
+        let mut headers = vec![("Host", "examplebucket.s3.amazonaws.com")];
+        headers.extend_from_slice(extra);
+        let hour_later = at(EXAMPLE_UNIX_SECS + 3600);
+        run("GET", "/test.txt", PRESIGNED_QUERY, &headers, hour_later)
+    }
+
+    #[test]
+    fn presigned_url_with_added_amz_header_is_refused() {
+        // Signed headers: host only. An added x-amz-copy-source would turn
+        // a presigned PUT into a copy of any object; every x-amz-* header
+        // the URL did not sign is refused, whatever its case.
+        for (name, value) in [
+            ("x-amz-copy-source", "/other-bucket/secret"),
+            ("X-Amz-Copy-Source", "/other-bucket/secret"),
+            ("x-amz-metadata-directive", "REPLACE"),
+            ("x-amz-meta-owner", "mallory"),
+            ("x-amz-decoded-content-length", "5"),
+            ("x-amz-trailer", "x-amz-checksum-crc32"),
+            ("x-amz-checksum-crc32", "AAAAAA=="),
+            ("x-amz-date", "20130524T000001Z"),
+            ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+            ("x-amz-", ""),
+        ] {
+            let err = presigned_with(&[(name, value)]).unwrap_err();
+            assert_eq!(
+                err,
+                AuthError::UnsignedHeaders(name.to_ascii_lowercase()),
+                "{name}"
+            );
+            assert_eq!((err.s3_code(), err.http_status()), ("AccessDenied", 403));
+            assert_eq!(
+                err.message(),
+                "There were headers present in the request which were not signed"
+            );
+        }
+        // Other unsigned headers are fine (proxies and clients add them),
+        // and so is a header that repeats exactly what the URL signed.
+        presigned_with(&[("User-Agent", "curl/8"), ("x-amzn-trace-id", "Root=1")]).unwrap();
+        presigned_with(&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")]).unwrap();
+        presigned_with(&[("x-amz-date", EXAMPLE_DATE)]).unwrap();
+    }
+
+    #[test]
+    fn header_auth_with_added_amz_header_is_refused() {
+        let request = sample_request();
+        let query = request.wire_query();
+        let mut headers = request.wire_headers();
+        run_owned("PUT", request.path, &query, &headers, example_now()).unwrap();
+        headers.push(("x-amz-copy-source", "/other-bucket/secret".to_string()));
+        let err = run_owned("PUT", request.path, &query, &headers, example_now()).unwrap_err();
+        assert_eq!(err, AuthError::UnsignedHeaders("x-amz-copy-source".into()));
+        assert_eq!((err.s3_code(), err.http_status()), ("AccessDenied", 403));
+
+        // x-amz-date and x-amz-content-sha256 are in the string-to-sign even
+        // when SignedHeaders leaves them out: a request signing only host
+        // (as some old clients do) still verifies.
+        let mut host_only = sample_request();
+        host_only.signed = vec!["host"];
+        host_only
+            .headers
+            .retain(|(n, _)| !n.starts_with("x-amz-meta"));
+        let headers = host_only.wire_headers();
+        run_owned("PUT", host_only.path, &query, &headers, example_now()).unwrap();
+        // ... but not an x-amz-meta-* header it did not list.
+        let mut headers = host_only.wire_headers();
+        headers.insert(1, ("x-amz-meta-note", "added".to_string()));
+        assert_eq!(
+            run_owned("PUT", host_only.path, &query, &headers, example_now()).unwrap_err(),
+            AuthError::UnsignedHeaders("x-amz-meta-note".into())
+        );
+    }
 
     #[test]
     fn signed_request_verifies() {
