@@ -1,16 +1,16 @@
 //! `percore fsck`: an offline, read-only check of a data directory.
 //!
-//! It shares only the record format with the store (`store::record`), not
-//! the recovery code, so a bug in one is not silently repeated in the
-//! other. Run it on a stopped server (or a copy of its data directory).
+//! It shares the record format and the segment scanner (`store::scan`, a
+//! pure function fuzzed on its own) with the store, not the recovery code
+//! that decides what wins. Run it on a stopped server (or a copy of its
+//! data directory).
 //!
 //! Per shard directory, every segment file in id order:
 //! * every record header is decoded and its CRC checked; every payload is
 //!   read and checked block by block against its CRC32C;
-//! * a sealed segment must end in its Seal record; an unsealed one may end
-//!   in a torn tail (what a crash leaves; recovery cuts it), but valid
-//!   records *after* an unreadable header mean damage in the middle of the
-//!   segment, which recovery would treat as a tail: reported as corruption;
+//! * damaged bytes inside a segment (the scanner resynchronises after them)
+//!   are reported as corruption with their range; an unsealed segment may
+//!   end in a torn tail (what a crash leaves; recovery cuts it);
 //! * the newest record of each key wins, as at recovery; a live object
 //!   whose extents are missing or damaged is reported.
 //!
@@ -21,7 +21,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::store::record::{self, Body, DecodeError, Kind};
+use crate::store::record::{self, Body, Kind};
+use crate::store::scan;
 
 const ALIGN: u64 = crate::store::file::WRITE_ALIGN_BYTES;
 const VERIFY_PIECE_BYTES: u64 = 16 * record::BLOCK_BYTES;
@@ -68,21 +69,6 @@ fn read_exact_at(f: &File, len: usize, offset: u64) -> std::io::Result<Vec<u8>> 
     let mut buf = vec![0u8; len];
     f.read_exact_at(&mut buf, offset)?;
     Ok(buf)
-}
-
-/// Decodes the header at `offset`, if one is there.
-fn header_at(f: &File, offset: u64, size: u64) -> Result<(record::Header, usize), DecodeError> {
-    if offset + record::FIXED_HEADER_BYTES as u64 > size {
-        return Err(DecodeError::Short(record::FIXED_HEADER_BYTES));
-    }
-    let fixed = read_exact_at(f, record::FIXED_HEADER_BYTES, offset)
-        .map_err(|_| DecodeError::Short(record::FIXED_HEADER_BYTES))?;
-    let n = record::peek_header_bytes(&fixed)?;
-    if offset + n as u64 > size {
-        return Err(DecodeError::Short(n));
-    }
-    let raw = read_exact_at(f, n, offset).map_err(|_| DecodeError::Short(n))?;
-    record::decode_header(&raw)
 }
 
 fn payload_ok(f: &File, offset: u64, header_bytes: u64, h: &record::Header) -> bool {
@@ -155,7 +141,28 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
         let mut newest: HashMap<(String, String), Newest> = HashMap::new();
         let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
         let mut damaged: Vec<(Problem, u64, Kind)> = Vec::new();
-        for (_, id, path, size) in all.iter().filter(|a| &a.0 == shard_dir) {
+        // Each segment's key (version, shard secret), as recovery finds it.
+        let segs: Vec<&(PathBuf, u64, PathBuf, u64)> =
+            all.iter().filter(|a| &a.0 == shard_dir).collect();
+        let heads: Vec<Option<Vec<u8>>> = segs
+            .iter()
+            .map(|(_, _, path, size)| {
+                let f = File::open(path).ok()?;
+                read_exact_at(&f, (*size).min(ALIGN) as usize, 0).ok()
+            })
+            .collect();
+        let head_refs: Vec<(u64, Option<&[u8]>)> = segs
+            .iter()
+            .zip(&heads)
+            .map(|(a, h)| (a.1, h.as_deref()))
+            .collect();
+        let ids: Vec<u64> = segs.iter().map(|a| a.1).collect();
+        let keys: HashMap<u64, record::SegKey> = ids
+            .iter()
+            .copied()
+            .zip(scan::segment_keys(&head_refs).1.into_iter().map(|(k, _)| k))
+            .collect();
+        for (_, id, path, size) in segs.iter().copied() {
             let (id, size) = (*id, *size);
             let segment = path.file_name().unwrap().to_string_lossy().into_owned();
             let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
@@ -170,98 +177,65 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
                     what,
                     corruption,
                 };
-            let mut offset = 0u64;
-            let mut sealed = false;
-            while offset + record::FIXED_HEADER_BYTES as u64 <= size {
-                match header_at(&f, offset, size) {
-                    Ok((h, n)) => {
-                        let span = record::record_span_bytes(n as u64, h.payload_bytes);
-                        if offset + span > size {
-                            report.problems.push(problem(
-                                offset,
-                                Some(&h),
-                                format!("payload cut short ({} bytes past the end of the file): a torn tail, which recovery cuts", offset + span - size),
-                                false,
-                            ));
-                            break;
-                        }
-                        if offset == 0 && h.kind() != Kind::SegmentHeader {
-                            report.problems.push(problem(
-                                0,
-                                None,
-                                "no segment header record".into(),
-                                true,
-                            ));
-                        }
-                        if h.kind() == Kind::Seal {
-                            sealed = true;
-                            break;
-                        }
-                        report.records += 1;
-                        report.bytes_checked += n as u64 + h.payload_bytes;
-                        let ok = payload_ok(&f, offset, n as u64, &h);
-                        if !ok {
-                            // Damage only if it is what a key serves: decided
-                            // once the whole shard is read.
-                            damaged.push((
-                                problem(offset, Some(&h), "payload fails its CRC32C".into(), false),
-                                h.seq,
-                                h.kind(),
-                            ));
-                        }
-                        match h.kind() {
-                            Kind::Extent if ok => {
-                                extents_ok.insert((id, offset));
-                            }
-                            Kind::Object | Kind::Tombstone => {
-                                let k = (h.bucket.clone(), h.key.clone());
-                                if newest.get(&k).is_none_or(|e| e.seq < h.seq) {
-                                    newest.insert(
-                                        k,
-                                        Newest {
-                                            seq: h.seq,
-                                            header: h,
-                                            ok,
-                                            at: (segment.clone(), offset),
-                                        },
-                                    );
-                                }
-                            }
-                            _ => {}
-                        }
-                        offset += span;
+            let key = *keys.get(&id).expect("a key per segment");
+            let scan = scan::scan_with(key, size, |offset, len| read_exact_at(&f, len, offset))
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let sealed = scan.sealed;
+            let last_id = ids.last().copied();
+            for &(from, to) in &scan.damaged {
+                report.problems.push(problem(
+                    from,
+                    None,
+                    format!("{} damaged bytes (to offset {to}) inside the segment: the record(s) there are lost; recovery keeps every record after them", to - from),
+                    true,
+                ));
+            }
+            if let Some(from) = scan.tail_bad_from {
+                let (what, corruption) = if key.version == record::VERSION_1 && Some(id) != last_id {
+                    (format!("unreadable record header in a version-1 segment ({} bytes to the end): records after it, if any, cannot be found safely; recovery keeps the segment as it is", size - from), true)
+                } else {
+                    (format!("unreadable bytes from here to the end ({} bytes): a torn tail, which recovery cuts", size - from), false)
+                };
+                report.problems.push(problem(from, None, what, corruption));
+            }
+            if scan.records.first().is_some_and(|r| r.offset == 0 && r.header.kind() != Kind::SegmentHeader)
+                || scan.records.first().is_none_or(|r| r.offset != 0)
+            {
+                report.problems.push(problem(0, None, "no readable segment header record".into(), size > 0));
+            }
+            for r in scan.records {
+                let (offset, n, h) = (r.offset, r.header_bytes as u64, r.header);
+                report.records += 1;
+                report.bytes_checked += n + h.payload_bytes;
+                let ok = payload_ok(&f, offset, n, &h);
+                if !ok {
+                    // Damage only if it is what a key serves: decided
+                    // once the whole shard is read.
+                    damaged.push((
+                        problem(offset, Some(&h), "payload fails its CRC32C".into(), false),
+                        h.seq,
+                        h.kind(),
+                    ));
+                }
+                match h.kind() {
+                    Kind::Extent if ok => {
+                        extents_ok.insert((id, offset));
                     }
-                    Err(DecodeError::Padding) => offset = (offset + 1).next_multiple_of(ALIGN),
-                    Err(e) => {
-                        // Torn tail, or damage in the middle? Look for a valid
-                        // header at a later batch boundary.
-                        let mut probe = (offset + 1).next_multiple_of(ALIGN);
-                        let mut later = None;
-                        while probe + record::FIXED_HEADER_BYTES as u64 <= size {
-                            if let Ok((h, _)) = header_at(&f, probe, size) {
-                                if h.kind() != Kind::Seal || probe + ALIGN < size {
-                                    later = Some(probe);
-                                    break;
-                                }
-                            }
-                            probe += ALIGN;
+                    Kind::Object | Kind::Tombstone => {
+                        let k = (h.bucket.clone(), h.key.clone());
+                        if newest.get(&k).is_none_or(|e| e.seq < h.seq) {
+                            newest.insert(
+                                k,
+                                Newest {
+                                    seq: h.seq,
+                                    header: h,
+                                    ok,
+                                    at: (segment.clone(), offset),
+                                },
+                            );
                         }
-                        match later {
-                            Some(at) => report.problems.push(problem(
-                                offset,
-                                None,
-                                format!("unreadable record header ({e}) with valid records after it (at {at}): damage inside the segment; recovery would drop everything after {offset}"),
-                                true,
-                            )),
-                            None => report.problems.push(problem(
-                                offset,
-                                None,
-                                format!("unreadable bytes from here to the end ({} bytes, {e}): a torn tail, which recovery cuts", size - offset),
-                                false,
-                            )),
-                        }
-                        break;
                     }
+                    _ => {}
                 }
             }
             if sealed {

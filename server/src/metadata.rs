@@ -7,7 +7,13 @@ use std::path::Path;
 use percore_protocol::routing;
 use serde::{Deserialize, Serialize};
 
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: record format version 2 (headers bound to their place, see
+/// `store::record`). A version-1 directory is read and upgraded in place:
+/// this file says 2 from then on, so that a percore that reads only
+/// version-1 records refuses the directory instead of cutting the
+/// version-2 records it cannot read as torn tails.
+pub const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION_READ_MIN: u32 = 1;
 const FILE_NAME: &str = "percore.meta";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -22,9 +28,9 @@ pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
     let path = dir.join(FILE_NAME);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            let meta: DataMeta =
+            let mut meta: DataMeta =
                 toml::from_str(&text).map_err(|e| format!("{} is damaged: {e}", path.display()))?;
-            if meta.format_version != FORMAT_VERSION {
+            if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION).contains(&meta.format_version) {
                 return Err(format!(
                     "{} has format version {}, this percore reads {FORMAT_VERSION}",
                     path.display(),
@@ -47,6 +53,10 @@ pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
                     meta.shards
                 ));
             }
+            if meta.format_version < FORMAT_VERSION {
+                meta.format_version = FORMAT_VERSION;
+                write_meta(dir, &path, &meta)?;
+            }
             Ok(meta)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -56,19 +66,24 @@ pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
                 hash_algorithm: routing::HASH_ALGORITHM.to_string(),
                 hash_seed: routing::HASH_SEED_DEFAULT,
             };
-            let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-            let text = toml::to_string(&meta).map_err(|e| e.to_string())?;
-            let write = || -> std::io::Result<()> {
-                use std::io::Write;
-                let mut f = std::fs::File::create(&tmp)?;
-                f.write_all(text.as_bytes())?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                std::fs::File::open(dir)?.sync_all()
-            };
-            write().map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            write_meta(dir, &path, &meta)?;
             Ok(meta)
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
     }
+}
+
+/// Replaces `path` durably: a temporary file, fsync, rename, fsync of `dir`.
+fn write_meta(dir: &Path, path: &Path, meta: &DataMeta) -> Result<(), String> {
+    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
+    let text = toml::to_string(meta).map_err(|e| e.to_string())?;
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| format!("cannot write {}: {e}", path.display()))
 }

@@ -810,6 +810,16 @@ impl Shard {
                 st.compaction_bytes_freed,
             ),
             (
+                "percore_store_damaged_regions_total",
+                "Ranges of segment bytes that recovery, compaction or the scrubber could not read as records (damaged records; see the error log and percore fsck).",
+                st.damaged_regions,
+            ),
+            (
+                "percore_compaction_skipped_damaged_total",
+                "Compactions refused because the segment holds damage (it is kept for repair).",
+                st.compaction_skipped_damaged,
+            ),
+            (
                 "percore_scrub_passes_total",
                 "Background scrub passes over the sealed segments completed.",
                 st.scrub_passes,

@@ -41,12 +41,18 @@ impl Store {
         self.compact_segment(victim).await.map(Some)
     }
 
+    /// The sealed segment with the most garbage past the ratio; else the
+    /// oldest sealed version-1 segment, so that data written before record
+    /// version 2 is rewritten in it over time. Never a damaged segment.
     fn pick_victim(&self) -> Option<u64> {
         let active = self.inner.active.get();
         let segments = self.inner.segments.borrow();
-        segments
-            .iter()
-            .filter(|(id, s)| Some(**id) != active && s.end_bytes > 0 && !self.is_pinned(**id))
+        let candidates = || {
+            segments.iter().filter(|(id, s)| {
+                Some(**id) != active && s.end_bytes > 0 && !s.damaged && !self.is_pinned(**id)
+            })
+        };
+        candidates()
             .map(|(id, s)| (*id, s.end_bytes.saturating_sub(s.live_bytes), s.end_bytes))
             .filter(|(_, garbage, end)| {
                 *garbage > 0
@@ -55,6 +61,31 @@ impl Store {
             })
             .max_by_key(|(_, garbage, _)| *garbage)
             .map(|(id, _, _)| id)
+            .or_else(|| {
+                candidates()
+                    .find(|(_, s)| s.sealed && s.key.version == record::VERSION_1)
+                    .map(|(id, _)| *id)
+            })
+    }
+
+    /// Leaves a segment that a scan found damaged where it is, for good.
+    fn keep_damaged(&self, segment_id: u64, at: u64, why: &str) -> StoreError {
+        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+            seg.damaged = true;
+        }
+        let mut stats = self.inner.stats.borrow_mut();
+        stats.compaction_skipped_damaged += 1;
+        drop(stats);
+        tracing::error!(
+            shard = self.inner.cfg.shard_id,
+            segment_id,
+            at,
+            "compaction keeps the segment: {why}"
+        );
+        StoreError::Corrupt {
+            segment_id,
+            offset: at,
+        }
     }
 
     fn is_current(&self, key: &Key, segment_id: u64, offset: u64) -> Option<Entry> {
@@ -80,13 +111,40 @@ impl Store {
                 "segment holds extents of a PUT in progress".into(),
             ));
         }
-        let (file, end_bytes, live_bytes) = {
+        let (file, end_bytes, live_bytes, seg_key, sealed) = {
             let segments = self.inner.segments.borrow();
             let seg = segments.get(&segment_id).ok_or(StoreError::NotFound)?;
-            (seg.file.clone(), seg.end_bytes, seg.live_bytes)
+            (seg.file.clone(), seg.end_bytes, seg.live_bytes, seg.key, seg.sealed)
         };
         let size_bytes = file.size_bytes().await?;
-        let scan = scan_segment(&file, size_bytes).await?;
+        let scan = scan_segment(&file, size_bytes, seg_key).await?;
+        // Never delete what could not be read to its end: records after
+        // damage that the scan could not find would go with the file.
+        if scan.is_damaged(seg_key.version) || (sealed && !scan.sealed) {
+            let at = scan
+                .damaged
+                .first()
+                .map(|d| d.0)
+                .or(scan.tail_bad_from)
+                .unwrap_or(scan.valid_end);
+            self.inner.stats.borrow_mut().damaged_regions += scan.damaged.len().max(1) as u64;
+            return Err(self.keep_damaged(segment_id, at, "the scan found damaged bytes"));
+        }
+        // Belt and braces: everything the index holds in the victim was
+        // found by the scan (else it would be lost with the file). Nothing
+        // is appended to a sealed segment, so this holds for the whole run.
+        let seen: std::collections::HashSet<u64> = scan.records.iter().map(|r| r.offset).collect();
+        if let Some(offset) = self
+            .index_offsets_in(segment_id)
+            .into_iter()
+            .find(|o| !seen.contains(o))
+        {
+            return Err(self.keep_damaged(
+                segment_id,
+                offset,
+                "a record the index points to was not found by the scan",
+            ));
+        }
         let mut report = CompactionReport {
             segment_id,
             segment_bytes: end_bytes,
@@ -309,6 +367,28 @@ impl Store {
         Ok(report)
     }
 
+    /// Offsets in `segment_id` of every record the index points to (current
+    /// versions and their extents).
+    fn index_offsets_in(&self, segment_id: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for keys in self.inner.index.borrow().values() {
+            for entry in keys.values() {
+                if entry.loc.segment_id == segment_id {
+                    out.push(entry.loc.offset);
+                }
+                if let State::Live(info) = &entry.state {
+                    out.extend(
+                        info.extents
+                            .iter()
+                            .filter(|e| e.segment_id == segment_id)
+                            .map(|e| e.record_offset),
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// Is the extent at (`segment_id`, `offset`) part of the current version of `key`?
     /// Record offsets of extents in `segment_id` → the keys whose current
     /// version lists them. One pass over the index per compacted segment.
@@ -388,10 +468,14 @@ impl Store {
         let raw = file_now
             .read_at(entry.loc.offset, entry.loc.header_bytes as usize)
             .await?;
-        let (mut header, _) = record::decode_header(&raw).map_err(|_| StoreError::Corrupt {
-            segment_id: entry.loc.segment_id,
-            offset: entry.loc.offset,
-        })?;
+        let now_key = self
+            .segment_key(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
+        let (mut header, _) = record::decode_header(&raw, &now_key, entry.loc.offset)
+            .map_err(|_| StoreError::Corrupt {
+                segment_id: entry.loc.segment_id,
+                offset: entry.loc.offset,
+            })?;
         let still = self
             .lookup(&key.0, &key.1)
             .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);

@@ -18,6 +18,7 @@ pub mod mpu;
 pub mod record;
 mod record_cache;
 mod recovery;
+pub mod scan;
 pub mod scrub;
 
 use std::cell::{Cell, RefCell};
@@ -199,10 +200,15 @@ struct Entry {
 
 struct Segment {
     file: Rc<SegFile>,
+    /// What its record headers are checked against.
+    key: record::SegKey,
     /// Bytes up to which the segment holds records (valid data end).
     end_bytes: u64,
     live_bytes: u64,
     sealed: bool,
+    /// A scan found bytes it could not read as records: compaction leaves
+    /// the segment alone (deleting it would lose what a repair could save).
+    damaged: bool,
 }
 
 /// Batches being written at once (pipelined group commit).
@@ -262,7 +268,12 @@ struct Inner {
     active: Cell<Option<u64>>,
     write_offset: Cell<u64>,
     next_segment_id: Cell<u64>,
-    next_seq: Cell<u64>,
+    /// None once every sequence number is used (never, short of a u64's
+    /// worth of writes): writes then fail instead of wrapping to 0.
+    next_seq: Cell<Option<u64>>,
+    /// Random, per shard, in every version-2 segment header: binds record
+    /// headers to their place (see `record`). Set by recovery.
+    shard_secret: Cell<u64>,
     queue: RefCell<VecDeque<Pending>>,
     queue_bytes: Cell<u64>,
     /// Wakes the flusher; capacity 1, a full doorbell means "already rung".
@@ -348,6 +359,11 @@ pub struct StoreStats {
     /// The same for extent-stored objects' headers.
     pub header_cache_hits: u64,
     pub header_cache_misses: u64,
+    /// Ranges of segment bytes that scans (recovery, compaction, scrub)
+    /// could not read as records: damaged records, each lost on its own.
+    pub damaged_regions: u64,
+    /// Segments compaction left alone because a scan found damage.
+    pub compaction_skipped_damaged: u64,
 }
 
 /// Summary of a recovery, printed at start-up.
@@ -359,6 +375,8 @@ pub struct RecoveryReport {
     pub bytes_scanned: u64,
     pub torn_tails_cut: u64,
     pub corrupt_records: u64,
+    /// Damaged byte ranges found inside segments (see `scan`).
+    pub damaged_regions: u64,
     pub elapsed_ms: u64,
 }
 
@@ -410,7 +428,14 @@ impl Store {
     /// Opens (recovering) the store in `cfg.dir` and starts its flusher and
     /// compactor tasks on the current executor.
     pub async fn open(cfg: StoreConfig) -> Result<(Store, RecoveryReport)> {
-        std::fs::create_dir_all(&cfg.dir)?;
+        if !cfg.dir.is_dir() {
+            std::fs::create_dir_all(&cfg.dir)?;
+            // The new directory's entry must be durable before any segment
+            // in it is acknowledged.
+            if let Some(parent) = cfg.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                file::sync_dir(parent)?;
+            }
+        }
         if cfg.direct_io {
             file::prime_iopoll_probe(&cfg.dir).await?;
         }
@@ -430,7 +455,8 @@ impl Store {
             active: Cell::new(None),
             write_offset: Cell::new(0),
             next_segment_id: Cell::new(1),
-            next_seq: Cell::new(1),
+            next_seq: Cell::new(Some(1)),
+            shard_secret: Cell::new(0),
             queue: RefCell::new(VecDeque::new()),
             queue_bytes: Cell::new(0),
             doorbell,
@@ -592,10 +618,12 @@ impl Store {
         }
     }
 
-    fn take_seq(&self) -> u64 {
-        let seq = self.inner.next_seq.get();
-        self.inner.next_seq.set(seq + 1);
-        seq
+    fn take_seq(&self) -> Result<u64> {
+        let seq = self.inner.next_seq.get().ok_or_else(|| {
+            StoreError::Invalid("this shard has used every sequence number; no write can be ordered after the last one".into())
+        })?;
+        self.inner.next_seq.set(seq.checked_add(1));
+        Ok(seq)
     }
 
     // ----------------------------------------------------------------------
@@ -709,13 +737,17 @@ impl Store {
             .cfg
             .segment_bytes_max
             .saturating_sub(start + WRITE_ALIGN_BYTES);
-        let batch = self.take_batch(room);
+        let mut batch = self.take_batch(room);
         if batch.is_empty() {
             // The next record does not fit: seal and move on.
             self.seal_active().await;
             return;
         }
         let (locs, end) = layout(segment_id, start, &batch);
+        let key = self.segment_key(segment_id).expect("active segment is open");
+        for (p, loc) in batch.iter_mut().zip(&locs) {
+            record::bind_header(&mut p.header, &key, loc.offset);
+        }
         let len = (end - start).next_multiple_of(WRITE_ALIGN_BYTES);
         self.inner.write_offset.set(start + len);
         let previous = self.inner.previous_flush.borrow_mut().take();
@@ -809,7 +841,7 @@ impl Store {
             );
             let mut uncertain = self.inner.uncertain.borrow_mut();
             for p in batch {
-                if let Ok((h, _)) = record::decode_header(&p.header) {
+                if let Ok((h, _)) = record::parse_header(&p.header) {
                     if matches!(h.kind(), Kind::Object | Kind::Tombstone) {
                         uncertain.insert((h.bucket, h.key));
                     }
@@ -1007,6 +1039,10 @@ impl Store {
             .map(|s| s.file.clone())
     }
 
+    fn segment_key(&self, segment_id: u64) -> Option<record::SegKey> {
+        self.inner.segments.borrow().get(&segment_id).map(|s| s.key)
+    }
+
     /// Creates a new active segment if there is none.
     async fn ensure_active_segment(&self) -> Result<()> {
         if self.inner.active.get().is_some() {
@@ -1028,18 +1064,24 @@ impl Store {
             .map_err(StoreError::from_io)?;
         // Consume the id only once the file exists.
         self.inner.next_segment_id.set(segment_id + 1);
-        let header = record::encode_header(&Header {
-            seq: 0,
-            bucket: String::new(),
-            key: String::new(),
-            payload_bytes: 0,
-            block_crcs: Vec::new(),
-            body: Body::SegmentHeader {
-                shard_id: self.inner.cfg.shard_id,
-                segment_id,
-                created_ms: now_ms(),
+        let key = record::SegKey::v2(self.inner.shard_secret.get(), segment_id);
+        let header = record::encode_header_at(
+            &Header {
+                seq: 0,
+                bucket: String::new(),
+                key: String::new(),
+                payload_bytes: 0,
+                block_crcs: Vec::new(),
+                body: Body::SegmentHeader {
+                    shard_id: self.inner.cfg.shard_id,
+                    segment_id,
+                    created_ms: now_ms(),
+                    shard_secret: key.shard_secret,
+                },
             },
-        })
+            &key,
+            0,
+        )
         .expect("segment header encodes");
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
@@ -1062,9 +1104,11 @@ impl Store {
             segment_id,
             Segment {
                 file: Rc::new(file),
+                key,
                 end_bytes: header.len() as u64,
                 live_bytes: 0,
                 sealed: false,
+                damaged: false,
             },
         );
         self.inner.active.set(Some(segment_id));
@@ -1078,19 +1122,24 @@ impl Store {
     pub(crate) async fn write_seal(
         &self,
         file: &SegFile,
-        segment_id: u64,
+        key: &record::SegKey,
         offset: u64,
         truncate: bool,
     ) -> io::Result<u64> {
         debug_assert_eq!(offset % WRITE_ALIGN_BYTES, 0);
-        let header = record::encode_header(&Header {
-            seq: 0,
-            bucket: String::new(),
-            key: String::new(),
-            payload_bytes: 0,
-            block_crcs: Vec::new(),
-            body: Body::Seal,
-        })
+        let segment_id = key.segment_id;
+        let header = record::encode_header_at(
+            &Header {
+                seq: 0,
+                bucket: String::new(),
+                key: String::new(),
+                payload_bytes: 0,
+                block_crcs: Vec::new(),
+                body: Body::Seal,
+            },
+            key,
+            offset,
+        )
         .expect("seal encodes");
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
@@ -1116,11 +1165,12 @@ impl Store {
             return;
         };
         self.inner.previous_flush.borrow_mut().take();
-        let Some(file) = self.segment_file(segment_id) else {
+        let (Some(file), Some(key)) = (self.segment_file(segment_id), self.segment_key(segment_id))
+        else {
             return;
         };
         let offset = self.inner.write_offset.get();
-        let sealed = self.write_seal(&file, segment_id, offset, false).await;
+        let sealed = self.write_seal(&file, &key, offset, false).await;
         if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
             if let Ok(end) = sealed {
                 seg.sealed = true;
@@ -1389,10 +1439,12 @@ impl Store {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
         };
-        let (header, header_bytes) = record::decode_header(&raw).map_err(|_| {
-            self.inner.stats.borrow_mut().corrupt_reads += 1;
-            corrupt()
-        })?;
+        let seg_key = self.segment_key(entry.loc.segment_id).ok_or(StoreError::NotFound)?;
+        let (header, header_bytes) =
+            record::decode_header(&raw, &seg_key, entry.loc.offset).map_err(|_| {
+                self.inner.stats.borrow_mut().corrupt_reads += 1;
+                corrupt()
+            })?;
         if !matches!(header.body, Body::Object { .. })
             || header.seq != entry.seq
             || header.bucket != bucket
@@ -1498,7 +1550,7 @@ impl Store {
 
     async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
         let _writing = self.start_writing(bucket, key);
-        let seq = self.take_seq();
+        let seq = self.take_seq()?;
         let body = match kind {
             Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
             _ => Body::Tombstone { mtime_ms: now_ms() },
@@ -1644,7 +1696,7 @@ impl Store {
         if self.head(BUCKETS_NAMESPACE, name).is_some() {
             return Ok(false);
         }
-        let seq = self.take_seq();
+        let seq = self.take_seq()?;
         let created_ms = now_ms();
         let header = Header {
             seq,
@@ -1909,7 +1961,7 @@ impl PutWriter {
             None => None,
         };
         let _writing = store.start_writing(&self.bucket, &self.key);
-        let seq = store.take_seq();
+        let seq = store.take_seq()?;
         let info = ObjectInfo {
             size_bytes,
             etag: self.meta.etag.clone().into(),
@@ -2012,7 +2064,8 @@ impl Part {
                     .file
                     .read_at(self.record_offset, self.header_bytes as usize)
                     .await?;
-                let header = match record::decode_header(&raw) {
+                let key = store.segment_key(self.segment_id).ok_or(StoreError::NotFound)?;
+                let header = match record::decode_header(&raw, &key, self.record_offset) {
                     Ok((h, _))
                         if h.kind() == Kind::Extent && h.payload_bytes == self.payload_bytes =>
                     {

@@ -273,7 +273,7 @@ impl Store {
         meta.size_bytes = size_bytes;
         meta.mtime_ms = now_ms();
         let _writing = self.start_writing(bucket, key);
-        let seq = self.take_seq();
+        let seq = self.take_seq()?;
         let header = Header {
             seq,
             bucket: bucket.into(),
@@ -394,7 +394,7 @@ impl Store {
     pub(super) async fn write_tombstones(&self, bucket: &str, keys: Vec<String>) -> Result<()> {
         let mut pending = Vec::with_capacity(keys.len());
         for key in keys {
-            let seq = self.take_seq();
+            let seq = self.take_seq()?;
             let header = Header {
                 seq,
                 bucket: bucket.into(),

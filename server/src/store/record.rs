@@ -12,11 +12,24 @@
 //! and the kind's fields. The header CRC therefore covers the payload too, one
 //! block at a time, so a range read verifies only the blocks it touches.
 //! Records start at 8-byte aligned offsets; all integers are little-endian.
+//!
+//! Version 2 binds every header to the place the writer put it: its CRC is
+//! CRC32C over `shard_secret (u64) | segment_id (u64) | offset (u64)` and
+//! then the header with the CRC field zeroed. The shard secret is a random
+//! value kept in every segment's header (offset 0, where no user byte can
+//! be) and nowhere a client can read it, so a header that a user plants in
+//! an object's payload does not verify where a scan may find it (after a
+//! torn batch or past damage), and a real header copied elsewhere does not
+//! verify there either. Version 1 (CRC over the header alone) is still read,
+//! only in segments whose own header is version 1.
 
 use thiserror::Error;
 
 pub const MAGIC: u32 = 0x5243_5050;
-pub const VERSION: u8 = 1;
+/// The version written. Segments of version 1 are read (and rewritten to
+/// version 2 by compaction), never appended to except for a seal.
+pub const VERSION: u8 = 2;
+pub const VERSION_1: u8 = 1;
 pub const FIXED_HEADER_BYTES: usize = 32;
 /// Records start at multiples of this within a segment.
 pub const RECORD_ALIGN_BYTES: u64 = 8;
@@ -111,7 +124,36 @@ pub enum Body {
         shard_id: u32,
         segment_id: u64,
         created_ms: u64,
+        /// Version 2 only (0 in version 1): see the module doc.
+        shard_secret: u64,
     },
+}
+
+/// What a segment's headers are checked against: its version and, from
+/// version 2, the shard secret and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegKey {
+    pub version: u8,
+    pub shard_secret: u64,
+    pub segment_id: u64,
+}
+
+impl SegKey {
+    pub fn v2(shard_secret: u64, segment_id: u64) -> SegKey {
+        SegKey {
+            version: VERSION,
+            shard_secret,
+            segment_id,
+        }
+    }
+
+    pub fn v1(segment_id: u64) -> SegKey {
+        SegKey {
+            version: VERSION_1,
+            shard_secret: 0,
+            segment_id,
+        }
+    }
 }
 
 impl Body {
@@ -246,9 +288,41 @@ pub fn encode_header(h: &Header) -> Result<Vec<u8>, EncodeError> {
         return Err(EncodeError::HeaderTooLarge(header_bytes));
     }
     w.buf[8..12].copy_from_slice(&(header_bytes as u32).to_le_bytes());
-    let crc = crc32c::crc32c(&w.buf);
-    w.buf[12..16].copy_from_slice(&crc.to_le_bytes());
+    // Not yet valid anywhere: `bind_header` sets the CRC for the place the
+    // header is written to.
     Ok(w.buf)
+}
+
+/// Encodes a header and binds it to `offset` of the segment `key`.
+pub fn encode_header_at(h: &Header, key: &SegKey, offset: u64) -> Result<Vec<u8>, EncodeError> {
+    let mut buf = encode_header(h)?;
+    bind_header(&mut buf, key, offset);
+    Ok(buf)
+}
+
+/// The header CRC of `raw` (a whole header) at `offset` of segment `key`.
+fn header_crc(raw: &[u8], key: &SegKey, offset: u64) -> u32 {
+    let mut crc = if key.version == VERSION_1 {
+        crc32c::crc32c(&raw[..12])
+    } else {
+        let mut place = [0u8; 24];
+        place[..8].copy_from_slice(&key.shard_secret.to_le_bytes());
+        place[8..16].copy_from_slice(&key.segment_id.to_le_bytes());
+        place[16..].copy_from_slice(&offset.to_le_bytes());
+        crc32c::crc32c_append(crc32c::crc32c(&place), &raw[..12])
+    };
+    crc = crc32c::crc32c_append(crc, &[0; 4]);
+    crc32c::crc32c_append(crc, &raw[16..])
+}
+
+/// Makes an encoded header valid at `offset` of segment `key` (and nowhere
+/// else): sets its version to the segment's and its CRC for that place.
+/// A version-1 segment only ever gets a Seal this way.
+pub fn bind_header(buf: &mut [u8], key: &SegKey, offset: u64) {
+    debug_assert!(buf.len() >= FIXED_HEADER_BYTES);
+    buf[4] = key.version;
+    let crc = header_crc(buf, key, offset);
+    buf[12..16].copy_from_slice(&crc.to_le_bytes());
 }
 
 fn encode_body(w: &mut Writer, body: &Body) -> Result<(), EncodeError> {
@@ -282,10 +356,12 @@ fn encode_body(w: &mut Writer, body: &Body) -> Result<(), EncodeError> {
             shard_id,
             segment_id,
             created_ms,
+            shard_secret,
         } => {
             w.u32(*shard_id);
             w.u64(*segment_id);
             w.u64(*created_ms);
+            w.u64(*shard_secret);
         }
     }
     Ok(())
@@ -339,7 +415,7 @@ pub fn peek_header_bytes(buf: &[u8]) -> Result<usize, DecodeError> {
             DecodeError::BadMagic(magic)
         });
     }
-    if buf[4] != VERSION {
+    if buf[4] != VERSION && buf[4] != VERSION_1 {
         return Err(DecodeError::BadVersion(buf[4]));
     }
     let header_bytes = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
@@ -349,21 +425,65 @@ pub fn peek_header_bytes(buf: &[u8]) -> Result<usize, DecodeError> {
     Ok(header_bytes)
 }
 
-/// Decodes and verifies the header at the start of `buf`. Returns the header
-/// and its length in bytes; `Short(n)` asks for at least `n` bytes.
-pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
+/// Decodes and verifies the header at the start of `buf`, which was read
+/// from `offset` of segment `key`. Returns the header and its length in
+/// bytes; `Short(n)` asks for at least `n` bytes. A header of another
+/// version than its segment's, or bound to another place, fails.
+pub fn decode_header(buf: &[u8], key: &SegKey, offset: u64) -> Result<(Header, usize), DecodeError> {
     let header_bytes = peek_header_bytes(buf)?;
     if buf.len() < header_bytes {
         return Err(DecodeError::Short(header_bytes));
     }
     let raw = &buf[..header_bytes];
+    if raw[4] != key.version {
+        return Err(DecodeError::BadVersion(raw[4]));
+    }
     let crc_stored = u32::from_le_bytes(raw[12..16].try_into().unwrap());
-    let mut crc = crc32c::crc32c(&raw[..12]);
-    crc = crc32c::crc32c_append(crc, &[0; 4]);
-    crc = crc32c::crc32c_append(crc, &raw[16..]);
-    if crc != crc_stored {
+    if header_crc(raw, key, offset) != crc_stored {
         return Err(DecodeError::HeaderCrc);
     }
+    parse_header(raw)
+}
+
+/// Decodes the segment header at offset 0 of segment `segment_id`, whose
+/// CRC is bound with the shard secret it carries itself (only offset 0 is
+/// ever read this way, and no user byte is written there). Returns the
+/// header and the key for the rest of the segment.
+pub fn decode_segment_header(
+    buf: &[u8],
+    segment_id: u64,
+) -> Result<(Header, usize, SegKey), DecodeError> {
+    let header_bytes = peek_header_bytes(buf)?;
+    if buf.len() < header_bytes {
+        return Err(DecodeError::Short(header_bytes));
+    }
+    let raw = &buf[..header_bytes];
+    let key = if raw[4] == VERSION_1 {
+        SegKey::v1(segment_id)
+    } else {
+        let (h, _) = parse_header(raw)?;
+        match h.body {
+            Body::SegmentHeader { shard_secret, .. } => SegKey::v2(shard_secret, segment_id),
+            _ => return Err(DecodeError::Malformed("not a segment header")),
+        }
+    };
+    let (h, n) = decode_header(buf, &key, 0)?;
+    match h.body {
+        // The caller checks the ids it carries (a file moved between shards).
+        Body::SegmentHeader { .. } => Ok((h, n, key)),
+        _ => Err(DecodeError::Malformed("not a segment header")),
+    }
+}
+
+/// Parses a whole header without checking its CRC: for headers this
+/// process encoded itself, or after the CRC was checked.
+pub fn parse_header(raw: &[u8]) -> Result<(Header, usize), DecodeError> {
+    let header_bytes = peek_header_bytes(raw)?;
+    if raw.len() < header_bytes {
+        return Err(DecodeError::Short(header_bytes));
+    }
+    let version = raw[4];
+    let raw = &raw[..header_bytes];
     let kind = Kind::from_u8(raw[5]).ok_or(DecodeError::Malformed("unknown kind"))?;
     if raw[6..8] != [0, 0] {
         return Err(DecodeError::Malformed("reserved bytes are not zero"));
@@ -392,7 +512,7 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
     for _ in 0..blocks {
         block_crcs.push(r.u32()?);
     }
-    let body = decode_body(&mut r, kind)?;
+    let body = decode_body(&mut r, kind, version)?;
     if r.pos != header_bytes {
         return Err(DecodeError::Malformed("trailing bytes in header"));
     }
@@ -409,7 +529,7 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, usize), DecodeError> {
     ))
 }
 
-fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
+fn decode_body(r: &mut Reader, kind: Kind, version: u8) -> Result<Body, DecodeError> {
     Ok(match kind {
         Kind::Object => {
             let size_bytes = r.u64()?;
@@ -459,6 +579,7 @@ fn decode_body(r: &mut Reader, kind: Kind) -> Result<Body, DecodeError> {
             shard_id: r.u32()?,
             segment_id: r.u64()?,
             created_ms: r.u64()?,
+            shard_secret: if version == VERSION_1 { 0 } else { r.u64()? },
         },
     })
 }
@@ -479,6 +600,12 @@ pub fn verify_blocks(block_crcs: &[u32], first_block: usize, data: &[u8]) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const KEY: SegKey = SegKey {
+        version: VERSION,
+        shard_secret: 0x5eed_5eed,
+        segment_id: 3,
+    };
 
     fn object(payload: &[u8]) -> Header {
         Header {
@@ -521,13 +648,14 @@ mod tests {
                 shard_id: 3,
                 segment_id: 9,
                 created_ms: 11,
+                shard_secret: 0xfeed,
             },
         ];
         for body in bodies {
             let mut h = object(&payload);
             h.body = body;
-            let bytes = encode_header(&h).unwrap();
-            let (decoded, len) = decode_header(&bytes).unwrap();
+            let bytes = encode_header_at(&h, &KEY, 4096).unwrap();
+            let (decoded, len) = decode_header(&bytes, &KEY, 4096).unwrap();
             assert_eq!(len, bytes.len());
             assert_eq!(decoded, h);
             assert!(verify_blocks(&decoded.block_crcs, 0, &payload));
@@ -541,15 +669,59 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_is_detected() {
-        let bytes = encode_header(&object(b"hello")).unwrap();
+        let bytes = encode_header_at(&object(b"hello"), &KEY, 8192).unwrap();
         for bit in 0..bytes.len() * 8 {
             let mut bad = bytes.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             assert!(
-                decode_header(&bad).is_err(),
+                decode_header(&bad, &KEY, 8192).is_err(),
                 "bit {bit} flip went unnoticed"
             );
         }
+    }
+
+    #[test]
+    fn a_header_verifies_only_where_it_was_bound() {
+        let bytes = encode_header_at(&object(b"hello"), &KEY, 8192).unwrap();
+        assert!(decode_header(&bytes, &KEY, 8192).is_ok());
+        // Elsewhere in the segment, in another segment, under another secret.
+        assert_eq!(decode_header(&bytes, &KEY, 8200), Err(DecodeError::HeaderCrc));
+        let other = SegKey::v2(KEY.shard_secret, KEY.segment_id + 1);
+        assert_eq!(decode_header(&bytes, &other, 8192), Err(DecodeError::HeaderCrc));
+        let stranger = SegKey::v2(KEY.shard_secret ^ 1, KEY.segment_id);
+        assert_eq!(decode_header(&bytes, &stranger, 8192), Err(DecodeError::HeaderCrc));
+        // A version-1 header (CRC over the header alone, as a user could
+        // compute it) is refused in a version-2 segment, and vice versa.
+        let mut v1 = encode_header(&object(b"hello")).unwrap();
+        bind_header(&mut v1, &SegKey::v1(KEY.segment_id), 0);
+        assert!(decode_header(&v1, &SegKey::v1(KEY.segment_id), 123).is_ok());
+        assert_eq!(decode_header(&v1, &KEY, 8192), Err(DecodeError::BadVersion(1)));
+        assert_eq!(
+            decode_header(&bytes, &SegKey::v1(KEY.segment_id), 8192),
+            Err(DecodeError::BadVersion(2))
+        );
+    }
+
+    #[test]
+    fn segment_header_carries_its_key() {
+        let h = Header {
+            seq: 0,
+            bucket: String::new(),
+            key: String::new(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::SegmentHeader {
+                shard_id: 1,
+                segment_id: 7,
+                created_ms: 5,
+                shard_secret: 0xabcdef,
+            },
+        };
+        let key = SegKey::v2(0xabcdef, 7);
+        let bytes = encode_header_at(&h, &key, 0).unwrap();
+        let (decoded, _, got) = decode_segment_header(&bytes, 7).unwrap();
+        assert_eq!((decoded, got), (h, key));
+        assert!(decode_segment_header(&bytes, 8).is_err(), "bound to its segment id");
     }
 
     #[test]
@@ -572,18 +744,18 @@ mod tests {
 
     #[test]
     fn short_padding_and_garbage() {
-        let bytes = encode_header(&object(b"x")).unwrap();
+        let bytes = encode_header_at(&object(b"x"), &KEY, 0).unwrap();
         assert_eq!(
-            decode_header(&bytes[..10]),
+            decode_header(&bytes[..10], &KEY, 0),
             Err(DecodeError::Short(FIXED_HEADER_BYTES))
         );
         assert_eq!(
-            decode_header(&bytes[..40]),
+            decode_header(&bytes[..40], &KEY, 0),
             Err(DecodeError::Short(bytes.len()))
         );
-        assert_eq!(decode_header(&[0u8; 64]), Err(DecodeError::Padding));
+        assert_eq!(decode_header(&[0u8; 64], &KEY, 0), Err(DecodeError::Padding));
         assert!(matches!(
-            decode_header(&[0xffu8; 64]),
+            decode_header(&[0xffu8; 64], &KEY, 0),
             Err(DecodeError::BadMagic(_))
         ));
     }

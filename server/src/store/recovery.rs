@@ -1,113 +1,40 @@
 //! Recovery: rebuild the index by scanning every segment.
 //!
 //! - Headers are always verified (their CRC also covers the payload's block
-//!   CRCs). A header that fails ends the segment's valid data: a torn tail.
+//!   CRCs, and from version 2 binds the header to its place). Bytes that are
+//!   not a valid record are skipped and reported (see `scan`): in a sealed
+//!   segment they are damage and only the damaged records are lost.
 //! - Segments without a Seal record (the one being written at a crash, or one
 //!   abandoned after a write error) also have every payload verified; a record
 //!   whose payload fails is dropped, as is an object whose extents failed.
 //! - Per key the highest sequence number wins; every other record of the key
 //!   is counted in `older_on_disk` so that tombstones outlive what they hide.
-//! - Unsealed segments are then sealed at their valid end and the garbage
-//!   after it is cut off.
+//! - Unsealed segments are then sealed after their last valid record and
+//!   the garbage after it is cut off (a version-1 segment other than the
+//!   newest, whose scan stopped at damage, is left as it is).
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::Instant;
 
 use super::file::{SegFile, WRITE_ALIGN_BYTES};
-use super::record::{self, Body, DecodeError, Header, Kind};
+use super::record::{self, Body, Header, Kind, SegKey};
+pub(super) use super::scan::{ScanResult, Scanned};
+use super::scan::{Scanner, Step};
 use super::{
     parse_segment_name, Entry, Loc, ObjectInfo, RecoveryReport, Result, Segment, State, Store,
     StoreError,
 };
 
-/// Bytes read per scan I/O.
-const SCAN_WINDOW_BYTES: usize = 4 << 20;
-
-pub(super) struct Scanned {
-    pub offset: u64,
-    pub header_bytes: u32,
-    pub header: Header,
-}
-
-pub(super) struct ScanResult {
-    pub records: Vec<Scanned>,
-    /// End of the last valid record.
-    pub valid_end: u64,
-    pub sealed: bool,
-    pub bytes_scanned: u64,
-}
-
-/// Reads a segment's record headers in order until a Seal record, an invalid
-/// header or the end of the file.
-pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64) -> Result<ScanResult> {
-    let mut records = Vec::new();
-    let mut offset = 0u64;
-    let mut window_start = 0u64;
-    let mut window = glommio::io::ReadResult::default();
-    let mut valid_end = 0u64;
-    let mut sealed = false;
-    let mut bytes_scanned = 0u64;
-    while offset + record::FIXED_HEADER_BYTES as u64 <= size_bytes {
-        let mut need = record::FIXED_HEADER_BYTES;
-        let header = loop {
-            let at = offset.wrapping_sub(window_start);
-            let have = if offset >= window_start && at < window.len() as u64 {
-                window.len() as u64 - at
-            } else {
-                0
-            };
-            if have < need as u64 {
-                let len = SCAN_WINDOW_BYTES
-                    .max(need)
-                    .min((size_bytes - offset) as usize);
-                if len < need {
-                    break Err(DecodeError::Short(need));
-                }
-                window = file.read_at(offset, len).await?;
-                bytes_scanned += window.len() as u64;
-                window_start = offset;
-                if window.len() < need {
-                    break Err(DecodeError::Short(need));
-                }
-                continue;
-            }
-            match record::decode_header(&window[at as usize..]) {
-                // Always asks for more than `have`, so this loop ends.
-                Err(DecodeError::Short(n)) => need = n,
-                other => break other,
-            }
-        };
-        match header {
-            Ok((header, header_bytes)) => {
-                let span = record::record_span_bytes(header_bytes as u64, header.payload_bytes);
-                if offset + span > size_bytes {
-                    break; // payload cut short: torn tail
-                }
-                let kind = header.kind();
-                if kind == Kind::Seal {
-                    sealed = true;
-                    valid_end = offset + span;
-                    break;
-                }
-                records.push(Scanned {
-                    offset,
-                    header_bytes: header_bytes as u32,
-                    header,
-                });
-                offset += span;
-                valid_end = offset;
-            }
-            Err(DecodeError::Padding) => offset = (offset + 1).next_multiple_of(WRITE_ALIGN_BYTES),
-            Err(_) => break,
-        }
+/// Reads a segment's records in order (see `scan` for the rules).
+pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64, key: SegKey) -> Result<ScanResult> {
+    let mut scanner = Scanner::new(key, size_bytes);
+    let mut step = scanner.feed(&[], 0);
+    while let Step::Read { offset, len } = step {
+        let window = file.read_at(offset, len).await?;
+        step = scanner.feed(&window, offset);
     }
-    Ok(ScanResult {
-        records,
-        valid_end,
-        sealed,
-        bytes_scanned,
-    })
+    Ok(scanner.finish())
 }
 
 /// Checks a record's payload against its block CRCs.
@@ -149,17 +76,49 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         segments: ids.len() as u64,
         ..Default::default()
     };
-    let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
-    // Extents known good: (segment, offset) -> span bytes.
-    let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
-    let mut max_seq = 0u64;
+    // Every segment's key first: the shard secret lives in each version-2
+    // segment header, so one damaged header does not cost its segment.
+    let mut files = Vec::with_capacity(ids.len());
+    let mut heads = Vec::with_capacity(ids.len());
     for &segment_id in &ids {
         let path = super::segment_path(&cfg.dir, segment_id);
         let file = SegFile::open(&path, cfg.direct_io).await?;
         let size_bytes = file.size_bytes().await?;
-        let scan = scan_segment(&file, size_bytes).await?;
+        let head = match size_bytes.min(WRITE_ALIGN_BYTES) as usize {
+            0 => None,
+            n => file.read_at(0, n).await.ok(),
+        };
+        heads.push(head);
+        files.push((file, size_bytes));
+    }
+    let head_refs: Vec<(u64, Option<&[u8]>)> = ids
+        .iter()
+        .zip(&heads)
+        .map(|(id, h)| (*id, h.as_deref()))
+        .collect();
+    let (secret, keys) = super::scan::segment_keys(&head_refs);
+    drop(head_refs);
+    store
+        .inner
+        .shard_secret
+        .set(secret.unwrap_or_else(rand::random));
+    let newest = ids.last().copied();
+    let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
+    // Extents known good: (segment, offset) -> span bytes.
+    let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
+    let mut max_seq = 0u64;
+    for ((&segment_id, (file, size_bytes)), (key, header_ok)) in ids.iter().zip(files).zip(keys) {
+        let scan = scan_segment(&file, size_bytes, key).await?;
         report.bytes_scanned += scan.bytes_scanned;
         check_segment_header(&scan, cfg.shard_id, segment_id)?;
+        if !header_ok && size_bytes > 0 {
+            tracing::warn!(
+                shard = cfg.shard_id,
+                segment_id,
+                version = key.version,
+                "segment header unreadable; reading the segment with the shard's key"
+            );
+        }
         let mut dropped_here = false;
         for r in &scan.records {
             report.records += 1;
@@ -203,9 +162,38 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             };
             count_record(&mut candidates, &r.header, Some(entry));
         }
+        for &(from, to) in &scan.damaged {
+            report.damaged_regions += 1;
+            tracing::error!(
+                shard = cfg.shard_id,
+                segment_id,
+                from,
+                to,
+                sealed = scan.sealed,
+                "damaged bytes inside the segment: the record(s) there are lost, the records after them are kept"
+            );
+        }
+        // A version-1 scan stops at the first bad header. In the newest
+        // segment that is the torn tail of the last write; in any other it
+        // is damage in front of records it cannot safely find: keep it all.
+        let v1_damage = key.version == record::VERSION_1
+            && scan.tail_bad_from.is_some()
+            && Some(segment_id) != newest;
+        if v1_damage {
+            report.damaged_regions += 1;
+            tracing::error!(
+                shard = cfg.shard_id,
+                segment_id,
+                at = scan.tail_bad_from,
+                "unreadable record header in a version-1 segment: records after it are not served; the segment is kept as it is (see percore fsck)"
+            );
+        }
+        let damaged = scan.is_damaged(key.version) && (key.version != record::VERSION_1 || v1_damage);
         let mut end_bytes = scan.valid_end;
         let mut sealed = scan.sealed;
-        if !scan.sealed {
+        if !scan.sealed && !v1_damage {
+            // Only bytes after the last valid record are cut: in version 2
+            // the scan found every valid record before them.
             let cut_at = scan.valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
             if size_bytes > cut_at {
                 report.torn_tails_cut += 1;
@@ -221,7 +209,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 // Stay unsealed, so every later recovery verifies payloads
                 // here again and keeps rejecting the dropped records.
                 if size_bytes > cut_at {
-                    if let Err(e) = file.truncate(cut_at).await {
+                    if let Err(e) = cut(&file, cut_at).await {
                         tracing::warn!(
                             shard = cfg.shard_id,
                             segment_id,
@@ -229,7 +217,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                         );
                     }
                 }
-            } else if let Some(seal_end) = seal_segment(store, &file, segment_id, cut_at).await {
+            } else if let Some(seal_end) = seal_segment(store, &file, &key, cut_at).await {
                 end_bytes = seal_end;
                 sealed = true;
             }
@@ -238,9 +226,11 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             segment_id,
             Segment {
                 file: Rc::new(file),
+                key,
                 end_bytes,
                 live_bytes: 0,
                 sealed,
+                damaged,
             },
         );
     }
@@ -251,13 +241,28 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         }
     }
     report.objects = store.objects_total() as u64;
-    store.inner.next_seq.set(max_seq + 1);
+    // A record with the largest seq leaves no seq for a later write:
+    // writes then fail rather than install below it.
+    store.inner.next_seq.set(max_seq.checked_add(1));
+    if max_seq == u64::MAX {
+        tracing::error!(
+            shard = cfg.shard_id,
+            "a record carries the largest sequence number; this shard refuses writes"
+        );
+    }
     store
         .inner
         .next_segment_id
         .set(ids.last().map_or(1, |id| id + 1));
+    store.inner.stats.borrow_mut().damaged_regions += report.damaged_regions;
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// Cuts a segment file at `at` and makes the new size durable.
+async fn cut(file: &SegFile, at: u64) -> std::io::Result<()> {
+    file.truncate(at).await?;
+    file.sync().await
 }
 
 fn check_segment_header(scan: &ScanResult, shard_id: u32, segment_id: u64) -> Result<()> {
@@ -327,8 +332,9 @@ fn count_record(
 }
 
 /// Writes a Seal at `offset` and cuts the file after it. Returns the new end.
-async fn seal_segment(store: &Store, file: &SegFile, segment_id: u64, offset: u64) -> Option<u64> {
-    match store.write_seal(file, segment_id, offset, true).await {
+async fn seal_segment(store: &Store, file: &SegFile, key: &SegKey, offset: u64) -> Option<u64> {
+    let segment_id = key.segment_id;
+    match store.write_seal(file, key, offset, true).await {
         Ok(end) => Some(end),
         Err(e) => {
             tracing::warn!(

@@ -23,9 +23,12 @@ pub struct ScrubFinding {
     pub key: String,
     /// The record is the current version of its key (a GET of it fails).
     pub live: bool,
-    /// What failed: "payload CRC", or "header" when the segment's records
-    /// end before its seal (an unreadable header in a sealed segment).
+    /// What failed: "payload CRC"; "damaged bytes" for a range the scan
+    /// could not read as records (`offset` to `end`); "header" when a
+    /// version-1 segment's records end before its seal.
     pub what: &'static str,
+    /// End of a damaged range (0 for a record finding).
+    pub end: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -47,27 +50,44 @@ impl Store {
             .segments
             .borrow()
             .get(&segment_id)
-            .map(|s| (s.sealed, s.file.clone()));
-        let Some((true, file)) = sealed else {
+            .map(|s| (s.sealed, s.file.clone(), s.key));
+        let Some((true, file, seg_key)) = sealed else {
             return Ok(report);
         };
         self.pin(segment_id);
         let result = async {
             let size_bytes = file.size_bytes().await?;
-            let scan = scan_segment(&file, size_bytes).await?;
+            let scan = scan_segment(&file, size_bytes, seg_key).await?;
             report.segments = 1;
             report.bytes_read += scan.bytes_scanned;
-            if !scan.sealed {
-                // A sealed segment whose records stop before the seal: some
-                // header no longer decodes.
+            for &(from, to) in &scan.damaged {
                 report.findings.push(ScrubFinding {
                     segment_id,
-                    offset: scan.valid_end,
+                    offset: from,
+                    bucket: String::new(),
+                    key: String::new(),
+                    live: false,
+                    what: "damaged bytes",
+                    end: to,
+                });
+            }
+            if !scan.sealed {
+                // A sealed segment whose records stop before the seal: some
+                // header no longer decodes (version 1 stops there).
+                report.findings.push(ScrubFinding {
+                    segment_id,
+                    offset: scan.tail_bad_from.unwrap_or(scan.valid_end),
                     bucket: String::new(),
                     key: String::new(),
                     live: false,
                     what: "header",
+                    end: size_bytes,
                 });
+            }
+            if scan.is_damaged(seg_key.version) || !scan.sealed {
+                if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+                    seg.damaged = true;
+                }
             }
             for r in &scan.records {
                 report.records += 1;
@@ -93,6 +113,7 @@ impl Store {
                         key: r.header.key.clone(),
                         live,
                         what: "payload CRC",
+                        end: 0,
                     });
                 }
                 self.scrub_throttle(r.header.payload_bytes).await;
@@ -143,6 +164,11 @@ impl Store {
         st.scrub_passes += 1;
         st.scrub_bytes += total.bytes_read;
         st.scrub_corrupt_records += total.findings.len() as u64;
+        st.damaged_regions += total
+            .findings
+            .iter()
+            .filter(|f| f.what != "payload CRC")
+            .count() as u64;
         st.scrub_last_pass_unix_ms = super::now_ms();
         st.scrub_last_pass_corrupt = total.findings.len() as u64;
         Ok(total)
