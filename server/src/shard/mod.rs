@@ -594,9 +594,8 @@ impl Shard {
                 }
                 // A write in progress for DeleteBucket, which would otherwise
                 // miss an upload installed after its purge.
-                self.put_started(&bucket);
+                let _writing = WriteInProgress::new(self, &bucket);
                 let result = self.store.mpu_create(&bucket, &key, meta).await;
-                self.put_ended(&bucket);
                 match result {
                     Ok(id) => Reply::Upload(id),
                     Err(e) => Reply::Err(store_error(e)),
@@ -611,12 +610,11 @@ impl Shard {
                 if !self.bucket_exists(&bucket) {
                     return Reply::Err(ShardError::NoSuchBucket);
                 }
-                self.put_started(&bucket);
+                let _writing = WriteInProgress::new(self, &bucket);
                 let result = self
                     .store
                     .mpu_complete(&bucket, &key, &upload_id, &parts)
                     .await;
-                self.put_ended(&bucket);
                 match result {
                     Ok(info) => Reply::Put(info),
                     Err(e) => Reply::Err(store_error(e)),
@@ -723,6 +721,29 @@ impl Shard {
                 Reply::Ok
             }
         }
+    }
+}
+
+/// A write counted against its bucket for DeleteBucket (see `put_started`)
+/// until dropped, also when the request's future is dropped half-way.
+struct WriteInProgress<'a> {
+    shard: &'a Shard,
+    bucket: String,
+}
+
+impl<'a> WriteInProgress<'a> {
+    fn new(shard: &'a Shard, bucket: &str) -> Self {
+        shard.put_started(bucket);
+        WriteInProgress {
+            shard,
+            bucket: bucket.to_string(),
+        }
+    }
+}
+
+impl Drop for WriteInProgress<'_> {
+    fn drop(&mut self) {
+        self.shard.put_ended(&self.bucket);
     }
 }
 
