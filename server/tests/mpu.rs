@@ -335,7 +335,11 @@ fn retried_complete_answers_the_same_etag_until_the_key_changes() {
         );
         assert!(read_all(&store, "b", "k").await.unwrap() == whole);
         assert_eq!(
-            store.mpu_complete("b", "k", &id, &parts).await.unwrap().etag,
+            store
+                .mpu_complete("b", "k", &id, &parts)
+                .await
+                .unwrap()
+                .etag,
             first.etag
         );
 
@@ -391,7 +395,10 @@ fn retried_complete_answers_the_same_etag_until_the_key_changes() {
             upload_err(store.mpu_complete("b", "k", &id2, &[e(1, &f1)]).await),
             UploadError::NoSuchUpload
         );
-        store.mpu_complete("b", "k", &id3, &[e(1, &g1)]).await.unwrap();
+        store
+            .mpu_complete("b", "k", &id3, &[e(1, &g1)])
+            .await
+            .unwrap();
     });
 }
 
@@ -474,7 +481,10 @@ async fn uploads(shard: &Rc<Shard>, bucket: &str) -> Vec<String> {
 
 fn no_such_upload(reply: Reply) {
     assert!(
-        matches!(reply, Reply::Err(ShardError::Upload(UploadError::NoSuchUpload))),
+        matches!(
+            reply,
+            Reply::Err(ShardError::Upload(UploadError::NoSuchUpload))
+        ),
         "{reply:?}"
     );
 }

@@ -67,17 +67,21 @@ const PART_PREFIX: &str = "\0p/";
 /// Upload ids are 32 lower-case hex digits.
 const UPLOAD_ID_LEN: usize = 32;
 /// Completed uploads each shard remembers for retried completions, oldest
-/// forgotten first. An entry holds its bucket and upload key (at most about
-/// 1.1 KiB with a 1 KiB key, shared by the map and the queue), a 16-byte
-/// digest and a seq: at most about 5 MiB per shard, typically 100-200 KiB.
+/// forgotten first. An entry holds its bucket and upload key (shared by the
+/// map and the queue), a 16-byte digest and a seq: about 1.2 KiB with a
+/// 1 KiB key, so at most about 5 MiB per shard, and under 1 MiB with keys
+/// of about 50 bytes.
 pub const COMPLETED_UPLOADS_REMEMBERED_COUNT_MAX: usize = 4096;
+
+/// An upload within the store: (bucket, upload index key).
+type UploadRef = (String, String);
 
 /// Per-store multipart state that is not in the index.
 #[derive(Default)]
 pub(super) struct MpuState {
-    /// Uploads whose completion is under way (bucket, upload key), with the
-    /// requests waiting for it to end.
-    completing: RefCell<HashMap<(String, String), Vec<oneshot::Sender<()>>>>,
+    /// Uploads whose completion is under way, with the requests waiting for
+    /// it to end.
+    completing: RefCell<HashMap<UploadRef, Vec<oneshot::Sender<()>>>>,
     completed: RefCell<CompletedUploads>,
 }
 
@@ -130,7 +134,13 @@ struct CompletingGuard<'a> {
 
 impl Drop for CompletingGuard<'_> {
     fn drop(&mut self) {
-        let waiters = self.store.inner.mpu.completing.borrow_mut().remove(&self.id);
+        let waiters = self
+            .store
+            .inner
+            .mpu
+            .completing
+            .borrow_mut()
+            .remove(&self.id);
         for w in waiters.into_iter().flatten() {
             let _ = w.send(());
         }
@@ -156,7 +166,11 @@ fn multipart_etag(parts: &[(u32, String)]) -> Option<String> {
         let digest = hex::decode(etag).ok().filter(|d| d.len() == 16)?;
         md5s.extend_from_slice(&digest);
     }
-    Some(format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len()))
+    Some(format!(
+        "{}-{}",
+        hex::encode(Md5::digest(&md5s)),
+        parts.len()
+    ))
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
