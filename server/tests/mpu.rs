@@ -590,6 +590,47 @@ fn delete_bucket_refuses_while_an_upload_is_being_created() {
         assert!(uploads(&shard, "b").await.is_empty());
         assert!(internal_live_keys(&store).is_empty());
 
+        // A part being uploaded is a write in progress too (uploads no
+        // longer count as objects, so this is what keeps it from racing).
+        let id = create_upload(&shard, "b", "k").await;
+        let session = match shard
+            .execute(Op::PutOpen {
+                bucket: "b".into(),
+                key: "k".into(),
+                meta: ObjectMeta::default(),
+                part: Some((id.clone(), 1)),
+                condition: None,
+            })
+            .await
+        {
+            Reply::Session(s) => s,
+            other => panic!("UploadPart: {other:?}"),
+        };
+        assert!(matches!(
+            delete_bucket(&shard, "b").await,
+            Reply::Err(ShardError::BucketNotEmpty)
+        ));
+        assert!(matches!(
+            shard
+                .execute(Op::PutData {
+                    session,
+                    data: data(4, 1000)
+                })
+                .await,
+            Reply::Ok
+        ));
+        let finished = shard
+            .execute(Op::PutFinish {
+                session,
+                etag: md5_hex(&data(4, 1000)),
+                headers: Vec::new(),
+            })
+            .await;
+        assert!(matches!(finished, Reply::Put(_)), "{finished:?}");
+        assert!(matches!(delete_bucket(&shard, "b").await, Reply::Ok));
+        create_bucket(&shard, "b").await;
+        assert!(internal_live_keys(&store).is_empty());
+
         // A request dropped half-way does not leave its count behind (the
         // bucket could never be deleted again).
         let mut create = Box::pin(create_upload(&shard, "b", "k"));
