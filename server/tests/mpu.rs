@@ -281,3 +281,403 @@ fn abort_drops_parts_and_late_parts_stay_invisible() {
         assert!(internal_live_keys(&store).is_empty());
     });
 }
+
+// ---------------------------------------------------------------------------
+// Issue 15: retried completions, DeleteBucket with uploads in progress
+// ---------------------------------------------------------------------------
+
+use percore_server::shard::msg::{Op, Reply, ShardError};
+use percore_server::shard::Shard;
+use std::rc::Rc;
+
+fn e(n: u32, etag: &str) -> (u32, String) {
+    (n, etag.to_string())
+}
+
+#[test]
+fn retried_complete_answers_the_same_etag_until_the_key_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let id = store
+            .mpu_create("b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        let p1 = data(1, PART_BYTES_MIN as usize);
+        let p2 = data(2, 3000);
+        let e1 = put_part(&store, "k", &id, 1, p1.clone()).await;
+        let e2 = put_part(&store, "k", &id, 2, p2.clone()).await;
+        let parts = [e(1, &e1), e(2, &e2)];
+        let first = store.mpu_complete("b", "k", &id, &parts).await.unwrap();
+        let whole: Vec<u8> = [p1, p2].concat();
+
+        // The retry (an SDK after a timeout) answers as the first did.
+        let again = store.mpu_complete("b", "k", &id, &parts).await.unwrap();
+        assert_eq!(again.etag, first.etag);
+        assert_eq!(again.size_bytes, first.size_bytes);
+        // Another part list is not a retry of that completion.
+        for other in [vec![e(1, &e1)], vec![e(1, &e1), e(3, &e2)]] {
+            assert_eq!(
+                upload_err(store.mpu_complete("b", "k", &id, &other).await),
+                UploadError::NoSuchUpload
+            );
+        }
+        // Abort and ListParts of a completed upload: NoSuchUpload (as S3),
+        // and the object is untouched.
+        assert_eq!(
+            upload_err(store.mpu_abort("b", "k", &id).await),
+            UploadError::NoSuchUpload
+        );
+        assert_eq!(
+            upload_err(store.mpu_parts("b", "k", &id, 0, 10)),
+            UploadError::NoSuchUpload
+        );
+        assert!(read_all(&store, "b", "k").await.unwrap() == whole);
+        assert_eq!(
+            store
+                .mpu_complete("b", "k", &id, &parts)
+                .await
+                .unwrap()
+                .etag,
+            first.etag
+        );
+
+        // After a restart (nothing remembered in memory) the retry is
+        // recognised from the index.
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let again = store.mpu_complete("b", "k", &id, &parts).await.unwrap();
+        assert_eq!(again.etag, first.etag);
+        assert_eq!(
+            upload_err(store.mpu_complete("b", "k", &id, &[e(1, &e1)]).await),
+            UploadError::NoSuchUpload
+        );
+        // Once the key is written again, the completion is over for good,
+        // in memory and after a restart.
+        store
+            .put("b", "k", ObjectMeta::default(), data(5, 10))
+            .await
+            .unwrap();
+        assert_eq!(
+            upload_err(store.mpu_complete("b", "k", &id, &parts).await),
+            UploadError::NoSuchUpload
+        );
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        assert_eq!(
+            upload_err(store.mpu_complete("b", "k", &id, &parts).await),
+            UploadError::NoSuchUpload
+        );
+
+        // A completion overwritten by another completion of the same key.
+        let id2 = store
+            .mpu_create("b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        let f1 = put_part(&store, "k", &id2, 1, data(7, 100)).await;
+        store
+            .mpu_complete("b", "k", &id2, &[e(1, &f1)])
+            .await
+            .unwrap();
+        let id3 = store
+            .mpu_create("b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        let g1 = put_part(&store, "k", &id3, 1, data(8, 100)).await;
+        store
+            .mpu_complete("b", "k", &id3, &[e(1, &g1)])
+            .await
+            .unwrap();
+        assert_eq!(
+            upload_err(store.mpu_complete("b", "k", &id2, &[e(1, &f1)]).await),
+            UploadError::NoSuchUpload
+        );
+        store
+            .mpu_complete("b", "k", &id3, &[e(1, &g1)])
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn complete_or_abort_during_a_completion_waits_for_its_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let id = store
+            .mpu_create("b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        let e1 = put_part(&store, "k", &id, 1, data(1, 40_000)).await;
+        let parts = [e(1, &e1)];
+        // The first completion is under way (waiting for its record to be
+        // durable) when a retry and an abort arrive.
+        let mut first = Box::pin(store.mpu_complete("b", "k", &id, &parts));
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        let (first, retry, abort) = futures::join!(
+            first,
+            store.mpu_complete("b", "k", &id, &parts),
+            store.mpu_abort("b", "k", &id)
+        );
+        let first = first.unwrap();
+        assert_eq!(retry.unwrap().etag, first.etag);
+        // The upload was completed, not aborted.
+        assert_eq!(upload_err(abort), UploadError::NoSuchUpload);
+        assert_eq!(store.head("b", "k").unwrap().etag, first.etag);
+        assert!(internal_live_keys(&store).is_empty());
+    });
+}
+
+/// A started single-shard server core on `store`, its buckets published.
+async fn shard_on(store: &Store) -> Rc<Shard> {
+    let shard = Shard::new(0, 1, 7, store.clone());
+    shard.publish_buckets().await;
+    assert!(matches!(shard.execute(Op::Start).await, Reply::Ok));
+    shard
+}
+
+async fn create_bucket(shard: &Rc<Shard>, name: &str) {
+    let name = name.to_string();
+    assert!(matches!(
+        shard.execute(Op::BucketCreate { name }).await,
+        Reply::Created(true)
+    ));
+}
+
+async fn delete_bucket(shard: &Rc<Shard>, name: &str) -> Reply {
+    let name = name.to_string();
+    shard.execute(Op::BucketDelete { name }).await
+}
+
+async fn create_upload(shard: &Rc<Shard>, bucket: &str, key: &str) -> String {
+    let op = Op::MpuCreate {
+        bucket: bucket.into(),
+        key: key.into(),
+        meta: ObjectMeta::default(),
+    };
+    match shard.execute(op).await {
+        Reply::Upload(id) => id,
+        other => panic!("CreateMultipartUpload: {other:?}"),
+    }
+}
+
+async fn uploads(shard: &Rc<Shard>, bucket: &str) -> Vec<String> {
+    let op = Op::MpuList {
+        bucket: bucket.into(),
+        prefix: String::new(),
+        key_marker: String::new(),
+        upload_id_marker: String::new(),
+        limit: 1000,
+    };
+    match shard.execute(op).await {
+        Reply::Uploads(v) => v.into_iter().map(|u| u.upload_id).collect(),
+        other => panic!("ListMultipartUploads: {other:?}"),
+    }
+}
+
+fn no_such_upload(reply: Reply) {
+    assert!(
+        matches!(
+            reply,
+            Reply::Err(ShardError::Upload(UploadError::NoSuchUpload))
+        ),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn delete_bucket_discards_its_uploads_and_a_new_bucket_of_that_name_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        create_bucket(&shard, "b").await;
+        let a = create_upload(&shard, "b", "k").await;
+        let b = create_upload(&shard, "b", "dir/x").await;
+        let ea = put_part(&store, "k", &a, 1, data(1, 30_000)).await;
+        put_part(&store, "dir/x", &b, 1, data(2, 30_000)).await;
+
+        // An object keeps the bucket; its uploads stay too.
+        store
+            .put("b", "obj", ObjectMeta::default(), data(3, 10))
+            .await
+            .unwrap();
+        assert!(matches!(
+            delete_bucket(&shard, "b").await,
+            Reply::Err(ShardError::BucketNotEmpty)
+        ));
+        assert_eq!(uploads(&shard, "b").await.len(), 2);
+        store.delete("b", "obj").await.unwrap();
+
+        // Only uploads: the bucket goes, and its uploads with it.
+        let reply = delete_bucket(&shard, "b").await;
+        assert!(matches!(reply, Reply::Ok), "{reply:?}");
+        assert!(!shard.bucket_exists("b"));
+        assert!(internal_live_keys(&store).is_empty());
+
+        create_bucket(&shard, "b").await;
+        assert!(uploads(&shard, "b").await.is_empty());
+        no_such_upload(
+            shard
+                .execute(Op::MpuParts {
+                    bucket: "b".into(),
+                    key: "k".into(),
+                    upload_id: a.clone(),
+                    after: 0,
+                    limit: 10,
+                })
+                .await,
+        );
+        no_such_upload(
+            shard
+                .execute(Op::PutOpen {
+                    bucket: "b".into(),
+                    key: "k".into(),
+                    meta: ObjectMeta::default(),
+                    part: Some((a.clone(), 2)),
+                    condition: None,
+                })
+                .await,
+        );
+        no_such_upload(
+            shard
+                .execute(Op::MpuComplete {
+                    bucket: "b".into(),
+                    key: "k".into(),
+                    upload_id: a.clone(),
+                    parts: vec![e(1, &ea)],
+                })
+                .await,
+        );
+        assert!(store.head("b", "k").is_none());
+
+        // Nothing comes back after a restart.
+        store.shutdown().await;
+        drop((shard, store));
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        assert!(shard.bucket_exists("b"));
+        assert!(uploads(&shard, "b").await.is_empty());
+        assert!(internal_live_keys(&store).is_empty());
+    });
+}
+
+#[test]
+fn delete_bucket_refuses_while_an_upload_is_being_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        create_bucket(&shard, "b").await;
+        // CreateMultipartUpload waits for its record to be durable...
+        let mut create = Box::pin(create_upload(&shard, "b", "k"));
+        assert!(futures::poll!(create.as_mut()).is_pending());
+        // ...and counts as a write in progress meanwhile, like a PUT.
+        assert!(matches!(
+            delete_bucket(&shard, "b").await,
+            Reply::Err(ShardError::BucketNotEmpty)
+        ));
+        let id = create.await;
+        assert_eq!(uploads(&shard, "b").await, vec![id]);
+        assert!(matches!(delete_bucket(&shard, "b").await, Reply::Ok));
+        create_bucket(&shard, "b").await;
+        assert!(uploads(&shard, "b").await.is_empty());
+        assert!(internal_live_keys(&store).is_empty());
+
+        // A part being uploaded is a write in progress too (uploads no
+        // longer count as objects, so this is what keeps it from racing).
+        let id = create_upload(&shard, "b", "k").await;
+        let session = match shard
+            .execute(Op::PutOpen {
+                bucket: "b".into(),
+                key: "k".into(),
+                meta: ObjectMeta::default(),
+                part: Some((id.clone(), 1)),
+                condition: None,
+            })
+            .await
+        {
+            Reply::Session(s) => s,
+            other => panic!("UploadPart: {other:?}"),
+        };
+        assert!(matches!(
+            delete_bucket(&shard, "b").await,
+            Reply::Err(ShardError::BucketNotEmpty)
+        ));
+        assert!(matches!(
+            shard
+                .execute(Op::PutData {
+                    session,
+                    data: data(4, 1000)
+                })
+                .await,
+            Reply::Ok
+        ));
+        let finished = shard
+            .execute(Op::PutFinish {
+                session,
+                etag: md5_hex(&data(4, 1000)),
+                headers: Vec::new(),
+            })
+            .await;
+        assert!(matches!(finished, Reply::Put(_)), "{finished:?}");
+        assert!(matches!(delete_bucket(&shard, "b").await, Reply::Ok));
+        create_bucket(&shard, "b").await;
+        assert!(internal_live_keys(&store).is_empty());
+
+        // A request dropped half-way does not leave its count behind (the
+        // bucket could never be deleted again).
+        let mut create = Box::pin(create_upload(&shard, "b", "k"));
+        assert!(futures::poll!(create.as_mut()).is_pending());
+        drop(create);
+        let reply = delete_bucket(&shard, "b").await;
+        assert!(matches!(reply, Reply::Ok), "{reply:?}");
+    });
+}
+
+#[test]
+fn uploads_left_by_a_bucket_deletion_cut_short_are_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        store.bucket_create("b").await.unwrap();
+        let id = store
+            .mpu_create("b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        put_part(&store, "k", &id, 1, data(1, 30_000)).await;
+        // The bucket's record is deleted, then a crash before its uploads
+        // are dropped.
+        store.bucket_delete("b").await.unwrap();
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        assert!(!internal_live_keys(&store).is_empty());
+        // Dropped at start-up, before anything is served.
+        let shard = shard_on(&store).await;
+        assert!(internal_live_keys(&store).is_empty());
+
+        // Leftovers in a bucket that does not exist (a purge that failed):
+        // dropped before a bucket of that name becomes visible.
+        assert!(!shard.bucket_exists("b"));
+        let id = store
+            .mpu_create("b", "k2", ObjectMeta::default())
+            .await
+            .unwrap();
+        put_part(&store, "k2", &id, 1, data(2, 30_000)).await;
+        create_bucket(&shard, "b").await;
+        assert!(uploads(&shard, "b").await.is_empty());
+        assert!(internal_live_keys(&store).is_empty());
+        store.shutdown().await;
+        drop((shard, store));
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        assert!(internal_live_keys(&store).is_empty());
+    });
+}

@@ -144,9 +144,12 @@ def test_list_multipart_uploads_across_shards(s3, bucket):
     page = s3.list_multipart_uploads(Bucket=bucket, Delimiter="/")
     assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["other/", "up/"]
     assert page.get("Uploads", []) == []
-    # The in-progress uploads keep the bucket from being deleted.
+    # An object keeps the bucket from being deleted (uploads alone do not:
+    # test_delete_bucket_discards_its_multipart_uploads).
+    s3.put_object(Bucket=bucket, Key="an-object", Body=b"x")
     with s3_error("BucketNotEmpty", 409):
         s3.delete_bucket(Bucket=bucket)
+    assert len(s3.list_multipart_uploads(Bucket=bucket)["Uploads"]) == len(expect) + 1
 
 
 def test_upload_part_copy_with_ranges(s3, bucket):
@@ -301,3 +304,112 @@ def test_list_uploads_with_delimiter_never_hides_uploads(s3, bucket):
         km, im = page["NextKeyMarker"], page.get("NextUploadIdMarker")
     assert seen_uploads == [("z.bin", z)]
     assert seen_prefixes == ["logs/"]
+
+
+# ---------------------------------------------------------------------------
+# Issue 15: DeleteBucket with uploads in progress, retried completions
+# ---------------------------------------------------------------------------
+
+def test_delete_bucket_discards_its_multipart_uploads(server_factory, shards):
+    """S3 deletes a bucket whose only contents are unfinished uploads, and
+    the uploads go with it: a bucket created again under that name has
+    none, before and after restarts."""
+    srv = server_factory(shards=shards)
+    s3 = srv.client()
+    name = "mpu-gone"
+    s3.create_bucket(Bucket=name)
+    ups = {}
+    for k in spread_keys(8, prefix="u/"):  # on every shard
+        ups[k] = upload(s3, name, k, [b"part of " + k.encode()])
+    s3.put_object(Bucket=name, Key="obj", Body=b"x")
+    with s3_error("BucketNotEmpty", 409):
+        s3.delete_bucket(Bucket=name)
+    assert len(s3.list_multipart_uploads(Bucket=name)["Uploads"]) == len(ups)
+    s3.delete_object(Bucket=name, Key="obj")
+    assert status_of(s3.delete_bucket(Bucket=name)) == 204
+    with s3_error("404", 404):
+        s3.head_bucket(Bucket=name)
+    with s3_error("NoSuchBucket", 404):
+        s3.list_multipart_uploads(Bucket=name)
+    s3.create_bucket(Bucket=name)
+
+    def nothing_left(s3):
+        assert s3.list_multipart_uploads(Bucket=name).get("Uploads", []) == []
+        for k, (uid, done) in ups.items():
+            with s3_error("NoSuchUpload", 404):
+                s3.upload_part(Bucket=name, Key=k, UploadId=uid, PartNumber=2, Body=b"late")
+            with s3_error("NoSuchUpload", 404):
+                s3.list_parts(Bucket=name, Key=k, UploadId=uid)
+            with s3_error("NoSuchUpload", 404):
+                s3.complete_multipart_upload(Bucket=name, Key=k, UploadId=uid,
+                                             MultipartUpload={"Parts": done})
+        assert s3.list_objects_v2(Bucket=name)["KeyCount"] == 0
+
+    nothing_left(s3)
+    srv.kill9()
+    srv.restart()
+    nothing_left(srv.client())
+    srv.restart()
+    nothing_left(srv.client())
+
+
+def test_retried_complete_multipart_upload_answers_the_same_etag(s3, bucket):
+    """SDKs retry CompleteMultipartUpload after a timeout: the retry of a
+    completed upload answers 200 with the same ETag while the key still
+    holds what it wrote; another part list, or a key written since, is
+    NoSuchUpload. Abort, ListParts and UploadPart of a completed upload are
+    NoSuchUpload and leave the object alone (as S3)."""
+    parts = [os.urandom(PART), b"tail bytes"]
+    uid, done = upload(s3, bucket, "r/obj", parts)
+    first = s3.complete_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid,
+                                         MultipartUpload={"Parts": done})
+    assert first["ETag"] == multipart_etag(parts)
+    again = s3.complete_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid,
+                                         MultipartUpload={"Parts": done})
+    assert status_of(again) == 200 and again["ETag"] == first["ETag"]
+    with s3_error("NoSuchUpload", 404):
+        s3.complete_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid,
+                                     MultipartUpload={"Parts": done[1:]})
+    with s3_error("NoSuchUpload", 404):
+        s3.abort_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid)
+    with s3_error("NoSuchUpload", 404):
+        s3.list_parts(Bucket=bucket, Key="r/obj", UploadId=uid)
+    with s3_error("NoSuchUpload", 404):
+        s3.upload_part(Bucket=bucket, Key="r/obj", UploadId=uid, PartNumber=3, Body=b"late")
+    got = s3.get_object(Bucket=bucket, Key="r/obj")
+    assert got["ETag"] == first["ETag"]
+    assert md5(got["Body"].read()) == md5(b"".join(parts))
+    again = s3.complete_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid,
+                                         MultipartUpload={"Parts": done})
+    assert again["ETag"] == first["ETag"]
+    # Overwritten: the completion is over.
+    s3.put_object(Bucket=bucket, Key="r/obj", Body=b"newer")
+    with s3_error("NoSuchUpload", 404):
+        s3.complete_multipart_upload(Bucket=bucket, Key="r/obj", UploadId=uid,
+                                     MultipartUpload={"Parts": done})
+    assert s3.get_object(Bucket=bucket, Key="r/obj")["Body"].read() == b"newer"
+
+
+def test_retried_complete_multipart_upload_after_restart(server_factory, shards):
+    """A retry that arrives after a crash and restart still gets the ETag."""
+    srv = server_factory(shards=shards)
+    s3 = srv.client()
+    s3.create_bucket(Bucket="mp-retry")
+    keys = spread_keys(4, prefix="k/")
+    done_by_key = {}
+    for k in keys:
+        uid, done = upload(s3, "mp-retry", k, [os.urandom(1000)])
+        r = s3.complete_multipart_upload(Bucket="mp-retry", Key=k, UploadId=uid,
+                                         MultipartUpload={"Parts": done})
+        done_by_key[k] = (uid, done, r["ETag"])
+    srv.kill9()
+    srv.restart()
+    s3 = srv.client()
+    for k, (uid, done, tag) in done_by_key.items():
+        r = s3.complete_multipart_upload(Bucket="mp-retry", Key=k, UploadId=uid,
+                                         MultipartUpload={"Parts": done})
+        assert r["ETag"] == tag
+        with s3_error("NoSuchUpload", 404):
+            s3.complete_multipart_upload(
+                Bucket="mp-retry", Key=k, UploadId=uid,
+                MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag(b"other")}]})

@@ -378,7 +378,11 @@ impl Shard {
         Reply::Created(true)
     }
 
-    /// Lock the bucket everywhere, count its objects, delete if empty.
+    /// Lock the bucket everywhere, count its objects and writes in progress
+    /// (PUTs, parts, CreateMultipartUpload, completions), delete if none.
+    /// Multipart uploads do not count: the durable bucket record is the
+    /// commit point, after which every shard drops the bucket's uploads and
+    /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
     async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         if !self.bucket_exists(&name) {
@@ -416,6 +420,26 @@ impl Shard {
             .borrow_mut()
             .entry(bucket.to_string())
             .or_default() += 1;
+    }
+
+    /// Drops the uploads and parts of a deleted `bucket` on this shard. A
+    /// failure is logged: the purge is tried again at the next start and
+    /// before a bucket of this name is created again.
+    async fn purge_multipart(&self, bucket: &str) {
+        match self.store.mpu_purge_bucket(bucket).await {
+            Ok(0) => {}
+            Ok(dropped) => tracing::info!(
+                shard = self.id,
+                bucket,
+                dropped,
+                "dropped the multipart uploads and parts of a deleted bucket"
+            ),
+            Err(e) => tracing::warn!(
+                shard = self.id,
+                bucket,
+                "could not drop the multipart uploads of a deleted bucket: {e}"
+            ),
+        }
     }
 
     fn put_ended(&self, bucket: &str) {
@@ -586,7 +610,11 @@ impl Shard {
                 if !self.bucket_exists(&bucket) {
                     return Reply::Err(ShardError::NoSuchBucket);
                 }
-                match self.store.mpu_create(&bucket, &key, meta).await {
+                // A write in progress for DeleteBucket, which would otherwise
+                // miss an upload installed after its purge.
+                let _writing = WriteInProgress::new(self, &bucket);
+                let result = self.store.mpu_create(&bucket, &key, meta).await;
+                match result {
                     Ok(id) => Reply::Upload(id),
                     Err(e) => Reply::Err(store_error(e)),
                 }
@@ -600,12 +628,11 @@ impl Shard {
                 if !self.bucket_exists(&bucket) {
                     return Reply::Err(ShardError::NoSuchBucket);
                 }
-                self.put_started(&bucket);
+                let _writing = WriteInProgress::new(self, &bucket);
                 let result = self
                     .store
                     .mpu_complete(&bucket, &key, &upload_id, &parts)
                     .await;
-                self.put_ended(&bucket);
                 match result {
                     Ok(info) => Reply::Put(info),
                     Err(e) => Reply::Err(store_error(e)),
@@ -648,10 +675,17 @@ impl Shard {
             Op::BucketCreate { name } => self.bucket_create(name).await,
             Op::BucketDelete { name } => self.bucket_delete(name).await,
             Op::BucketApply { name, created_ms } => {
-                let mut buckets = self.buckets.borrow_mut();
                 match created_ms {
                     Some(created_ms) => {
-                        buckets.insert(
+                        // A new bucket (not the start-up publication): drop
+                        // what a deletion of one with this name left behind
+                        // before it becomes visible (see `store::mpu`).
+                        let created =
+                            self.started.get() && !self.buckets.borrow().contains_key(&name);
+                        if created {
+                            self.purge_multipart(&name).await;
+                        }
+                        self.buckets.borrow_mut().insert(
                             name,
                             BucketView {
                                 created_ms,
@@ -660,7 +694,9 @@ impl Shard {
                         );
                     }
                     None => {
-                        buckets.remove(&name);
+                        self.buckets.borrow_mut().remove(&name);
+                        // The deletion is durable: its uploads go with it.
+                        self.purge_multipart(&name).await;
                     }
                 }
                 Reply::Ok
@@ -679,6 +715,17 @@ impl Shard {
             }
             Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
             Op::Start => {
+                // The bucket view is complete: drop the multipart state of
+                // buckets whose deletion was cut short by a crash.
+                let gone: Vec<String> = self
+                    .store
+                    .mpu_buckets()
+                    .into_iter()
+                    .filter(|b| !self.buckets.borrow().contains_key(b))
+                    .collect();
+                for bucket in gone {
+                    self.purge_multipart(&bucket).await;
+                }
                 self.started.set(true);
                 for w in self.start_waiters.borrow_mut().drain(..) {
                     let _ = w.send(());
@@ -692,6 +739,29 @@ impl Shard {
                 Reply::Ok
             }
         }
+    }
+}
+
+/// A write counted against its bucket for DeleteBucket (see `put_started`)
+/// until dropped, also when the request's future is dropped half-way.
+struct WriteInProgress<'a> {
+    shard: &'a Shard,
+    bucket: String,
+}
+
+impl<'a> WriteInProgress<'a> {
+    fn new(shard: &'a Shard, bucket: &str) -> Self {
+        shard.put_started(bucket);
+        WriteInProgress {
+            shard,
+            bucket: bucket.to_string(),
+        }
+    }
+}
+
+impl Drop for WriteInProgress<'_> {
+    fn drop(&mut self) {
+        self.shard.put_ended(&self.bucket);
     }
 }
 

@@ -302,6 +302,8 @@ struct Inner {
     /// Multipart uploads being completed or aborted: no part may be
     /// installed for them any more (bucket, upload index key).
     uploads_ending: RefCell<std::collections::HashSet<(String, String)>>,
+    /// Completions under way and recently completed uploads (see `mpu`).
+    mpu: mpu::MpuState,
     /// Batch write + fdatasync, and request-path segment reads.
     device_write: crate::metrics::Histogram,
     device_read: crate::metrics::Histogram,
@@ -471,6 +473,7 @@ impl Store {
             previous_flush: RefCell::new(None),
             keys_writing: RefCell::new(std::collections::HashMap::new()),
             uploads_ending: RefCell::new(std::collections::HashSet::new()),
+            mpu: Default::default(),
             device_write: Default::default(),
             device_read: Default::default(),
             ring: RefCell::new(None),
@@ -1663,12 +1666,13 @@ impl Store {
         items
     }
 
-    /// Live objects in `bucket` on this shard.
+    /// Live objects in `bucket` on this shard (multipart uploads and parts
+    /// are not objects: DeleteBucket discards them).
     pub fn object_count(&self, bucket: &str) -> usize {
         let index = self.inner.index.borrow();
         index.get(bucket).map_or(0, |keys| {
-            keys.values()
-                .filter(|e| matches!(e.state, State::Live(_)))
+            keys.iter()
+                .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
                 .count()
         })
     }

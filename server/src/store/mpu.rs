@@ -20,8 +20,39 @@
 //! was aborted, or a crash half-way through the tombstones) are swept at
 //! start-up. Extents are live while any index entry references them, so an
 //! extent shared by a part and the completed object survives compaction.
+//!
+//! Retried completions: SDKs send CompleteMultipartUpload again after a
+//! timeout, and the retry must answer as the first did (200, same ETag)
+//! while the key's current version is still the one that completion wrote.
+//! Each shard remembers its last [`COMPLETED_UPLOADS_REMEMBERED_COUNT_MAX`]
+//! completions (upload, digest of the part list, seq of the object written):
+//! a retry with the same part list is answered from the key's current
+//! version if its seq is that one; a different part list, or a key written
+//! since, answers NoSuchUpload (as S3 does). Not persisted: after a restart
+//! (or once forgotten) a retry is recognised from the index instead, while
+//! the upload's tombstone is still indexed (until compaction drops it): the
+//! tombstone is newer than the key's current version (completion writes the
+//! object, then ends the upload; anything written to the key afterwards is
+//! newer) and the listed parts' ETags give the current version's ETag. That
+//! fallback cannot check part numbers (the ETag covers the parts' ETags in
+//! order only), so a retry listing the same parts under other numbers is
+//! answered 200 there; the object then holds exactly the bytes it lists.
+//! A completion under way makes a concurrent Complete or Abort of the same
+//! upload wait for it, then answer from its outcome.
+//!
+//! Deleted buckets: DeleteBucket drops the bucket's uploads and parts on
+//! every shard once its own record is durable (the commit point; see
+//! `Shard::bucket_delete`). Should that be cut short (crash, I/O error),
+//! every shard drops the multipart state of buckets that do not exist at
+//! start-up, and again when a bucket of that name is created, before it
+//! becomes visible: a new bucket never sees an old one's uploads.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 
 use bytes::Bytes;
+use futures::channel::oneshot;
 use md5::{Digest, Md5};
 use thiserror::Error;
 
@@ -35,6 +66,112 @@ const UPLOAD_PREFIX: &str = "\0u/";
 const PART_PREFIX: &str = "\0p/";
 /// Upload ids are 32 lower-case hex digits.
 const UPLOAD_ID_LEN: usize = 32;
+/// Completed uploads each shard remembers for retried completions, oldest
+/// forgotten first. An entry holds its bucket and upload key (shared by the
+/// map and the queue), a 16-byte digest and a seq: about 1.2 KiB with a
+/// 1 KiB key, so at most about 5 MiB per shard, and under 1 MiB with keys
+/// of about 50 bytes.
+pub const COMPLETED_UPLOADS_REMEMBERED_COUNT_MAX: usize = 4096;
+
+/// An upload within the store: (bucket, upload index key).
+type UploadRef = (String, String);
+
+/// Per-store multipart state that is not in the index.
+#[derive(Default)]
+pub(super) struct MpuState {
+    /// Uploads whose completion is under way, with the requests waiting for
+    /// it to end.
+    completing: RefCell<HashMap<UploadRef, Vec<oneshot::Sender<()>>>>,
+    completed: RefCell<CompletedUploads>,
+}
+
+/// The last completions of this shard (see the module documentation).
+#[derive(Default)]
+struct CompletedUploads {
+    by_upload: HashMap<Rc<(String, String)>, Completed>,
+    /// Oldest first.
+    order: VecDeque<Rc<(String, String)>>,
+}
+
+#[derive(Clone, Copy)]
+struct Completed {
+    parts_digest: [u8; 16],
+    /// Seq of the object record the completion wrote.
+    seq: u64,
+}
+
+impl CompletedUploads {
+    fn remember(&mut self, bucket: &str, upload: &str, done: Completed) {
+        let id = Rc::new((bucket.to_string(), upload.to_string()));
+        if self.by_upload.insert(id.clone(), done).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > COMPLETED_UPLOADS_REMEMBERED_COUNT_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.by_upload.remove(&old);
+            }
+        }
+    }
+
+    fn get(&self, bucket: &str, upload: &str) -> Option<Completed> {
+        self.by_upload
+            .get(&(bucket.to_string(), upload.to_string()))
+            .copied()
+    }
+
+    fn forget_bucket(&mut self, bucket: &str) {
+        self.order.retain(|id| id.0 != bucket);
+        self.by_upload.retain(|id, _| id.0 != bucket);
+    }
+}
+
+/// Ends a completion's "under way" mark and wakes its waiters (also when
+/// the completion fails or its future is dropped).
+struct CompletingGuard<'a> {
+    store: &'a Store,
+    id: (String, String),
+}
+
+impl Drop for CompletingGuard<'_> {
+    fn drop(&mut self) {
+        let waiters = self
+            .store
+            .inner
+            .mpu
+            .completing
+            .borrow_mut()
+            .remove(&self.id);
+        for w in waiters.into_iter().flatten() {
+            let _ = w.send(());
+        }
+    }
+}
+
+/// Identifies a completion's part list (numbers and ETags, in order).
+fn parts_digest(parts: &[(u32, String)]) -> [u8; 16] {
+    let mut h = Md5::new();
+    for (number, etag) in parts {
+        h.update(number.to_be_bytes());
+        h.update(etag.as_bytes());
+        h.update([0u8]);
+    }
+    h.finalize().into()
+}
+
+/// The ETag S3 gives the concatenation of parts with these ETags, or None
+/// if one is not an MD5 in hex.
+fn multipart_etag(parts: &[(u32, String)]) -> Option<String> {
+    let mut md5s = Vec::with_capacity(16 * parts.len());
+    for (_, etag) in parts {
+        let digest = hex::decode(etag).ok().filter(|d| d.len() == 16)?;
+        md5s.extend_from_slice(&digest);
+    }
+    Some(format!(
+        "{}-{}",
+        hex::encode(Md5::digest(&md5s)),
+        parts.len()
+    ))
+}
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum UploadError {
@@ -239,9 +376,29 @@ impl Store {
         upload_id: &str,
         parts: &[(u32, String)],
     ) -> Result<ObjectInfo> {
-        if !self.upload_live(bucket, key, upload_id) {
+        if !valid_upload_id(upload_id) {
             return Err(UploadError::NoSuchUpload.into());
         }
+        let upload_index_key = upload_key(key, upload_id);
+        self.completion_ended(bucket, &upload_index_key).await;
+        if !self.upload_live(bucket, key, upload_id) {
+            // Perhaps a retry of a completion that succeeded.
+            return self
+                .completed_before(bucket, key, upload_id, parts)
+                .ok_or_else(|| UploadError::NoSuchUpload.into());
+        }
+        // Nothing awaited since the check: from here a concurrent Complete
+        // or Abort of this upload waits for this one to end.
+        let completing = (bucket.to_string(), upload_index_key);
+        self.inner
+            .mpu
+            .completing
+            .borrow_mut()
+            .insert(completing.clone(), Vec::new());
+        let _completing = CompletingGuard {
+            store: self,
+            id: completing,
+        };
         if parts.is_empty() {
             return Err(UploadError::NoParts.into());
         }
@@ -335,16 +492,124 @@ impl Store {
         // Installed: compaction now sees the object as an owner of these
         // extents; only now may the segments be compacted.
         unpin(self);
+        // Before the upload ends: from then on a retry is answered from here.
+        self.inner.mpu.completed.borrow_mut().remember(
+            bucket,
+            &upload_key(key, upload_id),
+            Completed {
+                parts_digest: parts_digest(parts),
+                seq,
+            },
+        );
         self.end_upload(bucket, key, upload_id, false).await?;
         Ok(info)
     }
 
+    /// Waits until no completion of `upload` (its index key) is under way.
+    async fn completion_ended(&self, bucket: &str, upload: &str) {
+        loop {
+            let rx = {
+                let mut completing = self.inner.mpu.completing.borrow_mut();
+                let Some(waiters) = completing.get_mut(&(bucket.to_string(), upload.to_string()))
+                else {
+                    return;
+                };
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                rx
+            };
+            let _ = rx.await;
+        }
+    }
+
+    /// The key's current version, if it is what completing `upload_id` with
+    /// exactly `parts` wrote (see the module documentation).
+    fn completed_before(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Option<ObjectInfo> {
+        let current = self.lookup(bucket, key)?;
+        let State::Live(info) = current.state else {
+            return None;
+        };
+        let upload = upload_key(key, upload_id);
+        let remembered = self.inner.mpu.completed.borrow().get(bucket, &upload);
+        if let Some(done) = remembered {
+            return (done.seq == current.seq && done.parts_digest == parts_digest(parts))
+                .then_some(info);
+        }
+        // Forgotten, or completed before a restart: the upload's tombstone
+        // is newer than the object its completion wrote, and older than
+        // anything written to the key since.
+        let ended = self.lookup(bucket, &upload)?;
+        if ended.state != State::Deleted || ended.seq < current.seq {
+            return None;
+        }
+        (multipart_etag(parts)? == *info.etag).then_some(info)
+    }
+
     /// Drops an upload and its parts.
     pub async fn mpu_abort(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
+        if valid_upload_id(upload_id) {
+            // Aborting an upload being completed: NoSuchUpload once it has
+            // (as for any completed upload), an abort if it failed.
+            self.completion_ended(bucket, &upload_key(key, upload_id))
+                .await;
+        }
         if !self.upload_live(bucket, key, upload_id) {
             return Err(UploadError::NoSuchUpload.into());
         }
         self.end_upload(bucket, key, upload_id, true).await
+    }
+
+    /// Drops every upload and part of `bucket` held here, because the
+    /// bucket was deleted (or is being created again over leftovers of a
+    /// deletion cut short). Returns how many records were dropped.
+    pub async fn mpu_purge_bucket(&self, bucket: &str) -> Result<usize> {
+        // Taken before anything is awaited, so a caller that has just made
+        // the bucket invisible knows these are all there are.
+        let uploads = self.live_keys_with_prefix(bucket, UPLOAD_PREFIX);
+        let parts = self.live_keys_with_prefix(bucket, PART_PREFIX);
+        self.inner.mpu.completed.borrow_mut().forget_bucket(bucket);
+        if uploads.is_empty() && parts.is_empty() {
+            return Ok(0);
+        }
+        // No part is installed for these uploads from here on.
+        let ending: Vec<(String, String)> = uploads
+            .iter()
+            .map(|u| (bucket.to_string(), u.clone()))
+            .filter(|e| !self.inner.uploads_ending.borrow().contains(e))
+            .collect();
+        self.inner
+            .uploads_ending
+            .borrow_mut()
+            .extend(ending.iter().cloned());
+        let dropped = uploads.len() + parts.len();
+        let mut keys = uploads;
+        keys.extend(parts);
+        let result = self.write_tombstones(bucket, keys).await;
+        let mut ends = self.inner.uploads_ending.borrow_mut();
+        for e in &ending {
+            ends.remove(e);
+        }
+        result.map(|()| dropped)
+    }
+
+    /// Buckets with multipart state (uploads or parts) on this shard.
+    pub fn mpu_buckets(&self) -> Vec<String> {
+        let index = self.inner.index.borrow();
+        index
+            .iter()
+            .filter(|(_, keys)| {
+                keys.range("\0".to_string()..)
+                    .take_while(|(k, _)| is_internal_key(k))
+                    .any(|(_, e)| matches!(e.state, State::Live(_)))
+            })
+            .map(|(bucket, _)| bucket.clone())
+            .collect()
     }
 
     /// Tombstones the parts and the upload record, written as one batch.
