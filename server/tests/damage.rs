@@ -1,0 +1,421 @@
+//! Damage on disk costs only the damaged record, and nothing a user wrote
+//! is ever taken for a record (issue 15 items 2 and 6):
+//! - one flipped byte in one record header of a sealed segment;
+//! - damaged headers in several sealed segments, then compaction (which
+//!   must never delete a segment it could not read to its end);
+//! - a batch torn at a crash whose later bytes landed, over a payload full
+//!   of planted headers (version 1 CRCs and version 2 ones bound with a
+//!   guessed secret): none is accepted, and sequence numbers stay sane;
+//! - a record with the largest sequence number makes writes fail loudly
+//!   instead of wrapping to 0 and installing as stale;
+//! - version-1 segments are rewritten to version 2 by compaction.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use percore_server::store::record::{self, Body, Header, ObjectMeta, SegKey};
+use percore_server::store::{Store, StoreConfig};
+
+mod common;
+use common::{read_all, run};
+
+fn config(dir: &Path) -> StoreConfig {
+    let mut cfg = StoreConfig::new(0, dir.to_path_buf());
+    cfg.segment_bytes_max = 4 << 20;
+    cfg.chunk_bytes = 1 << 20;
+    cfg.batch_bytes_max = 1 << 20;
+    cfg.compaction_interval_ms = 0;
+    cfg.compaction_garbage_ratio_min = 0.3;
+    cfg.compaction_bytes_per_sec_max = 0;
+    cfg
+}
+
+/// About a dozen segments for the 400 objects.
+fn small_segments(dir: &Path) -> StoreConfig {
+    let mut cfg = config(dir);
+    cfg.segment_bytes_max = 1 << 20;
+    cfg.batch_bytes_max = 256 << 10;
+    cfg
+}
+
+fn body(i: u64, len: usize) -> Bytes {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    Bytes::from(
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect::<Vec<u8>>(),
+    )
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pcs"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Flips one byte of the record header of `key` (bucket "b"), wherever it
+/// is. Returns the segment file it was in.
+fn damage_header_of(dir: &Path, key: &str) -> PathBuf {
+    let mut needle = (key.len() as u16).to_le_bytes().to_vec();
+    needle.extend_from_slice(key.as_bytes());
+    for path in segments(dir) {
+        let mut data = std::fs::read(&path).unwrap();
+        if let Some(at) = find(&data, &needle) {
+            // fixed header (32) + bucket "b" (2 + 1), then the key.
+            let header_start = at - 35;
+            assert_eq!(&data[header_start..header_start + 4], &record::MAGIC.to_le_bytes());
+            data[header_start + 20] ^= 0x40; // payload length: a lie
+            std::fs::write(&path, &data).unwrap();
+            return path;
+        }
+    }
+    panic!("no record of {key} found");
+}
+
+const OBJECTS: u64 = 400;
+const OBJECT_BYTES: usize = 30 * 1024;
+
+async fn fill(store: &Store) {
+    for i in 0..OBJECTS {
+        store
+            .put("b", &format!("obj/{i:04}"), ObjectMeta::default(), body(i, OBJECT_BYTES))
+            .await
+            .unwrap();
+    }
+}
+
+async fn check_all(store: &Store, lost: &[String], deleted: &[String]) {
+    for i in 0..OBJECTS {
+        let key = format!("obj/{i:04}");
+        if lost.contains(&key) || deleted.contains(&key) {
+            assert!(store.head("b", &key).is_none(), "{key} should be gone");
+            continue;
+        }
+        let got = read_all(store, "b", &key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(got == body(i, OBJECT_BYTES), "{key}: wrong bytes");
+    }
+}
+
+/// The reported case: 400 objects of 30 KiB in 4 MiB segments, a clean
+/// stop, one byte flipped in one object's record header. Version 1 lost
+/// the rest of the segment (85 objects); now only that object is gone.
+#[test]
+fn one_damaged_header_in_a_sealed_segment_loses_only_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(config(&path)).await.unwrap();
+        store.bucket_create("b").await.unwrap();
+        fill(&store).await;
+        store.shutdown().await;
+        drop(store);
+        let victim = "obj/0050".to_string();
+        let seg = damage_header_of(&path, &victim);
+        let size_before = std::fs::metadata(&seg).unwrap().len();
+
+        let (store, report) = Store::open(config(&path)).await.unwrap();
+        assert_eq!(report.damaged_regions, 1, "{report:?}");
+        check_all(&store, std::slice::from_ref(&victim), &[]).await;
+        assert_eq!(
+            std::fs::metadata(&seg).unwrap().len(),
+            size_before,
+            "a sealed segment is never cut"
+        );
+        // The scrubber finds the damage too.
+        let scrub = store.scrub_pass().await.unwrap();
+        assert!(
+            scrub.findings.iter().any(|f| f.what == "damaged bytes"),
+            "{:?}",
+            scrub.findings
+        );
+        store.shutdown().await;
+        drop(store);
+        // And a second restart changes nothing.
+        let (store, report) = Store::open(config(&path)).await.unwrap();
+        assert_eq!(report.damaged_regions, 1);
+        check_all(&store, &[victim], &[]).await;
+        store.shutdown().await;
+    });
+}
+
+/// Damaged headers in several sealed segments, most keys deleted, then
+/// compaction until nothing qualifies: no undamaged object is lost, the
+/// damaged segments stay on disk, and the rest is compacted.
+#[test]
+fn compaction_never_deletes_a_damaged_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_segments(&path)).await.unwrap();
+        store.bucket_create("b").await.unwrap();
+        fill(&store).await;
+        store.shutdown().await;
+        drop(store);
+        // One damaged record in each of three different sealed segments.
+        let mut lost = Vec::new();
+        let mut damaged_files = Vec::new();
+        for i in [10u64, 150, 290] {
+            let key = format!("obj/{i:04}");
+            let seg = damage_header_of(&path, &key);
+            assert!(!damaged_files.contains(&seg), "one damage per segment");
+            damaged_files.push(seg);
+            lost.push(key);
+        }
+        let (store, report) = Store::open(small_segments(&path)).await.unwrap();
+        assert_eq!(report.damaged_regions, 3);
+        // Delete two of every three keys: every segment qualifies.
+        let mut deleted = Vec::new();
+        for i in 0..OBJECTS {
+            let key = format!("obj/{i:04}");
+            if i % 3 != 0 && !lost.contains(&key) {
+                assert!(store.delete("b", &key).await.unwrap());
+                deleted.push(key);
+            }
+        }
+        let mut compacted = 0;
+        for _ in 0..100 {
+            match store.compact_once().await {
+                Ok(Some(_)) => compacted += 1,
+                Ok(None) => break,
+                Err(e) => panic!("compaction picked a segment it could not compact: {e}"),
+            }
+        }
+        assert!(compacted >= 5, "undamaged segments are compacted ({compacted})");
+        // Asked directly, compaction reads the damaged segment, finds the
+        // damage and keeps the file.
+        for f in &damaged_files {
+            let name = f.file_name().unwrap().to_str().unwrap();
+            let id = u64::from_str_radix(&name[4..20], 16).unwrap();
+            assert!(store.compact_segment(id).await.is_err());
+            assert!(f.exists(), "{f:?} was deleted by compaction");
+        }
+        check_all(&store, &lost, &deleted).await;
+        assert_eq!(store.stats().compaction_skipped_damaged, 3);
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(small_segments(&path)).await.unwrap();
+        check_all(&store, &lost, &deleted).await;
+        store.shutdown().await;
+    });
+}
+
+/// A header as a user could plant it: version 1 (CRC over itself), or
+/// version 2 bound with a guessed secret at the exact place.
+fn planted(version: u8, segment_id: u64, offset: u64) -> Vec<u8> {
+    let h = Header {
+        seq: u64::MAX,
+        bucket: "b".into(),
+        key: "victim".into(),
+        payload_bytes: 0,
+        block_crcs: Vec::new(),
+        body: Body::Object {
+            meta: ObjectMeta {
+                etag: "00000000000000000000000000000000".into(),
+                ..Default::default()
+            },
+            extents: Vec::new(),
+        },
+    };
+    let key = if version == 1 {
+        SegKey::v1(segment_id)
+    } else {
+        SegKey::v2(0, segment_id)
+    };
+    record::encode_header_at(&h, &key, offset).unwrap()
+}
+
+const MARK: &[u8] = b"<<payload-start-marker>>";
+
+/// A batch torn at a crash (its first piece lost, later bytes landed): the
+/// scan must not resume inside the payload and accept a planted header.
+/// Version 1 jumped to the next 4 KiB boundary, found a planted header
+/// there with seq u64::MAX, and every later write on the shard installed
+/// below it (seq wrapped to 0).
+#[test]
+fn headers_planted_in_a_payload_are_never_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let mut cfg = config(&path);
+        cfg.direct_io = false;
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        // A probe of the same shape tells where the payload lands relative
+        // to its batch's 4 KiB boundary (each awaited PUT is its own batch).
+        let mut probe = MARK.to_vec();
+        probe.resize(256 * 1024, 7);
+        store
+            .put("b", "probe/1", ObjectMeta::default(), Bytes::from(probe))
+            .await
+            .unwrap();
+        let seg = segments(&path)[0].clone();
+        let data = std::fs::read(&seg).unwrap();
+        let p1 = find(&data, MARK).unwrap() as u64;
+        let header_len = p1 % 4096;
+        // The attack payload: planted headers at every place a scan could
+        // land after a hole (every 8 bytes would overlap; every 4 KiB
+        // boundary of the file, as version 1 jumped to, plus every 512).
+        let mut attack = MARK.to_vec();
+        attack.resize(256 * 1024, 0x5a);
+        let segment_id = 1;
+        let p2_guess = (p1 + 256 * 1024 + 8).next_multiple_of(4096) + header_len;
+        let mut q = (512 - header_len % 512) % 512;
+        let mut n = 0u64;
+        while q as usize + 200 < attack.len() {
+            if q >= MARK.len() as u64 {
+                let version = if n % 2 == 0 { 1 } else { 2 };
+                let h = planted(version, segment_id, p2_guess + q);
+                attack[q as usize..q as usize + h.len()].copy_from_slice(&h);
+                n += 1;
+            }
+            q += 512;
+        }
+        store
+            .put("b", "probe/2", ObjectMeta::default(), Bytes::from(attack))
+            .await
+            .unwrap();
+        // A crash: no seal. Then the batch's first bytes (the header of
+        // probe/2) did not reach the disk.
+        drop(store);
+        let mut data = std::fs::read(&seg).unwrap();
+        let marks: Vec<usize> = data
+            .windows(MARK.len())
+            .enumerate()
+            .filter(|(_, w)| *w == MARK)
+            .map(|(i, _)| i)
+            .collect();
+        let p2 = marks[1] as u64;
+        assert_eq!(p2, p2_guess, "the layout is as computed");
+        let r2 = (p2 - header_len) as usize;
+        assert_eq!(r2 % 4096, 0);
+        data[r2..r2 + header_len as usize].fill(0);
+        std::fs::write(&seg, &data).unwrap();
+
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        assert!(store.head("b", "victim").is_none(), "a planted header was taken for a record");
+        assert!(store.head("b", "probe/2").is_none());
+        assert!(store.head("b", "probe/1").is_some());
+        // Writes after recovery are ordered after everything before them.
+        store
+            .put("b", "probe/1", ObjectMeta::default(), body(1, 100))
+            .await
+            .unwrap();
+        store
+            .put("b", "after", ObjectMeta::default(), body(2, 100))
+            .await
+            .unwrap();
+        store.shutdown().await;
+        drop(store);
+        let (store, _) = Store::open(cfg).await.unwrap();
+        assert!(store.head("b", "victim").is_none());
+        assert_eq!(read_all(&store, "b", "probe/1").await.unwrap(), body(1, 100));
+        assert_eq!(read_all(&store, "b", "after").await.unwrap(), body(2, 100));
+        store.shutdown().await;
+    });
+}
+
+fn fixture_segment_header() -> Vec<u8> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/v1-shard/seg-0000000000000001.pcs");
+    std::fs::read(p).unwrap()[..4096].to_vec()
+}
+
+/// A record with the largest sequence number (a version-1 segment, whose
+/// CRCs anyone can compute, could hold one): writes then fail with a
+/// clear error instead of wrapping to 0 and installing below it.
+#[test]
+fn the_largest_sequence_number_stops_writes_instead_of_wrapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let mut seg = fixture_segment_header();
+    seg.extend_from_slice(&planted(1, 1, 4096));
+    seg.resize(8192, 0);
+    let seal = Header {
+        seq: 0,
+        bucket: String::new(),
+        key: String::new(),
+        payload_bytes: 0,
+        block_crcs: Vec::new(),
+        body: Body::Seal,
+    };
+    seg.extend_from_slice(&record::encode_header_at(&seal, &SegKey::v1(1), 8192).unwrap());
+    seg.resize(12288, 0);
+    std::fs::write(path.join("seg-0000000000000001.pcs"), &seg).unwrap();
+    run(move || async move {
+        let (store, _) = Store::open(config(&path)).await.unwrap();
+        assert!(store.head("b", "victim").is_some());
+        let e = store
+            .put("b", "next", ObjectMeta::default(), body(3, 10))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("sequence number"), "{e}");
+        assert!(store.head("b", "next").is_none());
+        store.shutdown().await;
+    });
+}
+
+/// Compaction rewrites a version-1 directory's segments to version 2 (even
+/// with no garbage) and everything stays readable, before and after a
+/// restart.
+#[test]
+fn compaction_rewrites_version_1_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-shard");
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let version_of = |p: &Path| std::fs::read(p).unwrap()[4];
+    let path = dir.path().to_path_buf();
+    assert!(segments(&path).iter().all(|p| version_of(p) == 1));
+    run(move || async move {
+        let mut cfg = common::small_config(&path);
+        cfg.compaction_garbage_ratio_min = 0.99;
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        let keys: Vec<String> = store
+            .list("fixture", "", "", None, usize::MAX)
+            .into_iter()
+            .map(|i| i.name().to_string())
+            .collect();
+        let mut contents = Vec::new();
+        for k in &keys {
+            contents.push(read_all(&store, "fixture", k).await.unwrap());
+        }
+        // A write first, so that the active segment is a version-2 one.
+        store
+            .put("fixture", "new", ObjectMeta::default(), body(9, 1000))
+            .await
+            .unwrap();
+        for _ in 0..20 {
+            if store.compact_once().await.unwrap().is_none() {
+                break;
+            }
+        }
+        store.shutdown().await;
+        drop(store);
+        for p in segments(&path) {
+            assert_eq!(version_of(&p), 2, "{p:?} is still version 1");
+        }
+        let (store, report) = Store::open(cfg).await.unwrap();
+        assert_eq!(report.damaged_regions, 0);
+        for (k, c) in keys.iter().zip(&contents) {
+            assert_eq!(&read_all(&store, "fixture", k).await.unwrap(), c, "{k}");
+        }
+        assert_eq!(read_all(&store, "fixture", "new").await.unwrap(), body(9, 1000));
+        store.shutdown().await;
+    });
+}
