@@ -277,7 +277,10 @@ fn headers_planted_in_a_payload_are_never_records() {
         let mut n = 0u64;
         while q as usize + 200 < attack.len() {
             if q >= MARK.len() as u64 {
-                let version = if n % 2 == 0 { 1 } else { 2 };
+                // Version 1 where version 1's scan would land (4 KiB
+                // boundaries), else both kinds in turn.
+                let on_block = (p2_guess + q) % 4096 == 0;
+                let version = if on_block || n % 2 == 0 { 1 } else { 2 };
                 let h = planted(version, segment_id, p2_guess + q);
                 attack[q as usize..q as usize + h.len()].copy_from_slice(&h);
                 n += 1;
