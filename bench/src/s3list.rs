@@ -159,6 +159,8 @@ pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool,
             let body = String::from_utf8(body).unwrap();
             pages += 1;
             listed += body.matches("<Key>").count();
+            // No-progress guard: a listing can never need more pages than this.
+            assert!(pages <= keys / 1000 + 2, "listing does not end ({pages} pages for {keys} keys)");
             if between(&body, "<IsTruncated>", "</IsTruncated>") != Some("true") {
                 break;
             }

@@ -387,6 +387,13 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
                 if !page.truncated {
                     break;
                 }
+                // No-progress guard: a server that hands back the same
+                // cursor would make this loop forever.
+                if page.next_start_after <= after {
+                    return Err(format!(
+                        "the server's listing made no progress after {after:?}; report this as a bug (percore fsck may help)"
+                    ));
+                }
                 after = page.next_start_after;
             }
             let _ = out.flush();
