@@ -77,6 +77,8 @@ pub struct FileConfig {
     pub connections_per_shard_max: Option<usize>,
     pub header_timeout_s: Option<u64>,
     pub idle_timeout_s: Option<u64>,
+    pub cross_shard_timeout_s: Option<u64>,
+    pub session_idle_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -111,6 +113,11 @@ pub struct ServerConfig {
     /// request on a kept-alive connection.
     pub header_timeout_s: u64,
     pub idle_timeout_s: u64,
+    /// Longest wait for another shard to answer a forwarded operation.
+    pub cross_shard_timeout_s: u64,
+    /// A streamed GET/PUT session held for another shard is closed after
+    /// this long without an operation.
+    pub session_idle_timeout_s: u64,
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
@@ -252,6 +259,17 @@ impl ServerConfig {
                 "header_timeout_s must be 1..=3600 and idle_timeout_s 1..=86400 seconds".into(),
             );
         }
+        let cross_shard_timeout_s = env_num("PERCORE_CROSS_SHARD_TIMEOUT_S")?
+            .or(file.cross_shard_timeout_s)
+            .unwrap_or(60);
+        let session_idle_timeout_s = env_num("PERCORE_SESSION_IDLE_TIMEOUT_S")?
+            .or(file.session_idle_timeout_s)
+            .unwrap_or(300);
+        if !(1..=3600).contains(&cross_shard_timeout_s)
+            || !(1..=86400).contains(&session_idle_timeout_s)
+        {
+            return Err("cross_shard_timeout_s must be 1..=3600 and session_idle_timeout_s 1..=86400 seconds".into());
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -289,6 +307,8 @@ impl ServerConfig {
             connections_per_shard_max,
             header_timeout_s,
             idle_timeout_s,
+            cross_shard_timeout_s,
+            session_idle_timeout_s,
             access_key,
             secret_key,
             default_credentials,
@@ -443,6 +463,32 @@ idle_timeout_s = 5
             assert!(
                 ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
                 "{k}={v}"
+            );
+        }
+    }
+
+    #[test]
+    fn cross_shard_timeouts() {
+        let c = ServerConfig::resolve(&ServeArgs::default(), &no_env).unwrap();
+        assert_eq!(
+            (c.cross_shard_timeout_s, c.session_idle_timeout_s),
+            (60, 300)
+        );
+        let env = |k: &str| match k {
+            "PERCORE_CROSS_SHARD_TIMEOUT_S" => Some("5".to_string()),
+            "PERCORE_SESSION_IDLE_TIMEOUT_S" => Some("20".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert_eq!((c.cross_shard_timeout_s, c.session_idle_timeout_s), (5, 20));
+        for k in [
+            "PERCORE_CROSS_SHARD_TIMEOUT_S",
+            "PERCORE_SESSION_IDLE_TIMEOUT_S",
+        ] {
+            let env = move |name: &str| (name == k).then(|| "0".to_string());
+            assert!(
+                ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
+                "{k}=0"
             );
         }
     }
