@@ -79,6 +79,7 @@ pub struct FileConfig {
     pub idle_timeout_s: Option<u64>,
     pub cross_shard_timeout_s: Option<u64>,
     pub session_idle_timeout_s: Option<u64>,
+    pub native_put_data_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +119,9 @@ pub struct ServerConfig {
     /// A streamed GET/PUT session held for another shard is closed after
     /// this long without an operation.
     pub session_idle_timeout_s: u64,
+    /// Native: longest wait for the next PutData frame of a Put; past it
+    /// the upload is aborted.
+    pub native_put_data_timeout_s: u64,
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
@@ -270,6 +274,12 @@ impl ServerConfig {
         {
             return Err("cross_shard_timeout_s must be 1..=3600 and session_idle_timeout_s 1..=86400 seconds".into());
         }
+        let native_put_data_timeout_s = env_num("PERCORE_NATIVE_PUT_DATA_TIMEOUT_S")?
+            .or(file.native_put_data_timeout_s)
+            .unwrap_or(30);
+        if !(1..=3600).contains(&native_put_data_timeout_s) {
+            return Err("native_put_data_timeout_s must be 1..=3600 seconds".into());
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -309,6 +319,7 @@ impl ServerConfig {
             idle_timeout_s,
             cross_shard_timeout_s,
             session_idle_timeout_s,
+            native_put_data_timeout_s,
             access_key,
             secret_key,
             default_credentials,
@@ -474,6 +485,7 @@ idle_timeout_s = 5
             (c.cross_shard_timeout_s, c.session_idle_timeout_s),
             (60, 300)
         );
+        assert_eq!(c.native_put_data_timeout_s, 30);
         let env = |k: &str| match k {
             "PERCORE_CROSS_SHARD_TIMEOUT_S" => Some("5".to_string()),
             "PERCORE_SESSION_IDLE_TIMEOUT_S" => Some("20".to_string()),
@@ -484,6 +496,7 @@ idle_timeout_s = 5
         for k in [
             "PERCORE_CROSS_SHARD_TIMEOUT_S",
             "PERCORE_SESSION_IDLE_TIMEOUT_S",
+            "PERCORE_NATIVE_PUT_DATA_TIMEOUT_S",
         ] {
             let env = move |name: &str| (name == k).then(|| "0".to_string());
             assert!(

@@ -388,6 +388,7 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         Rc::new(crate::native::NativeConfig {
             credentials: front.cfg.credentials.clone(),
             ports: s.native_ports.clone(),
+            put_data_timeout: Duration::from_secs(s.cfg.native_put_data_timeout_s),
         }),
     );
     let native_listener =
