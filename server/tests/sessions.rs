@@ -558,3 +558,42 @@ fn calls_to_a_stalled_owner_time_out_even_when_its_channel_is_full() {
         assert_eq!(counter(&shard, "percore_cross_shard_calls_pending"), 0);
     });
 }
+
+/// A close must reach the owner even when its channel was full when the
+/// close was sent (the call timeout covers queueing for ordinary calls, so
+/// a close that could not be queued in time would otherwise be dropped and
+/// its session left open).
+#[test]
+fn a_close_sent_while_the_owners_channel_is_full_is_still_delivered() {
+    two_shards(Duration::from_secs(300), |shard, owner| async move {
+        create_bucket(&shard, "fullclose").await;
+        let key = owned_keys(&shard, "fullclose", 1).remove(0);
+        put(&shard, "fullclose", &key, b"data").await;
+        let (src, _) = ObjectSource::open(&shard, "fullclose", &key).await.unwrap();
+        assert_eq!(owner_sessions(&owner).await, 1);
+        shard.set_timeouts(Duration::from_millis(300), Duration::from_secs(300));
+        owner.stall(Duration::from_secs(2)).await;
+        let calls = (0..1100).map(|_| {
+            shard.call(
+                OWNER,
+                Op::Head {
+                    bucket: "fullclose".into(),
+                    key: key.clone(),
+                },
+            )
+        });
+        let fill = futures::future::join_all(calls);
+        // The close is queued behind a full channel while the Heads wait.
+        let close = async {
+            glommio::timer::sleep(Duration::from_millis(50)).await;
+            drop(src);
+            glommio::timer::sleep(Duration::from_millis(600)).await;
+        };
+        futures::future::join(fill, close).await;
+        assert_eq!(
+            owner_sessions_drain(&owner, Duration::from_secs(5)).await,
+            0,
+            "the close was dropped"
+        );
+    });
+}

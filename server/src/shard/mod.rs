@@ -377,10 +377,31 @@ impl Shard {
             .expect("sender to peer");
         let sent = Instant::now();
         let timeout = self.call_timeout.get();
+        // Ops whose loss would leave state behind on the target (a bucket
+        // locked or missing there, a session open) are queued however long
+        // that takes, as before; the timeout then bounds the reply only.
+        // Any other op that cannot even be queued in time is dropped.
+        let must_deliver = matches!(
+            op,
+            Op::BucketApply { .. }
+                | Op::BucketUnlock { .. }
+                | Op::Start
+                | Op::ReadClose { .. }
+                | Op::PutAbort { .. }
+        );
+        let mut msg = Some(Msg::Req { id, op, sent });
+        if must_deliver {
+            let msg = msg.take().expect("not sent yet");
+            if sender.send(msg).await.is_err() {
+                return Reply::Err(ShardError::ShuttingDown);
+            }
+        }
         let me = self.clone();
         let exchange = async move {
-            if sender.send(Msg::Req { id, op, sent }).await.is_err() {
-                return Reply::Err(ShardError::ShuttingDown);
+            if let Some(msg) = msg {
+                if sender.send(msg).await.is_err() {
+                    return Reply::Err(ShardError::ShuttingDown);
+                }
             }
             let reply = (&mut pending.rx)
                 .await
