@@ -597,3 +597,76 @@ fn a_close_sent_while_the_owners_channel_is_full_is_still_delivered() {
         );
     });
 }
+
+/// A multipart completion run on the shard itself executes in its caller's
+/// future; if the caller goes away mid-way (a dropped request), the bucket's
+/// in-flight PUT count must not stay raised (DeleteBucket would answer
+/// BucketNotEmpty forever).
+#[test]
+fn a_cancelled_local_multipart_completion_does_not_pin_the_bucket() {
+    use futures::FutureExt;
+    two_shards(Duration::from_secs(300), |shard, _owner| async move {
+        create_bucket(&shard, "mpu").await;
+        let key = (0..)
+            .map(|i| format!("m{i}"))
+            .find(|k| shard.owner_of("mpu", k) == 0)
+            .unwrap();
+        let upload_id = match shard
+            .call(
+                0,
+                Op::MpuCreate {
+                    bucket: "mpu".into(),
+                    key: key.clone(),
+                    meta: meta(),
+                },
+            )
+            .await
+        {
+            Reply::Upload(id) => id,
+            other => panic!("{other:?}"),
+        };
+        let etag = "0123456789abcdef0123456789abcdef".to_string();
+        let mut part = ObjectSink::open_part(
+            &shard,
+            "mpu",
+            &key,
+            meta(),
+            Some((upload_id.clone(), 1)),
+            None,
+        )
+        .await
+        .unwrap();
+        part.write(Bytes::from(vec![5u8; 100_000])).await.unwrap();
+        part.finish(etag.clone()).await.unwrap();
+        // Polled once (it starts, then waits for the disk), then dropped.
+        let complete = shard.call(
+            0,
+            Op::MpuComplete {
+                bucket: "mpu".into(),
+                key: key.clone(),
+                upload_id: upload_id.clone(),
+                parts: vec![(1, etag)],
+            },
+        );
+        assert!(
+            complete.now_or_never().is_none(),
+            "completed without waiting"
+        );
+        glommio::timer::sleep(Duration::from_millis(200)).await;
+        shard
+            .call(
+                0,
+                Op::MpuAbort {
+                    bucket: "mpu".into(),
+                    key: key.clone(),
+                    upload_id,
+                },
+            )
+            .await;
+        delete_all(&shard, "mpu", &[key]).await;
+        match delete_bucket(&shard, "mpu").await {
+            Reply::Ok => {}
+            other => panic!("DeleteBucket after a cancelled completion: {other:?}"),
+        }
+    });
+}

@@ -845,12 +845,14 @@ impl Shard {
                 if !self.bucket_exists(&bucket) {
                     return Reply::Err(ShardError::NoSuchBucket);
                 }
-                self.put_started(&bucket);
+                // Counted until done, even if this future is dropped (a
+                // local call runs in its caller's future).
+                let in_flight = PutCounted::new(self, &bucket);
                 let result = self
                     .store
                     .mpu_complete(&bucket, &key, &upload_id, &parts)
                     .await;
-                self.put_ended(&bucket);
+                drop(in_flight);
                 match result {
                     Ok(info) => Reply::Put(info),
                     Err(e) => Reply::Err(store_error(e)),
@@ -1140,6 +1142,25 @@ impl Shard {
             ),
         ]);
         out
+    }
+}
+
+/// A PUT counted in `puts_in_flight` for as long as this lives.
+struct PutCounted<'a> {
+    shard: &'a Shard,
+    bucket: &'a str,
+}
+
+impl<'a> PutCounted<'a> {
+    fn new(shard: &'a Shard, bucket: &'a str) -> PutCounted<'a> {
+        shard.put_started(bucket);
+        PutCounted { shard, bucket }
+    }
+}
+
+impl Drop for PutCounted<'_> {
+    fn drop(&mut self) {
+        self.shard.put_ended(self.bucket);
     }
 }
 
