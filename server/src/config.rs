@@ -78,6 +78,9 @@ pub struct FileConfig {
     pub header_timeout_s: Option<u64>,
     pub idle_timeout_s: Option<u64>,
     pub admin_open_writes: Option<bool>,
+    pub cross_shard_timeout_s: Option<u64>,
+    pub session_idle_timeout_s: Option<u64>,
+    pub native_put_data_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +115,14 @@ pub struct ServerConfig {
     /// request on a kept-alive connection.
     pub header_timeout_s: u64,
     pub idle_timeout_s: u64,
+    /// Longest wait for another shard to answer a forwarded operation.
+    pub cross_shard_timeout_s: u64,
+    /// A streamed GET/PUT session held for another shard is closed after
+    /// this long without an operation.
+    pub session_idle_timeout_s: u64,
+    /// Native: longest wait for the next PutData frame of a Put; past it
+    /// the upload is aborted.
+    pub native_put_data_timeout_s: u64,
     pub access_key: String,
     pub secret_key: String,
     pub default_credentials: bool,
@@ -256,6 +267,23 @@ impl ServerConfig {
                 "header_timeout_s must be 1..=3600 and idle_timeout_s 1..=86400 seconds".into(),
             );
         }
+        let cross_shard_timeout_s = env_num("PERCORE_CROSS_SHARD_TIMEOUT_S")?
+            .or(file.cross_shard_timeout_s)
+            .unwrap_or(60);
+        let session_idle_timeout_s = env_num("PERCORE_SESSION_IDLE_TIMEOUT_S")?
+            .or(file.session_idle_timeout_s)
+            .unwrap_or(300);
+        if !(1..=3600).contains(&cross_shard_timeout_s)
+            || !(1..=86400).contains(&session_idle_timeout_s)
+        {
+            return Err("cross_shard_timeout_s must be 1..=3600 and session_idle_timeout_s 1..=86400 seconds".into());
+        }
+        let native_put_data_timeout_s = env_num("PERCORE_NATIVE_PUT_DATA_TIMEOUT_S")?
+            .or(file.native_put_data_timeout_s)
+            .unwrap_or(30);
+        if !(1..=3600).contains(&native_put_data_timeout_s) {
+            return Err("native_put_data_timeout_s must be 1..=3600 seconds".into());
+        }
         Ok(ServerConfig {
             data: args
                 .data
@@ -293,6 +321,9 @@ impl ServerConfig {
             connections_per_shard_max,
             header_timeout_s,
             idle_timeout_s,
+            cross_shard_timeout_s,
+            session_idle_timeout_s,
+            native_put_data_timeout_s,
             access_key,
             secret_key,
             default_credentials,
@@ -460,6 +491,34 @@ idle_timeout_s = 5
             assert!(
                 ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
                 "{k}={v}"
+            );
+        }
+    }
+
+    #[test]
+    fn cross_shard_timeouts() {
+        let c = ServerConfig::resolve(&ServeArgs::default(), &no_env).unwrap();
+        assert_eq!(
+            (c.cross_shard_timeout_s, c.session_idle_timeout_s),
+            (60, 300)
+        );
+        assert_eq!(c.native_put_data_timeout_s, 30);
+        let env = |k: &str| match k {
+            "PERCORE_CROSS_SHARD_TIMEOUT_S" => Some("5".to_string()),
+            "PERCORE_SESSION_IDLE_TIMEOUT_S" => Some("20".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert_eq!((c.cross_shard_timeout_s, c.session_idle_timeout_s), (5, 20));
+        for k in [
+            "PERCORE_CROSS_SHARD_TIMEOUT_S",
+            "PERCORE_SESSION_IDLE_TIMEOUT_S",
+            "PERCORE_NATIVE_PUT_DATA_TIMEOUT_S",
+        ] {
+            let env = move |name: &str| (name == k).then(|| "0".to_string());
+            assert!(
+                ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
+                "{k}=0"
             );
         }
     }

@@ -64,13 +64,24 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECTION_BYTES_MAX: u64 = 8 << 20;
 /// The same across all of a shard's native connections.
 const SHARD_BYTES_MAX: u64 = 256 << 20;
-/// Authentication must finish within this after connecting.
+/// Authentication must finish within this after connecting: every byte of
+/// every frame before HelloOk arrives under this one deadline.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Before authentication only a Hello is read, with at most this many
+/// message header bytes and no payload: an unauthenticated peer gets no
+/// byte budget and no large buffer (a Hello is about 200 bytes).
+const PRE_AUTH_HEADER_BYTES_MAX: u32 = 4096;
+/// Longest wait for the next PutData frame of a streamed Put, by default
+/// (`native_put_data_timeout_s`); past it the upload is aborted.
+pub const PUT_DATA_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 pub struct NativeConfig {
     pub credentials: Credentials,
     /// The native port of every shard, in shard order.
     pub ports: Vec<u16>,
+    /// Longest wait for the next PutData frame of a Put
+    /// (PUT_DATA_TIMEOUT_DEFAULT).
+    pub put_data_timeout: Duration,
 }
 
 pub struct NativeFront {
@@ -186,16 +197,16 @@ fn shard_error_reply(e: &ShardError) -> Reply {
     Reply::error(s, m)
 }
 
-/// Reads exactly `buf.len()` bytes within `limit`. Ok(false): clean end of
-/// stream before the first byte (only when `eof_ok`).
+/// Reads exactly `buf.len()` bytes before `deadline` (one deadline for the
+/// whole buffer, however the peer dribbles). Ok(false): clean end of stream
+/// before the first byte (only when `eof_ok`).
 async fn read_full(
     rd: &mut ReadHalf<TcpStream>,
     buf: &mut [u8],
-    limit: Duration,
+    deadline: Instant,
     eof_ok: bool,
 ) -> std::io::Result<bool> {
     let mut at = 0;
-    let deadline = Instant::now() + limit;
     while at < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         let read = Box::pin(rd.read(&mut buf[at..]));
@@ -360,20 +371,49 @@ impl NativeFront {
         let mut puts: HashMap<u64, mpsc::Sender<(Bytes, Option<u32>, Held)>> = HashMap::new();
         let mut hdr = [0u8; proto::FRAME_HEADER_BYTES];
         loop {
-            if self.draining.get() && puts.is_empty() {
+            if self.draining.get() && puts.values().all(|up| up.is_closed()) {
                 break;
             }
+            let hello_deadline = connected + HELLO_TIMEOUT;
             let wait = if authenticated {
-                IDLE_TIMEOUT
+                Instant::now() + IDLE_TIMEOUT
             } else {
-                HELLO_TIMEOUT.saturating_sub(connected.elapsed())
+                hello_deadline
             };
             match read_full(&mut rd, &mut hdr, wait, true).await {
                 Ok(true) => {}
                 Ok(false) | Err(_) => break,
             }
+            // The rest of the frame must arrive within one deadline.
+            let frame_deadline = if authenticated {
+                Instant::now() + IO_TIMEOUT
+            } else {
+                hello_deadline
+            };
             let fh = match FrameHeader::decode(&hdr) {
+                Ok(fh) if !authenticated => match pre_auth_refusal(&fh) {
+                    None => fh,
+                    Some((status, message)) => {
+                        // Refused unread (no budget, no buffer for it).
+                        if status == Status::BadFrame {
+                            self.count_bad_frame();
+                        }
+                        let _ = tx
+                            .send(reply_frame(fh.request_id, Reply::error(status, message)))
+                            .await;
+                        break;
+                    }
+                },
                 Ok(fh) => fh,
+                Err(FrameError::UnknownKind { request_id, .. }) if !authenticated => {
+                    self.count_bad_frame();
+                    let r = Reply::error(
+                        Status::BadFrame,
+                        "unknown message kind before authentication; send Hello first; closing the connection",
+                    );
+                    let _ = tx.send(reply_frame(request_id, r)).await;
+                    break;
+                }
                 Err(FrameError::UnknownKind {
                     kind,
                     request_id,
@@ -386,7 +426,7 @@ impl NativeFront {
                     let mut left = header_len as usize + payload_len as usize;
                     while left > 0 {
                         let n = left.min(skip.len());
-                        if read_full(&mut rd, &mut skip[..n], IO_TIMEOUT, false)
+                        if read_full(&mut rd, &mut skip[..n], frame_deadline, false)
                             .await
                             .is_err()
                         {
@@ -418,16 +458,22 @@ impl NativeFront {
                     break;
                 }
             };
-            let mut header = vec![0u8; fh.header_len as usize];
-            // PUT bytes count against the budgets until they are stored.
-            let Some(held) = budget.take(u64::from(fh.payload_len)).await else {
-                break;
+            // PUT bytes count against the budgets until they are stored
+            // (none before authentication: such frames have no payload).
+            let held = if authenticated {
+                match budget.take(u64::from(fh.payload_len)).await {
+                    Some(held) => Some(held),
+                    None => break,
+                }
+            } else {
+                None
             };
+            let mut header = vec![0u8; fh.header_len as usize];
             let mut payload = vec![0u8; fh.payload_len as usize];
-            if read_full(&mut rd, &mut header, IO_TIMEOUT, false)
+            if read_full(&mut rd, &mut header, frame_deadline, false)
                 .await
                 .is_err()
-                || read_full(&mut rd, &mut payload, IO_TIMEOUT, false)
+                || read_full(&mut rd, &mut payload, frame_deadline, false)
                     .await
                     .is_err()
             {
@@ -503,6 +549,7 @@ impl NativeFront {
                 }
                 continue;
             }
+            let held = held.expect("budget taken for every authenticated frame");
             match req {
                 Request::Hello(_) => {
                     let r = Reply::error(Status::InvalidRequest, "already authenticated");
@@ -529,6 +576,11 @@ impl NativeFront {
                     }
                 }
                 Request::Put(p) => {
+                    if puts.len() >= proto::IN_FLIGHT_MAX as usize {
+                        // Uploads that ended early (an error, a timeout)
+                        // whose last PutData never came.
+                        puts.retain(|_, up| !up.is_closed());
+                    }
                     if puts.contains_key(&fh.request_id) {
                         let r = Reply::error(
                             Status::InvalidRequest,
@@ -554,7 +606,7 @@ impl NativeFront {
                     let id = fh.request_id;
                     glommio::spawn_local(async move {
                         let _permit = permit;
-                        me.run(tx, id, Kind::Put, me.put(p, up_rx)).await;
+                        me.run(tx, id, Kind::Put, me.put(id, p, up_rx)).await;
                     })
                     .detach();
                 }
@@ -836,6 +888,7 @@ impl NativeFront {
 
     async fn put(
         &self,
+        id: u64,
         p: proto::PutRequest,
         mut data: mpsc::Receiver<(Bytes, Option<u32>, Held)>,
     ) -> Reply {
@@ -881,7 +934,35 @@ impl NativeFront {
         let mut total = 0u64;
         let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
         let mut declared_crc = p.crc32c;
-        while let Some((bytes, crc_sent, _held)) = data.next().await {
+        let wait = self.cfg.put_data_timeout;
+        loop {
+            // A client that stops sending mid-upload must not hold the
+            // upload (its writer, pinned segments, a session on the owner,
+            // the bucket's in-flight count) until the connection ends.
+            let next = futures::future::select(data.next(), Box::pin(glommio::timer::sleep(wait)));
+            let (bytes, crc_sent, _held) = match next.await {
+                futures::future::Either::Left((Some(frame), _)) => frame,
+                futures::future::Either::Left((None, _)) => break,
+                futures::future::Either::Right(_) => {
+                    tracing::warn!(
+                        shard = self.shard.id,
+                        request_id = id,
+                        bucket = %p.bucket,
+                        key = %p.key,
+                        "native Put aborted: no PutData within {wait:?}"
+                    );
+                    // Dropping `sink` aborts the upload; dropping `data`
+                    // returns the budget of frames still queued.
+                    return Reply {
+                        status: Status::InvalidRequest.0,
+                        message: format!(
+                            "no PutData for this Put within {} s; the upload was aborted and nothing was stored",
+                            wait.as_secs_f64()
+                        ),
+                        ..reply
+                    };
+                }
+            };
             if let Some(c) = crc_sent {
                 if declared_crc.replace(c).is_some() {
                     return Reply {
@@ -1122,6 +1203,30 @@ impl NativeFront {
             other => Reply::error(Status::Internal, format!("unexpected reply {other:?}")),
         }
     }
+}
+
+/// Why a frame is refused unread before authentication, if it is: only a
+/// small Hello without payload is read from an unauthenticated peer.
+fn pre_auth_refusal(fh: &FrameHeader) -> Option<(Status, String)> {
+    if fh.kind != Kind::Hello {
+        return Some((
+            Status::Unauthenticated,
+            format!(
+                "{} before authentication: send Hello first (answer the Challenge); closing the connection",
+                fh.kind.name()
+            ),
+        ));
+    }
+    if fh.payload_len > 0 || fh.header_len > PRE_AUTH_HEADER_BYTES_MAX {
+        return Some((
+            Status::BadFrame,
+            format!(
+                "a Hello has no payload and at most {PRE_AUTH_HEADER_BYTES_MAX} header bytes (got {} and {}); closing the connection",
+                fh.header_len, fh.payload_len
+            ),
+        ));
+    }
+    None
 }
 
 async fn send_head(

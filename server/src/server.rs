@@ -317,6 +317,10 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         "recovered"
     );
     let shard = Shard::new(id, s.count, s.seed, store.clone());
+    shard.set_timeouts(
+        Duration::from_secs(s.cfg.cross_shard_timeout_s),
+        Duration::from_secs(s.cfg.session_idle_timeout_s),
+    );
     if s.cfg.data_ring {
         // After pinning: the pool's pages are allocated on this CPU's node.
         let ring = crate::ring::BufferPool::new(RING_BUF_BYTES, RING_BUFFERS).and_then(|pool| {
@@ -389,6 +393,7 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
         Rc::new(crate::native::NativeConfig {
             credentials: front.cfg.credentials.clone(),
             ports: s.native_ports.clone(),
+            put_data_timeout: Duration::from_secs(s.cfg.native_put_data_timeout_s),
         }),
     );
     let native_listener =

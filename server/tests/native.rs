@@ -15,6 +15,7 @@ use percore_protocol::native::{self as proto, FrameHeader, Kind, Request, Server
 struct Server {
     child: Child,
     native: u16,
+    admin: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -34,17 +35,27 @@ fn free_port() -> u16 {
 }
 
 fn start(shards: usize) -> Server {
+    start_with(shards, &[])
+}
+
+/// `start` with extra environment variables for the server.
+fn start_with(shards: usize, env: &[(&str, &str)]) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_percore"))
-        .args(["serve", "--unpinned", "--shards", &shards.to_string()])
+    let admin = free_port();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_percore"));
+    cmd.args(["serve", "--unpinned", "--shards", &shards.to_string()])
         .arg("--data")
         .arg(dir.path())
         .args(["--s3", &format!("127.0.0.1:{}", free_port())])
-        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin", &format!("127.0.0.1:{admin}")])
         .args(["--native", "127.0.0.1:0"])
         .env_remove("PERCORE_ACCESS_KEY")
         .env_remove("PERCORE_SECRET_KEY")
-        .env("PERCORE_LOG", "warn")
+        .env("PERCORE_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -67,6 +78,7 @@ fn start(shards: usize) -> Server {
     Server {
         child,
         native,
+        admin,
         _dir: dir,
     }
 }
@@ -340,11 +352,18 @@ impl Raw {
     }
 
     fn authed(port: u16) -> Raw {
+        Raw::authed_hello(port).0
+    }
+
+    fn authed_hello(port: u16) -> (Raw, proto::HelloOk) {
         let (mut r, nonce) = Raw::connect(port);
         r.hello(&nonce, "percore-secret");
-        let (fh, _, _) = r.read().unwrap();
+        let (fh, msg, _) = r.read().unwrap();
         assert_eq!(fh.kind, Kind::HelloOk);
-        r
+        let ServerMessage::HelloOk(ok) = msg else {
+            panic!()
+        };
+        (r, ok)
     }
 
     fn hello(&mut self, nonce: &[u8], secret: &str) {
@@ -752,4 +771,287 @@ fn a_reader_that_stops_reading_holds_bounded_memory_and_others_are_served() {
         grown >> 20
     );
     drop(slow);
+}
+
+// ----------------------------------------------------------------------
+// Issue 15: resources an unauthenticated or stalled peer can hold
+// ----------------------------------------------------------------------
+
+/// A metric from the server's /metrics, summed over its label sets.
+fn metric(s: &Server, name: &str) -> u64 {
+    let mut c = StdTcp::connect(("127.0.0.1", s.admin)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // Head, then Content-Length bytes (the connection may stay open).
+    let mut rd = BufReader::new(c);
+    let mut len = 0;
+    loop {
+        let mut line = String::new();
+        rd.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut body = vec![0u8; len];
+    rd.read_exact(&mut body).unwrap();
+    String::from_utf8(body)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A raw connection that read the Challenge and then sends `frame_header`
+/// and dribbles bytes after it, one per `every`, from its own thread, until
+/// the server closes it.
+fn dribbler(port: u16, frame_header: Vec<u8>, every: Duration) -> StdTcp {
+    let (r, _) = Raw::connect(port);
+    let mut w = r.s.try_clone().unwrap();
+    w.write_all(&frame_header).unwrap();
+    std::thread::spawn(move || {
+        for _ in 0..600 {
+            std::thread::sleep(every);
+            if w.write_all(&[0]).is_err() {
+                break;
+            }
+        }
+    });
+    r.s
+}
+
+/// A frame header announcing `header_len` and `payload_len` bytes.
+fn announce(kind: Kind, header_len: u32, payload_len: u32) -> Vec<u8> {
+    let mut f = proto::frame(kind, 77, false, &[], 0);
+    f[16..20].copy_from_slice(&header_len.to_le_bytes());
+    f[20..24].copy_from_slice(&payload_len.to_le_bytes());
+    f
+}
+
+/// Item 8: before Hello, a peer announcing a 1 MiB header and a 4 MiB
+/// payload and then dribbling took budget and buffers unauthenticated; 64
+/// of them exhausted the shard's byte budget and stopped authenticated
+/// GETs and PUTs. Now such frames are refused unread and closed.
+#[test]
+fn pre_auth_connections_announcing_big_frames_do_not_block_authenticated_traffic() {
+    let server = start(1);
+    let data = pattern(8, 3 << 20);
+    rt().block_on(async {
+        let c = Client::connect(config(&server)).await.unwrap();
+        c.create_bucket("preauth").await.unwrap();
+        c.put("preauth", "old", Bytes::from(data.clone()))
+            .await
+            .unwrap();
+    });
+    let max = (proto::HEADER_BYTES_MAX, proto::PAYLOAD_BYTES_MAX);
+    let mut hostile: Vec<(Kind, StdTcp)> = (0..80)
+        .map(|i| {
+            let kind = if i % 2 == 0 { Kind::Put } else { Kind::Hello };
+            let s = dribbler(
+                server.native,
+                announce(kind, max.0, max.1),
+                Duration::from_millis(200),
+            );
+            (kind, s)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    rt().block_on(async {
+        let work = async {
+            let c = Client::connect(config(&server)).await.unwrap();
+            let o = c.get("preauth", "old", &[]).await.unwrap();
+            assert!(o.ranges[0].1[..] == data[..]);
+            let st = c
+                .put("preauth", "new", Bytes::from(data.clone()))
+                .await
+                .unwrap();
+            assert_eq!(st.size, data.len() as u64);
+            let o = c.get("preauth", "new", &[]).await.unwrap();
+            assert!(o.ranges[0].1[..] == data[..]);
+        };
+        tokio::time::timeout(Duration::from_secs(8), work)
+            .await
+            .expect("authenticated GET/PUT blocked by unauthenticated connections");
+    });
+    // Each was refused at once with the status that says why, and closed.
+    for (kind, s) in hostile.iter_mut() {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r = Raw {
+            s: s.try_clone().unwrap(),
+        };
+        let (id, rep) = r.reply();
+        let want = if *kind == Kind::Hello {
+            Status::BadFrame
+        } else {
+            Status::Unauthenticated
+        };
+        assert_eq!((id, rep.status), (77, want.0), "{kind:?}: {}", rep.message);
+        assert!(r.closed());
+    }
+    stat_ok(server.native);
+}
+
+/// Item 8: before Hello only a small Hello without payload is read.
+#[test]
+fn a_pre_auth_frame_with_payload_is_refused() {
+    let server = start(1);
+    // A well-formed Hello, with a payload: refused, not authenticated.
+    let (mut r, nonce) = Raw::connect(server.native);
+    let cn = [7u8; 32];
+    let h = Request::Hello(proto::Hello {
+        version: 1,
+        access_key: "percore".into(),
+        client_nonce: cn.to_vec(),
+        mac: proto::client_mac("percore-secret", "percore", &nonce, &cn).to_vec(),
+        client_name: "raw".into(),
+    });
+    r.send(Kind::Hello, 1, false, &h.encode(), &[0u8; 10]);
+    let (fh, msg, _) = r.read().expect("a reply");
+    let ServerMessage::Reply(rep) = msg else {
+        panic!("a Hello with a payload was answered with {:?}", fh.kind)
+    };
+    assert_eq!((fh.request_id, rep.status), (1, Status::BadFrame.0));
+    assert!(r.closed());
+    // A Hello announcing more than 4 KiB of header.
+    let (mut r, _) = Raw::connect(server.native);
+    r.s.write_all(&announce(Kind::Hello, 4097, 0)).unwrap();
+    assert_eq!(r.reply(), (77, r_err(Status::BadFrame, 4097, 0)));
+    assert!(r.closed());
+    // A Put with its payload, before Hello.
+    let (mut r, _) = Raw::connect(server.native);
+    r.send(Kind::Put, 9, false, &[0u8; 64], &[1u8; 1000]);
+    let (id, rep) = r.reply();
+    assert_eq!((id, rep.status), (9, Status::Unauthenticated.0));
+    assert!(r.closed());
+    // An unknown kind before Hello is not skipped.
+    let (mut r, _) = Raw::connect(server.native);
+    let mut f = announce(Kind::Stat, 100, 1000);
+    f[5] = 0x42;
+    r.s.write_all(&f).unwrap();
+    assert_eq!(r.reply().1.status, Status::BadFrame.0);
+    assert!(r.closed());
+    stat_ok(server.native);
+}
+
+fn r_err(status: Status, header_len: u32, payload_len: u32) -> proto::Reply {
+    proto::Reply::error(
+        status,
+        format!("a Hello has no payload and at most 4096 header bytes (got {header_len} and {payload_len}); closing the connection"),
+    )
+}
+
+/// Item 8: every byte before HelloOk arrives under one deadline (10 s from
+/// connecting), however slowly it is dribbled: the frame's message header
+/// used to get a fresh 30 s after its frame header.
+#[test]
+fn a_pre_auth_frame_dribbled_byte_by_byte_is_cut_at_the_hello_deadline() {
+    let server = start(1);
+    let started = Instant::now();
+    let mut s = dribbler(
+        server.native,
+        announce(Kind::Hello, 4000, 0),
+        Duration::from_millis(250),
+    );
+    s.set_read_timeout(Some(Duration::from_secs(45))).unwrap();
+    let mut b = [0u8; 64];
+    let n = s.read(&mut b).unwrap_or(0);
+    let took = started.elapsed();
+    assert_eq!(n, 0, "expected the connection closed");
+    assert!(
+        took < Duration::from_secs(13),
+        "an unauthenticated dribbler kept its connection {took:?}"
+    );
+    stat_ok(server.native);
+}
+
+/// Item 9: a native Put whose client stops sending PutData is aborted after
+/// the PutData timeout (its writer dropped, its session on the owner shard
+/// closed) and answered with an error; a slow but steady Put is not.
+#[test]
+fn a_native_put_that_stops_sending_is_aborted_after_the_put_data_timeout() {
+    let server = start_with(2, &[("PERCORE_NATIVE_PUT_DATA_TIMEOUT_S", "2")]);
+    rt().block_on(async {
+        let c = Client::connect(config(&server)).await.unwrap();
+        c.create_bucket("stall").await.unwrap();
+    });
+    let (mut r, hello) = Raw::authed_hello(server.native);
+    r.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let owner = |k: &str| {
+        percore_protocol::routing::owner_shard(hello.hash_seed, 2, b"stall", k.as_bytes()) as u32
+    };
+    let key_of = |shard: u32| {
+        (0..)
+            .map(|i| format!("k{i}"))
+            .find(|k| owner(k) == shard)
+            .unwrap()
+    };
+    let (local, remote) = (key_of(hello.shard_id), key_of(1 - hello.shard_id));
+    let put = |key: &str, size: u64| {
+        Request::Put(proto::PutRequest {
+            bucket: "stall".into(),
+            key: key.into(),
+            size,
+            content_type: String::new(),
+            crc32c: None,
+        })
+        .encode()
+    };
+    let started = Instant::now();
+    r.send(Kind::Put, 1, true, &put(&local, 1 << 20), &[1; 1000]);
+    r.send(Kind::Put, 2, true, &put(&remote, 1 << 20), &[2; 1000]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(metric(&server, "percore_cross_shard_sessions"), 1);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (id, rep) = r.reply();
+        assert_eq!(rep.status, Status::InvalidRequest.0, "{}", rep.message);
+        assert!(rep.message.contains("no PutData"), "{}", rep.message);
+        ids.push(id);
+    }
+    ids.sort();
+    assert_eq!(ids, vec![1, 2]);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    // Nothing held: no session on the owner, no request in flight.
+    assert_eq!(metric(&server, "percore_cross_shard_sessions"), 0);
+    assert_eq!(metric(&server, "percore_requests_in_flight"), 0);
+    // A Put whose frames come slower than the timeout in total, but each
+    // within it, is stored; the connection served it after the aborts.
+    let body = pattern(3, 4000);
+    r.send(Kind::Put, 3, true, &put(&remote, 4000), &body[..1000]);
+    for (i, part) in body[1000..].chunks(1000).enumerate() {
+        std::thread::sleep(Duration::from_millis(900));
+        let last = i == 2;
+        let h = if last {
+            Request::PutData {
+                crc32c: Some(proto::crc32c(&body)),
+            }
+            .encode()
+        } else {
+            Vec::new()
+        };
+        r.send(Kind::PutData, 3, !last, &h, part);
+    }
+    let (id, rep) = r.reply();
+    assert_eq!((id, rep.status, rep.size), (3, 0, 4000), "{}", rep.message);
+    rt().block_on(async {
+        let c = Client::connect(config(&server)).await.unwrap();
+        assert_eq!(
+            c.stat("stall", &local).await.unwrap_err().status(),
+            Some(Status::NoSuchKey)
+        );
+        let o = c.get("stall", &remote, &[]).await.unwrap();
+        assert!(o.ranges[0].1[..] == body[..]);
+    });
 }

@@ -16,6 +16,7 @@ pub mod object;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::channel::oneshot;
@@ -33,8 +34,13 @@ use msg::{Msg, Op, Reply, SessionId, ShardError};
 pub const BUCKET_OWNER_SHARD: usize = 0;
 /// Messages queued per directed shard pair before senders wait.
 pub const CHANNEL_CAPACITY: usize = 1024;
-/// Longest wait for another shard's reply.
-pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Longest wait for another shard to take a message and reply, by default
+/// (`cross_shard_timeout_s`; `Shard::set_timeouts`).
+pub const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
+/// A session held for another shard that sees no operation for this long is
+/// closed, by default (`session_idle_timeout_s`; `Shard::set_timeouts`):
+/// the backstop for a caller that went away without closing it.
+pub const SESSION_IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// Open read/put sessions held for other shards, per shard.
 pub const SESSIONS_MAX: usize = 4096;
 
@@ -79,6 +85,22 @@ enum Session {
     Put(PutWriter),
 }
 
+/// A session held for another shard, in the owner's table.
+struct SessionSlot {
+    state: SessionState,
+    /// When the last operation on it ended (or it was opened).
+    last_used: Instant,
+}
+
+enum SessionState {
+    /// Between operations.
+    Idle(Session),
+    /// An operation (ReadChunk, PutData, PutFinish) has it out of the table.
+    /// `close`: a close arrived meanwhile; the session ends when the
+    /// operation gives it back.
+    Busy { close: bool },
+}
+
 pub struct Shard {
     pub id: usize,
     pub count: usize,
@@ -90,8 +112,20 @@ pub struct Shard {
     buckets: RefCell<BTreeMap<String, BucketView>>,
     /// PUTs in progress per bucket on this shard (for DeleteBucket).
     puts_in_flight: RefCell<HashMap<String, usize>>,
-    sessions: RefCell<HashMap<SessionId, Session>>,
+    sessions: RefCell<HashMap<SessionId, SessionSlot>>,
     next_session: Cell<SessionId>,
+    /// Longest wait for another shard (CALL_TIMEOUT_DEFAULT).
+    call_timeout: Cell<Duration>,
+    /// Idle sessions are closed after this (SESSION_IDLE_TIMEOUT_DEFAULT).
+    session_idle_timeout: Cell<Duration>,
+    /// Calls to other shards that timed out.
+    calls_timed_out: Cell<u64>,
+    /// Sessions opened for this shard whose open reply came after the call
+    /// gave up (or after its caller went away), and which this shard then
+    /// told the owner to close.
+    orphans_closed: Cell<u64>,
+    /// Sessions held for other shards closed for being idle too long.
+    sessions_expired: Cell<u64>,
     started: Cell<bool>,
     start_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     pub metrics: ShardMetrics,
@@ -115,6 +149,11 @@ impl Shard {
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),
+            call_timeout: Cell::new(CALL_TIMEOUT_DEFAULT),
+            session_idle_timeout: Cell::new(SESSION_IDLE_TIMEOUT_DEFAULT),
+            calls_timed_out: Cell::new(0),
+            orphans_closed: Cell::new(0),
+            sessions_expired: Cell::new(0),
             started: Cell::new(false),
             start_waiters: RefCell::new(Vec::new()),
             metrics: ShardMetrics::default(),
@@ -122,8 +161,22 @@ impl Shard {
         })
     }
 
+    /// Sets the longest wait for another shard (`call`) and the idle time
+    /// after which a session held for another shard is closed.
+    pub fn set_timeouts(&self, call: Duration, session_idle: Duration) {
+        self.call_timeout.set(call.max(Duration::from_millis(1)));
+        self.session_idle_timeout
+            .set(session_idle.max(Duration::from_millis(1)));
+    }
+
+    /// Sessions this shard holds for other shards (open reads and PUTs).
+    pub fn sessions_open(&self) -> usize {
+        self.sessions.borrow().len()
+    }
+
     /// Connects the channels and starts one receive task per peer. Each
     /// connect waits for the other end, so all of them run concurrently.
+    /// Also starts the task that closes idle sessions.
     pub async fn connect(self: &Rc<Self>, wiring: Wiring) {
         let senders = futures::future::join_all(wiring.to.into_iter().map(|tx| async move {
             match tx {
@@ -145,6 +198,22 @@ impl Shard {
                 glommio::spawn_local(async move { me.receive_loop(peer, rx).await }).detach();
             }
         }
+        let weak = Rc::downgrade(self);
+        glommio::spawn_local(async move {
+            loop {
+                let period = match weak.upgrade() {
+                    Some(me) => (me.session_idle_timeout.get() / 4)
+                        .clamp(Duration::from_millis(10), Duration::from_secs(10)),
+                    None => break,
+                };
+                glommio::timer::sleep(period).await;
+                match weak.upgrade() {
+                    Some(me) => me.expire_idle_sessions(),
+                    None => break,
+                }
+            }
+        })
+        .detach();
     }
 
     async fn receive_loop(self: Rc<Self>, peer: usize, rx: ConnectedReceiver<Msg>) {
@@ -161,12 +230,41 @@ impl Shard {
                     .detach();
                 }
                 Msg::Resp { id, reply } => {
-                    if let Some(waiter) = self.pending.borrow_mut().remove(&id) {
-                        let _ = waiter.send(reply);
+                    let waiter = self.pending.borrow_mut().remove(&id);
+                    let orphan = match waiter {
+                        Some(waiter) => waiter.send(reply).err(),
+                        // The call timed out or its caller went away.
+                        None => Some(reply),
+                    };
+                    if let Some(reply) = orphan {
+                        self.release_orphan(peer, reply);
                     }
                 }
             }
         }
+    }
+
+    /// A reply nobody waits for any more: if it opened a session on `peer`,
+    /// tell `peer` to close it (else it would hold its reader or PUT, with
+    /// the PUT's pinned segments and the bucket's in-flight count, until it
+    /// expired).
+    fn release_orphan(self: &Rc<Self>, peer: usize, reply: Reply) {
+        let close = match reply {
+            Reply::Opened { session, .. } => Op::ReadClose { session },
+            Reply::Session(session) => Op::PutAbort { session },
+            _ => return,
+        };
+        self.orphans_closed.set(self.orphans_closed.get() + 1);
+        tracing::warn!(
+            shard = self.id,
+            peer,
+            "closing a session on shard {peer} opened for a call that gave up"
+        );
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            me.call(peer, close).await;
+        })
+        .detach();
     }
 
     /// The shard that owns (bucket, key): the one placement function.
@@ -270,6 +368,13 @@ impl Shard {
     }
 
     /// Runs `op` on shard `target`: directly if that is us, else by message.
+    ///
+    /// Bounded wait (`call_timeout`, from queueing the message to the
+    /// reply): a stalled owner costs the client a 503, not a hung
+    /// connection. The op may still complete on the owner (an S3 5xx is an
+    /// indeterminate outcome); its late reply finds no waiter, and a session
+    /// it opened is closed again (`release_orphan`). The same holds when the
+    /// caller drops this future before the reply.
     pub async fn call(self: &Rc<Self>, target: usize, op: Op) -> Reply {
         if target == self.id {
             return self.execute(op).await;
@@ -278,29 +383,60 @@ impl Shard {
         self.next_request_id.set(id + 1);
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(id, tx);
+        // Dropped with `exchange` (answered, timed out or cancelled).
+        let mut pending = PendingCall {
+            shard: self.clone(),
+            id,
+            target,
+            rx,
+        };
         let sender = self.senders.borrow()[target]
             .clone()
             .expect("sender to peer");
-        let sent = std::time::Instant::now();
-        if sender.send(Msg::Req { id, op, sent }).await.is_err() {
-            self.pending.borrow_mut().remove(&id);
-            return Reply::Err(ShardError::ShuttingDown);
-        }
-        // Bounded wait: a stalled owner costs the client a 503, not a hung
-        // connection. The op may still complete on the owner (an S3 5xx is
-        // an indeterminate outcome); its late reply finds no waiter.
-        let timeout = glommio::timer::sleep(CALL_TIMEOUT);
-        match futures::future::select(rx, Box::pin(timeout)).await {
-            futures::future::Either::Left((reply, _)) => {
-                self.metrics.stage(Stage::Hop).record(sent.elapsed());
-                reply.unwrap_or(Reply::Err(ShardError::ShuttingDown))
+        let sent = Instant::now();
+        let timeout = self.call_timeout.get();
+        // Ops whose loss would leave state behind on the target (a bucket
+        // locked or missing there, a session open) are queued however long
+        // that takes, as before; the timeout then bounds the reply only.
+        // Any other op that cannot even be queued in time is dropped.
+        let must_deliver = matches!(
+            op,
+            Op::BucketApply { .. }
+                | Op::BucketUnlock { .. }
+                | Op::Start
+                | Op::ReadClose { .. }
+                | Op::PutAbort { .. }
+        );
+        let mut msg = Some(Msg::Req { id, op, sent });
+        if must_deliver {
+            let msg = msg.take().expect("not sent yet");
+            if sender.send(msg).await.is_err() {
+                return Reply::Err(ShardError::ShuttingDown);
             }
+        }
+        let me = self.clone();
+        let exchange = async move {
+            if let Some(msg) = msg {
+                if sender.send(msg).await.is_err() {
+                    return Reply::Err(ShardError::ShuttingDown);
+                }
+            }
+            let reply = (&mut pending.rx)
+                .await
+                .unwrap_or(Reply::Err(ShardError::ShuttingDown));
+            me.metrics.stage(Stage::Hop).record(sent.elapsed());
+            reply
+        };
+        let timer = glommio::timer::sleep(timeout);
+        let outcome = futures::future::select(Box::pin(exchange), Box::pin(timer)).await;
+        match outcome {
+            futures::future::Either::Left((reply, _)) => reply,
             futures::future::Either::Right(_) => {
-                self.pending.borrow_mut().remove(&id);
+                self.calls_timed_out.set(self.calls_timed_out.get() + 1);
                 tracing::warn!(
                     shard = self.id,
                     target,
-                    "cross-shard call timed out after {CALL_TIMEOUT:?}"
+                    "cross-shard call timed out after {timeout:?}"
                 );
                 Reply::Err(ShardError::Busy)
             }
@@ -463,8 +599,120 @@ impl Shard {
         }
         let id = self.next_session.get();
         self.next_session.set(id + 1);
-        sessions.insert(id, s);
+        sessions.insert(
+            id,
+            SessionSlot {
+                state: SessionState::Idle(s),
+                last_used: Instant::now(),
+            },
+        );
         Ok(id)
+    }
+
+    /// Takes a session out of the table for one operation; it stays listed
+    /// (busy) so that a close arriving meanwhile is not lost.
+    fn session_take(&self, id: SessionId) -> Result<Session, ShardError> {
+        let mut sessions = self.sessions.borrow_mut();
+        let Some(slot) = sessions.get_mut(&id) else {
+            return Err(ShardError::Internal(
+                "unknown session (closed, or expired after being idle)".into(),
+            ));
+        };
+        match std::mem::replace(&mut slot.state, SessionState::Busy { close: false }) {
+            SessionState::Idle(s) => Ok(s),
+            busy @ SessionState::Busy { .. } => {
+                slot.state = busy;
+                Err(ShardError::Internal(
+                    "session already has an operation in progress".into(),
+                ))
+            }
+        }
+    }
+
+    /// Gives a session back after an operation, or ends it if a close came
+    /// while the operation ran.
+    fn session_return(&self, id: SessionId, s: Session) {
+        let mut sessions = self.sessions.borrow_mut();
+        match sessions.get_mut(&id) {
+            Some(slot) if matches!(slot.state, SessionState::Busy { close: false }) => {
+                slot.state = SessionState::Idle(s);
+                slot.last_used = Instant::now();
+            }
+            _ => {
+                sessions.remove(&id);
+                drop(sessions);
+                self.session_ended(s);
+            }
+        }
+    }
+
+    /// Removes a session taken by `session_take` that its operation used up
+    /// (finished or failed); the caller disposes of it.
+    fn session_remove(&self, id: SessionId) {
+        self.sessions.borrow_mut().remove(&id);
+    }
+
+    /// Closes a session now, or when its running operation ends.
+    fn session_close(&self, id: SessionId) {
+        let mut sessions = self.sessions.borrow_mut();
+        let Some(slot) = sessions.get_mut(&id) else {
+            return;
+        };
+        match &mut slot.state {
+            SessionState::Busy { close } => *close = true,
+            SessionState::Idle(_) => {
+                let slot = sessions.remove(&id).expect("listed");
+                drop(sessions);
+                if let SessionState::Idle(s) = slot.state {
+                    self.session_ended(s);
+                }
+            }
+        }
+    }
+
+    /// Releases what a session held: its reader, or its unfinished PUT (the
+    /// writer's pinned segments, and the bucket's in-flight count).
+    fn session_ended(&self, s: Session) {
+        if let Session::Put(w) = s {
+            self.put_ended(w.bucket());
+        }
+    }
+
+    /// Closes sessions idle for longer than `session_idle_timeout`: their
+    /// caller went away without closing them (or its close was lost).
+    pub fn expire_idle_sessions(&self) {
+        let idle = self.session_idle_timeout.get();
+        let now = Instant::now();
+        let expired: Vec<Session> = {
+            let mut sessions = self.sessions.borrow_mut();
+            let ids: Vec<SessionId> = sessions
+                .iter()
+                .filter(|(_, slot)| {
+                    matches!(slot.state, SessionState::Idle(_))
+                        && now.saturating_duration_since(slot.last_used) > idle
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| match sessions.remove(id)?.state {
+                    SessionState::Idle(s) => Some(s),
+                    SessionState::Busy { .. } => None,
+                })
+                .collect()
+        };
+        if expired.is_empty() {
+            return;
+        }
+        self.sessions_expired
+            .set(self.sessions_expired.get() + expired.len() as u64);
+        tracing::warn!(
+            shard = self.id,
+            count = expired.len(),
+            "closed sessions idle for more than {idle:?}"
+        );
+        for s in expired {
+            self.session_ended(s);
+        }
     }
 
     /// Starts a local PUT (or multipart part) of `key`, counted against
@@ -518,23 +766,24 @@ impl Shard {
                 offset,
                 len_bytes,
             } => {
-                let Some(Session::Read(mut reader)) = self.sessions.borrow_mut().remove(&session)
-                else {
-                    return Reply::Err(ShardError::Internal("unknown read session".into()));
+                let mut reader = match self.session_take(session) {
+                    Ok(Session::Read(r)) => r,
+                    Ok(other) => {
+                        self.session_return(session, other);
+                        return Reply::Err(ShardError::Internal("not a read session".into()));
+                    }
+                    Err(e) => return Reply::Err(e),
                 };
                 let result = reader.read(offset, len_bytes).await;
-                self.sessions
-                    .borrow_mut()
-                    .insert(session, Session::Read(reader));
-                match result {
+                let reply = match result {
                     Ok(data) => Reply::Data(Bytes::copy_from_slice(&data)),
                     Err(e) => Reply::Err(store_error(e)),
-                }
+                };
+                self.session_return(session, Session::Read(reader));
+                reply
             }
             Op::ReadClose { session } | Op::PutAbort { session } => {
-                if let Some(Session::Put(w)) = self.sessions.borrow_mut().remove(&session) {
-                    self.put_ended(w.bucket());
-                }
+                self.session_close(session);
                 Reply::Ok
             }
             Op::PutOpen {
@@ -557,16 +806,22 @@ impl Shard {
                 }
             }
             Op::PutData { session, data } => {
-                let Some(Session::Put(mut w)) = self.sessions.borrow_mut().remove(&session) else {
-                    return Reply::Err(ShardError::Internal("unknown put session".into()));
+                let mut w = match self.session_take(session) {
+                    Ok(Session::Put(w)) => w,
+                    Ok(other) => {
+                        self.session_return(session, other);
+                        return Reply::Err(ShardError::Internal("not a put session".into()));
+                    }
+                    Err(e) => return Reply::Err(e),
                 };
                 match w.write(data).await {
                     Ok(()) => {
-                        self.sessions.borrow_mut().insert(session, Session::Put(w));
+                        self.session_return(session, Session::Put(w));
                         Reply::Ok
                     }
                     Err(e) => {
-                        self.put_ended(w.bucket());
+                        self.session_remove(session);
+                        self.session_ended(Session::Put(w));
                         Reply::Err(store_error(e))
                     }
                 }
@@ -576,13 +831,21 @@ impl Shard {
                 etag,
                 headers,
             } => {
-                let Some(Session::Put(mut w)) = self.sessions.borrow_mut().remove(&session) else {
-                    return Reply::Err(ShardError::Internal("unknown put session".into()));
+                let mut w = match self.session_take(session) {
+                    Ok(Session::Put(w)) => w,
+                    Ok(other) => {
+                        self.session_return(session, other);
+                        return Reply::Err(ShardError::Internal("not a put session".into()));
+                    }
+                    Err(e) => return Reply::Err(e),
                 };
+                // Listed (busy) until the object is installed, so that the
+                // session count stays honest; a close meanwhile is moot.
                 let bucket = w.bucket().to_string();
                 w.set_etag(etag);
                 w.add_headers(headers);
                 let result = w.finish().await;
+                self.session_remove(session);
                 self.put_ended(&bucket);
                 match result {
                     Ok(info) => Reply::Put(info),
@@ -628,6 +891,8 @@ impl Shard {
                 if !self.bucket_exists(&bucket) {
                     return Reply::Err(ShardError::NoSuchBucket);
                 }
+                // Counted until done, even if this future is dropped (a
+                // local call runs in its caller's future).
                 let _writing = WriteInProgress::new(self, &bucket);
                 let result = self
                     .store
@@ -957,7 +1222,43 @@ impl Shard {
                 self.pending.borrow().len() as u64,
             ),
         ]);
+        out.counters.extend([
+            (
+                "percore_cross_shard_calls_timed_out_total",
+                "Calls to other shards that got no reply within cross_shard_timeout_s.",
+                self.calls_timed_out.get(),
+            ),
+            (
+                "percore_cross_shard_orphaned_sessions_closed_total",
+                "Sessions another shard opened for a call that had given up, closed again.",
+                self.orphans_closed.get(),
+            ),
+            (
+                "percore_cross_shard_sessions_expired_total",
+                "Sessions held for other shards closed after session_idle_timeout_s without use.",
+                self.sessions_expired.get(),
+            ),
+        ]);
         out
+    }
+}
+
+/// A call in flight: its reply slot. Dropped with the call (answered, timed
+/// out or cancelled), it removes the slot, and a reply that arrived but was
+/// never taken is released (`release_orphan`).
+struct PendingCall {
+    shard: Rc<Shard>,
+    id: u64,
+    target: usize,
+    rx: oneshot::Receiver<Reply>,
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        self.shard.pending.borrow_mut().remove(&self.id);
+        if let Ok(Some(reply)) = self.rx.try_recv() {
+            self.shard.release_orphan(self.target, reply);
+        }
     }
 }
 
