@@ -181,7 +181,6 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
             let scan = scan::scan_with(key, size, |offset, len| read_exact_at(&f, len, offset))
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             let sealed = scan.sealed;
-            let last_id = ids.last().copied();
             for &(from, to) in &scan.damaged {
                 report.problems.push(problem(
                     from,
@@ -191,7 +190,7 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
                 ));
             }
             if let Some(from) = scan.tail_bad_from {
-                let (what, corruption) = if key.version == record::VERSION_1 && Some(id) != last_id {
+                let (what, corruption) = if key.version == record::VERSION_1 {
                     (format!("unreadable record header in a version-1 segment ({} bytes to the end): records after it, if any, cannot be found safely; recovery keeps the segment as it is", size - from), true)
                 } else {
                     (format!("unreadable bytes from here to the end ({} bytes): a torn tail, which recovery cuts", size - from), false)

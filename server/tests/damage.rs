@@ -422,3 +422,140 @@ fn compaction_rewrites_version_1_segments() {
         store.shutdown().await;
     });
 }
+
+fn flip(path: &Path, at: usize) {
+    let mut data = std::fs::read(path).unwrap();
+    data[at] ^= 0x10;
+    std::fs::write(path, &data).unwrap();
+}
+
+/// A damaged segment header costs no record: the segment is read with the
+/// shard's key (from the other segments, or `shard.secret` when it is the
+/// only one), and without any key it is left exactly as it is.
+#[test]
+fn a_damaged_segment_header_costs_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        // Several segments: the first and a middle one lose their header.
+        let (store, _) = Store::open(small_segments(&path)).await.unwrap();
+        store.bucket_create("b").await.unwrap();
+        fill(&store).await;
+        store.shutdown().await;
+        drop(store);
+        let segs = segments(&path);
+        assert!(segs.len() >= 6);
+        flip(&segs[0], 40);
+        flip(&segs[3], 40);
+        let (store, report) = Store::open(small_segments(&path)).await.unwrap();
+        assert!(report.damaged_regions >= 2, "{report:?}");
+        check_all(&store, &[], &[]).await;
+        store.shutdown().await;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        // One segment: its secret comes from shard.secret.
+        let mut cfg = config(&path);
+        cfg.segment_bytes_max = 64 << 20;
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        store.bucket_create("b").await.unwrap();
+        fill(&store).await;
+        store.shutdown().await;
+        drop(store);
+        let seg = segments(&path)[0].clone();
+        flip(&seg, 40);
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        check_all(&store, &[], &[]).await;
+        store.shutdown().await;
+        drop(store);
+        // Without any copy of the key nothing verifies: the segment is
+        // neither served nor cut, and comes back whole once repaired.
+        std::fs::remove_file(path.join("shard.secret")).unwrap();
+        let size = std::fs::metadata(&seg).unwrap().len();
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        assert!(store.head("b", "obj/0001").is_none());
+        store.shutdown().await;
+        drop(store);
+        assert_eq!(std::fs::metadata(&seg).unwrap().len(), size, "an unreadable segment was cut");
+        flip(&seg, 40);
+        std::fs::remove_file(path.join("shard.secret")).unwrap();
+        let (store, _) = Store::open(cfg).await.unwrap();
+        check_all(&store, &[], &[]).await;
+        store.shutdown().await;
+    });
+}
+
+/// Version-1 segments are never cut: damage in the newest one (as the
+/// first start after an upgrade finds it) keeps the records after it on
+/// disk.
+#[test]
+fn a_damaged_version_1_segment_is_never_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-shard");
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let path = dir.path().to_path_buf();
+    let newest = segments(&path).last().unwrap().clone();
+    let data = std::fs::read(&newest).unwrap();
+    // The second record header after the segment's first batch.
+    let magic = record::MAGIC.to_le_bytes();
+    let second = (4104..data.len() - 4)
+        .step_by(8)
+        .find(|&i| data[i..i + 4] == magic)
+        .unwrap();
+    flip(&newest, second + 20);
+    let size = data.len() as u64;
+    run(move || async move {
+        let (store, report) = Store::open(common::small_config(&path)).await.unwrap();
+        assert!(report.damaged_regions >= 1);
+        store.shutdown().await;
+        drop(store);
+        assert_eq!(std::fs::metadata(&newest).unwrap().len(), size, "a version-1 segment was cut");
+    });
+}
+
+/// An unsealed version-1 segment with a hole (a batch torn by a crash of
+/// the version-1 engine) followed by a planted header: the scan ends at
+/// the whole block of zeros and never reaches it.
+#[test]
+fn a_version_1_hole_is_the_end_of_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let v1 = SegKey::v1(1);
+    let mut seg = fixture_segment_header();
+    let obj = Header {
+        seq: 5,
+        bucket: "b".into(),
+        key: "kept".into(),
+        payload_bytes: 3,
+        block_crcs: record::block_crcs(b"abc"),
+        body: Body::Object {
+            meta: ObjectMeta {
+                size_bytes: 3,
+                etag: "900150983cd24fb0d6963f7d28e17f72".into(),
+                ..Default::default()
+            },
+            extents: Vec::new(),
+        },
+    };
+    seg.extend_from_slice(&record::encode_header_at(&obj, &v1, 4096).unwrap());
+    seg.extend_from_slice(b"abc");
+    seg.resize(8192, 0); // padding, then a whole block lost
+    seg.resize(12288, 0);
+    seg.extend_from_slice(&planted(1, 1, 12288));
+    seg.resize(16384, 0);
+    std::fs::write(path.join("seg-0000000000000001.pcs"), &seg).unwrap();
+    run(move || async move {
+        let (store, _) = Store::open(config(&path)).await.unwrap();
+        assert!(store.head("b", "victim").is_none(), "a planted header was taken for a record");
+        assert_eq!(read_all(&store, "b", "kept").await.unwrap(), b"abc");
+        store
+            .put("b", "after", ObjectMeta::default(), body(4, 10))
+            .await
+            .unwrap();
+        store.shutdown().await;
+    });
+}

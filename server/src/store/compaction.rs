@@ -534,7 +534,15 @@ impl Store {
         let raw = file
             .read_at(r.offset, header_bytes + r.header.payload_bytes as usize)
             .await?;
-        if raw.len() != header_bytes + r.header.payload_bytes as usize {
+        // The copy is bound to its new place when written, which would make
+        // any damage since the scan valid there: verify the bytes copied.
+        let key = self.segment_key(segment_id).ok_or(StoreError::NotFound)?;
+        let same = raw.len() == header_bytes + r.header.payload_bytes as usize
+            && record::decode_header(&raw[..header_bytes], &key, r.offset)
+                .is_ok_and(|(h, n)| n == header_bytes && h == r.header)
+            && record::verify_blocks(&r.header.block_crcs, 0, &raw[header_bytes..]);
+        if !same {
+            self.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(StoreError::Corrupt {
                 segment_id,
                 offset: r.offset,

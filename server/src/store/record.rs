@@ -13,9 +13,10 @@
 //! block at a time, so a range read verifies only the blocks it touches.
 //! Records start at 8-byte aligned offsets; all integers are little-endian.
 //!
-//! Version 2 binds every header to the place the writer put it: its CRC is
-//! CRC32C over `shard_secret (u64) | segment_id (u64) | offset (u64)` and
-//! then the header with the CRC field zeroed. The shard secret is a random
+//! Version 2 binds every header to the place the writer put it: its check
+//! field is SipHash-2-4, keyed with the shard secret and the segment id, of
+//! `offset (u64)` and the header with the check field zeroed, folded to 32
+//! bits (version 1: CRC32C of the header alone). The shard secret is a random
 //! value kept in every segment's header (offset 0, where no user byte can
 //! be) and nowhere a client can read it, so a header that a user plants in
 //! an object's payload does not verify where a scan may find it (after a
@@ -300,19 +301,27 @@ pub fn encode_header_at(h: &Header, key: &SegKey, offset: u64) -> Result<Vec<u8>
     Ok(buf)
 }
 
-/// The header CRC of `raw` (a whole header) at `offset` of segment `key`.
+/// The header check of `raw` (a whole header) at `offset` of segment `key`:
+/// version 1, CRC32C of the header with the check field zeroed; version 2,
+/// SipHash-2-4 keyed with the shard secret and the segment id over the
+/// offset and that header, truncated to 32 bits. A keyed hash, not a CRC:
+/// a CRC is affine, so one real header and its check would give away what
+/// the secret adds; SipHash gives nothing away and still detects damage.
 fn header_crc(raw: &[u8], key: &SegKey, offset: u64) -> u32 {
-    let mut crc = if key.version == VERSION_1 {
-        crc32c::crc32c(&raw[..12])
-    } else {
-        let mut place = [0u8; 24];
-        place[..8].copy_from_slice(&key.shard_secret.to_le_bytes());
-        place[8..16].copy_from_slice(&key.segment_id.to_le_bytes());
-        place[16..].copy_from_slice(&offset.to_le_bytes());
-        crc32c::crc32c_append(crc32c::crc32c(&place), &raw[..12])
-    };
-    crc = crc32c::crc32c_append(crc, &[0; 4]);
-    crc32c::crc32c_append(crc, &raw[16..])
+    if key.version == VERSION_1 {
+        let mut crc = crc32c::crc32c(&raw[..12]);
+        crc = crc32c::crc32c_append(crc, &[0; 4]);
+        return crc32c::crc32c_append(crc, &raw[16..]);
+    }
+    use std::hash::Hasher;
+    #[allow(deprecated)] // std's SipHash-2-4: deprecated as a HashMap hasher, sound as a keyed PRF
+    let mut h = std::hash::SipHasher::new_with_keys(key.shard_secret, key.segment_id);
+    h.write(&offset.to_le_bytes());
+    h.write(&raw[..12]);
+    h.write(&[0; 4]);
+    h.write(&raw[16..]);
+    let v = h.finish();
+    (v ^ (v >> 32)) as u32
 }
 
 /// Makes an encoded header valid at `offset` of segment `key` (and nowhere

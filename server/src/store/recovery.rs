@@ -27,14 +27,56 @@ use super::{
 };
 
 /// Reads a segment's records in order (see `scan` for the rules).
+///
+/// A window the device cannot read (EIO: a bad sector) is read again one
+/// 4 KiB block at a time; blocks that still fail are scanned as zeros and
+/// reported as damaged ranges, so one bad sector costs the records on it,
+/// not the shard.
 pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64, key: SegKey) -> Result<ScanResult> {
     let mut scanner = Scanner::new(key, size_bytes);
+    let mut unreadable: Vec<(u64, u64)> = Vec::new();
     let mut step = scanner.feed(&[], 0);
     while let Step::Read { offset, len } = step {
-        let window = file.read_at(offset, len).await?;
+        let window = match file.read_at(offset, len).await {
+            Ok(w) => w.to_vec(),
+            Err(_) => read_blockwise(file, offset, len, &mut unreadable).await,
+        };
         step = scanner.feed(&window, offset);
+        // A long scan must not hold the shard's executor.
+        glommio::yield_if_needed().await;
     }
-    Ok(scanner.finish())
+    let mut result = scanner.finish();
+    if !unreadable.is_empty() {
+        result.damaged.extend(unreadable);
+        result.damaged.sort_unstable();
+    }
+    Ok(result)
+}
+
+/// Reads `len` bytes at `offset` block by block, zeros for blocks that fail.
+async fn read_blockwise(
+    file: &SegFile,
+    offset: u64,
+    len: usize,
+    unreadable: &mut Vec<(u64, u64)>,
+) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let mut at = offset;
+    let end = offset + len as u64;
+    while at < end {
+        let next = ((at + 1).next_multiple_of(WRITE_ALIGN_BYTES)).min(end);
+        let n = (next - at) as usize;
+        let from = (at - offset) as usize;
+        match file.read_at(at, n).await {
+            Ok(b) if b.len() == n => out[from..from + n].copy_from_slice(&b),
+            _ => {
+                tracing::error!(offset = at, len = n, "unreadable segment block; scanned as zeros");
+                unreadable.push((at, next));
+            }
+        }
+        at = next;
+    }
+    out
 }
 
 /// Checks a record's payload against its block CRCs.
@@ -97,27 +139,80 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         .map(|(id, h)| (*id, h.as_deref()))
         .collect();
     let (secret, keys) = super::scan::segment_keys(&head_refs);
+    // A second home for the secret, for when every segment header that
+    // carries it is damaged (one segment, say).
+    let secret_file = read_secret_file(&cfg.dir);
+    // Every secret some segment header carries: a segment whose own header
+    // is damaged is tried with each (and version 1), keeping the key under
+    // which its records verify.
+    let mut secrets: Vec<u64> = head_refs
+        .iter()
+        .filter_map(|(id, h)| h.and_then(|b| record::decode_segment_header(b, *id).ok()))
+        .map(|(_, _, k)| k)
+        .filter(|k| k.version == record::VERSION)
+        .map(|k| k.shard_secret)
+        .collect();
+    secrets.extend(secret_file);
+    secrets.sort_unstable();
+    secrets.dedup();
     drop(head_refs);
-    store
-        .inner
-        .shard_secret
-        .set(secret.unwrap_or_else(rand::random));
+    let secret = secret.or(secret_file).unwrap_or_else(rand::random);
+    if secret_file != Some(secret) {
+        write_secret_file(&cfg.dir, secret)?;
+    }
+    store.inner.shard_secret.set(secret);
     let newest = ids.last().copied();
     let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
     // Extents known good: (segment, offset) -> span bytes.
     let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
     let mut max_seq = 0u64;
-    for ((&segment_id, (file, size_bytes)), (key, header_ok)) in ids.iter().zip(files).zip(keys) {
-        let scan = scan_segment(&file, size_bytes, key).await?;
+    for ((&segment_id, (file, size_bytes)), (guess, header_ok)) in ids.iter().zip(files).zip(keys) {
+        let (key, mut scan) = if header_ok {
+            (guess, scan_segment(&file, size_bytes, guess).await?)
+        } else {
+            best_key(&file, size_bytes, segment_id, guess, &secrets).await?
+        };
         report.bytes_scanned += scan.bytes_scanned;
         check_segment_header(&scan, cfg.shard_id, segment_id)?;
+        // A segment whose header failed and in which no key finds a record
+        // is left exactly as it is (nothing to cut it with safely), unless
+        // it is no bigger than its header block (created, never written).
+        let unknown = !header_ok && scan.records.is_empty() && size_bytes > WRITE_ALIGN_BYTES;
+        if !header_ok && scan.records.is_empty() && size_bytes <= WRITE_ALIGN_BYTES {
+            // Created, never written (a crash before its header was
+            // durable): nothing to keep.
+            drop(file);
+            let path = super::segment_path(&cfg.dir, segment_id);
+            std::fs::remove_file(&path)?;
+            super::file::sync_dir(&cfg.dir)?;
+            tracing::warn!(shard = cfg.shard_id, segment_id, "removed an empty segment file without a header");
+            continue;
+        }
         if !header_ok && size_bytes > 0 {
-            tracing::warn!(
+            tracing::error!(
                 shard = cfg.shard_id,
                 segment_id,
                 version = key.version,
-                "segment header unreadable; reading the segment with the shard's key"
+                records = scan.records.len(),
+                "segment header unreadable; read with the key its records verify under"
             );
+        }
+        // In the newest segment without a seal, damage is where a batch
+        // tore at the crash: nothing after it was acknowledged (batches are
+        // acknowledged in order), so that is where its tail is cut.
+        let newest_torn = !scan.sealed
+            && Some(segment_id) == newest
+            && key.version == record::VERSION
+            && !scan.damaged.is_empty();
+        if newest_torn {
+            let cut_from = scan.damaged[0].0;
+            scan.records.retain(|r| r.offset < cut_from);
+            scan.valid_end = scan
+                .records
+                .last()
+                .map_or(0, |r| r.offset + record::record_span_bytes(u64::from(r.header_bytes), r.header.payload_bytes));
+            scan.damaged.clear();
+            scan.tail_bad_from = Some(cut_from);
         }
         let mut dropped_here = false;
         for r in &scan.records {
@@ -125,7 +220,10 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             // Its seq is taken even if the record is dropped, so that no later
             // write reuses it and ties with it at a later recovery.
             max_seq = max_seq.max(r.header.seq);
-            if !scan.sealed && r.header.payload_bytes > 0 && !verify_payload(&file, r).await? {
+            if !scan.sealed
+                && r.header.payload_bytes > 0
+                && !verify_payload(&file, r).await.unwrap_or(false)
+            {
                 report.corrupt_records += 1;
                 dropped_here = true;
                 count_record(&mut candidates, &r.header, None);
@@ -173,12 +271,10 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "damaged bytes inside the segment: the record(s) there are lost, the records after them are kept"
             );
         }
-        // A version-1 scan stops at the first bad header. In the newest
-        // segment that is the torn tail of the last write; in any other it
-        // is damage in front of records it cannot safely find: keep it all.
-        let v1_damage = key.version == record::VERSION_1
-            && scan.tail_bad_from.is_some()
-            && Some(segment_id) != newest;
+        // A version-1 scan stops at the first bad header, in front of
+        // records it cannot find safely (a seal among them, perhaps): the
+        // segment is never cut, only reported.
+        let v1_damage = key.version == record::VERSION_1 && scan.tail_bad_from.is_some();
         if v1_damage {
             report.damaged_regions += 1;
             tracing::error!(
@@ -188,10 +284,13 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "unreadable record header in a version-1 segment: records after it are not served; the segment is kept as it is (see percore fsck)"
             );
         }
-        let damaged = scan.is_damaged(key.version) && (key.version != record::VERSION_1 || v1_damage);
+        let damaged = scan.is_damaged(key.version) || unknown || !header_ok;
         let mut end_bytes = scan.valid_end;
         let mut sealed = scan.sealed;
-        if !scan.sealed && !v1_damage {
+        if unknown {
+            report.damaged_regions += 1;
+        }
+        if !scan.sealed && !v1_damage && !unknown {
             // Only bytes after the last valid record are cut: in version 2
             // the scan found every valid record before them.
             let cut_at = scan.valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
@@ -257,6 +356,62 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     store.inner.stats.borrow_mut().damaged_regions += report.damaged_regions;
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// Scans a segment whose own header failed with each key it may have
+/// (the guess, every shard secret seen, version 1) and keeps the one under
+/// which the most records verify.
+async fn best_key(
+    file: &SegFile,
+    size_bytes: u64,
+    segment_id: u64,
+    guess: SegKey,
+    secrets: &[u64],
+) -> Result<(SegKey, ScanResult)> {
+    let mut candidates = vec![guess];
+    for s in secrets {
+        candidates.push(SegKey::v2(*s, segment_id));
+    }
+    candidates.push(SegKey::v1(segment_id));
+    candidates.dedup();
+    let mut best: Option<(SegKey, ScanResult)> = None;
+    for key in candidates {
+        let scan = scan_segment(file, size_bytes, key).await?;
+        if best.as_ref().is_none_or(|(_, b)| scan.records.len() > b.records.len()) {
+            best = Some((key, scan));
+        }
+    }
+    Ok(best.expect("at least one candidate"))
+}
+
+const SECRET_FILE: &str = "shard.secret";
+
+/// The shard secret kept beside the segments (`shard.secret`: 16 hex
+/// digits, a space, the CRC32C of those digits as 8 hex digits). None if
+/// missing or damaged.
+fn read_secret_file(dir: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(SECRET_FILE)).ok()?;
+    let (hex, crc) = text.trim().split_once(' ')?;
+    let ok = hex.len() == 16 && u32::from_str_radix(crc, 16).ok()? == crc32c::crc32c(hex.as_bytes());
+    if !ok {
+        tracing::error!(dir = %dir.display(), "{SECRET_FILE} is damaged; using the segment headers' secret");
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// Writes `shard.secret` durably (temporary file, fsync, rename, fsync of
+/// the directory) before any segment is bound with it.
+fn write_secret_file(dir: &std::path::Path, secret: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let hex = format!("{secret:016x}");
+    let text = format!("{hex} {:08x}\n", crc32c::crc32c(hex.as_bytes()));
+    let tmp = dir.join(format!("{SECRET_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(SECRET_FILE))?;
+    super::file::sync_dir(dir)
 }
 
 /// Cuts a segment file at `at` and makes the new size durable.

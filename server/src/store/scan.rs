@@ -172,8 +172,25 @@ impl Scanner {
     /// left by a lost write, or the unwritten end of the file.
     fn padding(&mut self, buf: &[u8]) {
         if self.key.version == record::VERSION_1 {
-            // Version 1 batches start 4 KiB aligned, as they still do.
-            let next = (self.offset + 1).next_multiple_of(super::file::WRITE_ALIGN_BYTES);
+            // Version 1 batches start 4 KiB aligned, one right after the
+            // other, so padding is followed by a block that starts a batch
+            // (or the seal). A whole block of zeros there is the end of the
+            // data: anything after it was written after a hole (a batch
+            // torn at a crash, never acknowledged), where a version-1 scan
+            // could take a header planted in a payload for a record.
+            let block = super::file::WRITE_ALIGN_BYTES;
+            if self.offset % block == 0 {
+                let whole = (block.min(self.size_bytes - self.offset)) as usize;
+                if buf.len() < whole {
+                    self.need = whole;
+                    return;
+                }
+                if buf[..whole].iter().all(|b| *b == 0) {
+                    self.done = true;
+                    return;
+                }
+            }
+            let next = (self.offset + 1).next_multiple_of(block);
             return self.advance(next);
         }
         // Step over the zeros 8 bytes at a time: after damage the next

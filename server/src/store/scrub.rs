@@ -86,7 +86,12 @@ impl Store {
             }
             if scan.is_damaged(seg_key.version) || !scan.sealed {
                 if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
-                    seg.damaged = true;
+                    if !seg.damaged {
+                        // Counted once per segment, not once per pass.
+                        seg.damaged = true;
+                        self.inner.stats.borrow_mut().damaged_regions +=
+                            scan.damaged.len().max(1) as u64;
+                    }
                 }
             }
             for r in &scan.records {
@@ -164,11 +169,6 @@ impl Store {
         st.scrub_passes += 1;
         st.scrub_bytes += total.bytes_read;
         st.scrub_corrupt_records += total.findings.len() as u64;
-        st.damaged_regions += total
-            .findings
-            .iter()
-            .filter(|f| f.what != "payload CRC")
-            .count() as u64;
         st.scrub_last_pass_unix_ms = super::now_ms();
         st.scrub_last_pass_corrupt = total.findings.len() as u64;
         Ok(total)
