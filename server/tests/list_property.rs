@@ -8,9 +8,7 @@
 //! fails the test instead of hanging it.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use percore_client::{Client, Config, ListEntry};
@@ -19,6 +17,7 @@ use percore_server::store::{ListItem, Store};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
+use common::server::start;
 use common::{run, small_config};
 
 const ALPHABET: &[char] = &[
@@ -179,61 +178,6 @@ fn engine_listing_matches_model() {
             }
             store.shutdown().await;
         });
-    }
-}
-
-struct Server {
-    child: Child,
-    native: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-fn start(shards: usize) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_percore"))
-        .args(["serve", "--unpinned", "--shards", &shards.to_string()])
-        .arg("--data")
-        .arg(dir.path())
-        .args(["--s3", &format!("127.0.0.1:{}", free_port())])
-        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
-        .args(["--native", "127.0.0.1:0"])
-        .env_remove("PERCORE_ACCESS_KEY")
-        .env_remove("PERCORE_SECRET_KEY")
-        .env("PERCORE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn percore serve");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut native = 0;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let Some(Ok(line)) = lines.next() else { break };
-        if let Some(rest) = line.strip_prefix("native endpoint: 127.0.0.1:") {
-            native = rest.split_whitespace().next().unwrap().parse().unwrap();
-        }
-        if line.contains("percore: ready") {
-            break;
-        }
-    }
-    assert!(native > 0, "server did not report its native port");
-    std::thread::spawn(move || for _ in lines {});
-    Server {
-        child,
-        native,
-        _dir: dir,
     }
 }
 

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::Path;
 
 use glommio::LocalExecutorBuilder;
