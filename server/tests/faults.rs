@@ -16,7 +16,6 @@
 //!   operation succeeds.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::io;
 use std::rc::Rc;
 

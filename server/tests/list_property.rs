@@ -38,14 +38,6 @@ enum Item {
     Prefix(String),
 }
 
-impl Item {
-    fn name(&self) -> &str {
-        match self {
-            Item::Object(k) | Item::Prefix(k) => k,
-        }
-    }
-}
-
 /// What a listing of `keys` must return, from the start, in order.
 ///
 /// S3 (the engine): a marker that ends on a common prefix resumes after all

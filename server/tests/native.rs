@@ -12,7 +12,7 @@ use percore_client::{Client, Config, Error, Range};
 use percore_protocol::native::{self as proto, FrameHeader, Kind, Request, ServerMessage, Status};
 
 mod common;
-use common::server::{free_port, start, start_with, Server};
+use common::server::{start, start_with, Server};
 
 fn config(s: &Server) -> Config {
     Config::new(
