@@ -160,7 +160,10 @@ pub fn run(t: Target, bucket: &str, keys: usize, concurrency: usize, load: bool,
             pages += 1;
             listed += body.matches("<Key>").count();
             // No-progress guard: a listing can never need more pages than this.
-            assert!(pages <= keys / 1000 + 2, "listing does not end ({pages} pages for {keys} keys)");
+            assert!(
+                pages <= keys / 1000 + 2,
+                "listing does not end ({pages} pages for {keys} keys)"
+            );
             if between(&body, "<IsTruncated>", "</IsTruncated>") != Some("true") {
                 break;
             }

@@ -197,10 +197,18 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
                 };
                 report.problems.push(problem(from, None, what, corruption));
             }
-            if scan.records.first().is_some_and(|r| r.offset == 0 && r.header.kind() != Kind::SegmentHeader)
+            if scan
+                .records
+                .first()
+                .is_some_and(|r| r.offset == 0 && r.header.kind() != Kind::SegmentHeader)
                 || scan.records.first().is_none_or(|r| r.offset != 0)
             {
-                report.problems.push(problem(0, None, "no readable segment header record".into(), size > 0));
+                report.problems.push(problem(
+                    0,
+                    None,
+                    "no readable segment header record".into(),
+                    size > 0,
+                ));
             }
             for r in scan.records {
                 let (offset, n, h) = (r.offset, r.header_bytes as u64, r.header);

@@ -436,10 +436,7 @@ pub fn xml_body(data: &[u8]) {
 /// must encode back to exactly the same bytes.
 pub fn record_header(data: &[u8]) {
     const AT: u64 = 4096;
-    let keys = [
-        record::SegKey::v1(3),
-        record::SegKey::v2(0x5eed_0f_5eed, 3),
-    ];
+    let keys = [record::SegKey::v1(3), record::SegKey::v2(0x5eed_0f_5eed, 3)];
     for key in &keys {
         let mut buf = data.to_vec();
         if buf.len() >= record::FIXED_HEADER_BYTES {
@@ -456,8 +453,8 @@ pub fn record_header(data: &[u8]) {
                     if key.version == record::VERSION_1 && h.kind() == record::Kind::SegmentHeader {
                         continue; // written in version 2's layout only
                     }
-                    let again = record::encode_header_at(&h, key, AT)
-                        .expect("a decoded header re-encodes");
+                    let again =
+                        record::encode_header_at(&h, key, AT).expect("a decoded header re-encodes");
                     assert_eq!(again, &input[..used], "decode/encode is not the identity");
                     // Version 2 is bound to its place: anywhere else it fails.
                     if key.version == record::VERSION {
@@ -584,8 +581,15 @@ pub fn segment_scan(data: &[u8]) {
                 body: record::Body::Tombstone { mtime_ms: 1 },
             };
             let bytes = match c.u8() % 3 {
-                0 => record::encode_header_at(&fake, &record::SegKey::v1(segment_id), place).unwrap(),
-                1 => record::encode_header_at(&fake, &record::SegKey::v2(c.u8().into(), segment_id), place).unwrap(),
+                0 => {
+                    record::encode_header_at(&fake, &record::SegKey::v1(segment_id), place).unwrap()
+                }
+                1 => record::encode_header_at(
+                    &fake,
+                    &record::SegKey::v2(c.u8().into(), segment_id),
+                    place,
+                )
+                .unwrap(),
                 _ => match real_headers.last() {
                     Some(real) => real.clone(),
                     None => continue,
@@ -654,9 +658,16 @@ pub fn segment_scan(data: &[u8]) {
         }
         let w = written.iter().find(|w| w.0 == r.offset);
         let Some((_, _, h)) = w else {
-            panic!("record at {} was never written there: {:?}", r.offset, r.header);
+            panic!(
+                "record at {} was never written there: {:?}",
+                r.offset, r.header
+            );
         };
-        assert_eq!(&r.header, h, "record at {} differs from what was written", r.offset);
+        assert_eq!(
+            &r.header, h,
+            "record at {} differs from what was written",
+            r.offset
+        );
     }
     let sealed_early = result.sealed && result.valid_end < img.len() as u64 - 4096;
     for (offset, span, h) in &written {

@@ -76,7 +76,10 @@ fn damage_header_of(dir: &Path, key: &str) -> PathBuf {
         if let Some(at) = find(&data, &needle) {
             // fixed header (32) + bucket "b" (2 + 1), then the key.
             let header_start = at - 35;
-            assert_eq!(&data[header_start..header_start + 4], &record::MAGIC.to_le_bytes());
+            assert_eq!(
+                &data[header_start..header_start + 4],
+                &record::MAGIC.to_le_bytes()
+            );
             data[header_start + 20] ^= 0x40; // payload length: a lie
             std::fs::write(&path, &data).unwrap();
             return path;
@@ -91,7 +94,12 @@ const OBJECT_BYTES: usize = 30 * 1024;
 async fn fill(store: &Store) {
     for i in 0..OBJECTS {
         store
-            .put("b", &format!("obj/{i:04}"), ObjectMeta::default(), body(i, OBJECT_BYTES))
+            .put(
+                "b",
+                &format!("obj/{i:04}"),
+                ObjectMeta::default(),
+                body(i, OBJECT_BYTES),
+            )
             .await
             .unwrap();
     }
@@ -195,7 +203,10 @@ fn compaction_never_deletes_a_damaged_segment() {
                 Err(e) => panic!("compaction picked a segment it could not compact: {e}"),
             }
         }
-        assert!(compacted >= 5, "undamaged segments are compacted ({compacted})");
+        assert!(
+            compacted >= 5,
+            "undamaged segments are compacted ({compacted})"
+        );
         // Asked directly, compaction reads the damaged segment, finds the
         // damage and keeps the file.
         for f in &damaged_files {
@@ -309,7 +320,10 @@ fn headers_planted_in_a_payload_are_never_records() {
         std::fs::write(&seg, &data).unwrap();
 
         let (store, _) = Store::open(cfg.clone()).await.unwrap();
-        assert!(store.head("b", "victim").is_none(), "a planted header was taken for a record");
+        assert!(
+            store.head("b", "victim").is_none(),
+            "a planted header was taken for a record"
+        );
         assert!(store.head("b", "probe/2").is_none());
         assert!(store.head("b", "probe/1").is_some());
         // Writes after recovery are ordered after everything before them.
@@ -325,7 +339,10 @@ fn headers_planted_in_a_payload_are_never_records() {
         drop(store);
         let (store, _) = Store::open(cfg).await.unwrap();
         assert!(store.head("b", "victim").is_none());
-        assert_eq!(read_all(&store, "b", "probe/1").await.unwrap(), body(1, 100));
+        assert_eq!(
+            read_all(&store, "b", "probe/1").await.unwrap(),
+            body(1, 100)
+        );
         assert_eq!(read_all(&store, "b", "after").await.unwrap(), body(2, 100));
         store.shutdown().await;
     });
@@ -418,7 +435,10 @@ fn compaction_rewrites_version_1_segments() {
         for (k, c) in keys.iter().zip(&contents) {
             assert_eq!(&read_all(&store, "fixture", k).await.unwrap(), c, "{k}");
         }
-        assert_eq!(read_all(&store, "fixture", "new").await.unwrap(), body(9, 1000));
+        assert_eq!(
+            read_all(&store, "fixture", "new").await.unwrap(),
+            body(9, 1000)
+        );
         store.shutdown().await;
     });
 }
@@ -477,7 +497,11 @@ fn a_damaged_segment_header_costs_no_record() {
         assert!(store.head("b", "obj/0001").is_none());
         store.shutdown().await;
         drop(store);
-        assert_eq!(std::fs::metadata(&seg).unwrap().len(), size, "an unreadable segment was cut");
+        assert_eq!(
+            std::fs::metadata(&seg).unwrap().len(),
+            size,
+            "an unreadable segment was cut"
+        );
         flip(&seg, 40);
         std::fs::remove_file(path.join("shard.secret")).unwrap();
         let (store, _) = Store::open(cfg).await.unwrap();
@@ -513,7 +537,11 @@ fn a_damaged_version_1_segment_is_never_cut() {
         assert!(report.damaged_regions >= 1);
         store.shutdown().await;
         drop(store);
-        assert_eq!(std::fs::metadata(&newest).unwrap().len(), size, "a version-1 segment was cut");
+        assert_eq!(
+            std::fs::metadata(&newest).unwrap().len(),
+            size,
+            "a version-1 segment was cut"
+        );
     });
 }
 
@@ -550,7 +578,10 @@ fn a_version_1_hole_is_the_end_of_its_data() {
     std::fs::write(path.join("seg-0000000000000001.pcs"), &seg).unwrap();
     run(move || async move {
         let (store, _) = Store::open(config(&path)).await.unwrap();
-        assert!(store.head("b", "victim").is_none(), "a planted header was taken for a record");
+        assert!(
+            store.head("b", "victim").is_none(),
+            "a planted header was taken for a record"
+        );
         assert_eq!(read_all(&store, "b", "kept").await.unwrap(), b"abc");
         store
             .put("b", "after", ObjectMeta::default(), body(4, 10))

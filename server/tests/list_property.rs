@@ -21,8 +21,24 @@ use common::server::start;
 use common::{run, small_config};
 
 const ALPHABET: &[char] = &[
-    'a', 'b', '/', '-', '0', '.', '\u{1}', '\u{7f}', 'é', '\u{7ff}', '\u{800}', '\u{d7ff}',
-    '\u{e000}', '\u{fffe}', '\u{ffff}', '\u{10000}', '\u{10fffe}', '\u{10ffff}',
+    'a',
+    'b',
+    '/',
+    '-',
+    '0',
+    '.',
+    '\u{1}',
+    '\u{7f}',
+    'é',
+    '\u{7ff}',
+    '\u{800}',
+    '\u{d7ff}',
+    '\u{e000}',
+    '\u{fffe}',
+    '\u{ffff}',
+    '\u{10000}',
+    '\u{10fffe}',
+    '\u{10ffff}',
 ];
 
 fn random_string(rng: &mut StdRng, len_max: usize) -> String {
@@ -68,7 +84,10 @@ fn model(
         if skip_all_of.is_some_and(|p| key.starts_with(p)) {
             continue;
         }
-        let item = match key[prefix.len()..].find(delim).filter(|_| !delim.is_empty()) {
+        let item = match key[prefix.len()..]
+            .find(delim)
+            .filter(|_| !delim.is_empty())
+        {
             Some(pos) => Item::Prefix(key[..prefix.len() + pos + delim.len()].to_string()),
             None => Item::Object(key.clone()),
         };
@@ -96,8 +115,16 @@ fn random_query(rng: &mut StdRng, keys: &BTreeSet<String>) -> Query {
         let chars: Vec<char> = k.chars().collect();
         chars[..rng.gen_range(0..=chars.len())].iter().collect()
     };
-    let prefix = if rng.gen_bool(0.4) { String::new() } else { pick(rng) };
-    let start_after = if rng.gen_bool(0.5) { String::new() } else { pick(rng) };
+    let prefix = if rng.gen_bool(0.4) {
+        String::new()
+    } else {
+        pick(rng)
+    };
+    let start_after = if rng.gen_bool(0.5) {
+        String::new()
+    } else {
+        pick(rng)
+    };
     let delim = match rng.gen_range(0..6) {
         0 | 1 => String::new(),
         2 => "/".into(),
@@ -186,7 +213,10 @@ async fn server_listing_matches_model(shards: usize) {
     let mut rng = StdRng::seed_from_u64(shards as u64);
     let keys = random_keys(&mut rng, 80);
     for k in &keys {
-        client.put("lst", k, Bytes::from_static(b"x")).await.unwrap();
+        client
+            .put("lst", k, Bytes::from_static(b"x"))
+            .await
+            .unwrap();
     }
     for round in 0..80 {
         let q = random_query(&mut rng, &keys);
@@ -217,13 +247,9 @@ async fn server_listing_matches_model(shards: usize) {
             cursor = page.next_start_after.clone();
         }
         assert_eq!(
-            got,
-            expected,
+            got, expected,
             "{shards} shards, round {round}: prefix {:?} after {:?} delimiter {:?} page {}",
-            q.prefix,
-            q.start_after,
-            q.delim,
-            q.page
+            q.prefix, q.start_after, q.delim, q.page
         );
     }
     // The shard that owns the reported key still serves writes.

@@ -65,12 +65,24 @@ fn make_v1_fixture() {
         assert!(store.bucket_create("gone").await.unwrap());
         assert!(store.bucket_delete("gone").await.unwrap());
         // Inline objects, objects in extents (chunk 16 KiB), overwrites, deletes.
-        let sizes = [0usize, 1, 100, 4000, 16 * 1024, 16 * 1024 + 1, 50_000, 70_000];
+        let sizes = [
+            0usize,
+            1,
+            100,
+            4000,
+            16 * 1024,
+            16 * 1024 + 1,
+            50_000,
+            70_000,
+        ];
         for (i, len) in sizes.iter().enumerate() {
             let key = format!("obj/{i:02}");
             let body = data(i as u64, *len);
             let etag = format!("{:032x}", i);
-            let info = store.put("fixture", &key, meta(&etag), body.clone()).await.unwrap();
+            let info = store
+                .put("fixture", &key, meta(&etag), body.clone())
+                .await
+                .unwrap();
             expect.insert(
                 key,
                 serde_json::json!({"sha256": sha(&body), "size": len, "etag": info.etag.to_string()}),
@@ -100,9 +112,14 @@ fn make_v1_fixture() {
             expect.insert(key, serde_json::Value::Null);
         }
         // A completed one-part multipart upload and one left open.
-        let id = store.mpu_create("fixture", "mpu/done", meta("")).await.unwrap();
+        let id = store
+            .mpu_create("fixture", "mpu/done", meta(""))
+            .await
+            .unwrap();
         let part = data(300, 40_000);
-        let mut w = store.put_part_stream("fixture", "mpu/done", &id, 1).unwrap();
+        let mut w = store
+            .put_part_stream("fixture", "mpu/done", &id, 1)
+            .unwrap();
         w.set_etag(format!("{:032x}", 77));
         w.write(part.clone()).await.unwrap();
         let pinfo = w.finish().await.unwrap();
@@ -114,8 +131,13 @@ fn make_v1_fixture() {
             "mpu/done".into(),
             serde_json::json!({"sha256": sha(&part), "size": part.len(), "etag": info.etag.to_string()}),
         );
-        let open_id = store.mpu_create("fixture", "mpu/open", meta("")).await.unwrap();
-        let mut w = store.put_part_stream("fixture", "mpu/open", &open_id, 1).unwrap();
+        let open_id = store
+            .mpu_create("fixture", "mpu/open", meta(""))
+            .await
+            .unwrap();
+        let mut w = store
+            .put_part_stream("fixture", "mpu/open", &open_id, 1)
+            .unwrap();
         w.set_etag(format!("{:032x}", 78));
         w.write(data(301, 20_000)).await.unwrap();
         w.finish().await.unwrap();

@@ -325,7 +325,11 @@ impl Shard {
                             let mut prev = asked[i].then_some(cursors[i].as_str());
                             for item in &items {
                                 if prev.is_some_and(|p| item.name() <= p) {
-                                    tracing::error!(shard = self.id, peer = i, "listing made no progress after {prev:?}");
+                                    tracing::error!(
+                                        shard = self.id,
+                                        peer = i,
+                                        "listing made no progress after {prev:?}"
+                                    );
                                     return Err(ShardError::Internal(format!(
                                         "shard {i} listed {:?} after {prev:?}: listing made no progress",
                                         item.name()

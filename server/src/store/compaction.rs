@@ -114,7 +114,13 @@ impl Store {
         let (file, end_bytes, live_bytes, seg_key, sealed) = {
             let segments = self.inner.segments.borrow();
             let seg = segments.get(&segment_id).ok_or(StoreError::NotFound)?;
-            (seg.file.clone(), seg.end_bytes, seg.live_bytes, seg.key, seg.sealed)
+            (
+                seg.file.clone(),
+                seg.end_bytes,
+                seg.live_bytes,
+                seg.key,
+                seg.sealed,
+            )
         };
         let size_bytes = file.size_bytes().await?;
         let scan = scan_segment(&file, size_bytes, seg_key).await?;
@@ -471,10 +477,12 @@ impl Store {
         let now_key = self
             .segment_key(entry.loc.segment_id)
             .ok_or(StoreError::NotFound)?;
-        let (mut header, _) = record::decode_header(&raw, &now_key, entry.loc.offset)
-            .map_err(|_| StoreError::Corrupt {
-                segment_id: entry.loc.segment_id,
-                offset: entry.loc.offset,
+        let (mut header, _) =
+            record::decode_header(&raw, &now_key, entry.loc.offset).map_err(|_| {
+                StoreError::Corrupt {
+                    segment_id: entry.loc.segment_id,
+                    offset: entry.loc.offset,
+                }
             })?;
         let still = self
             .lookup(&key.0, &key.1)

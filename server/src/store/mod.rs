@@ -747,7 +747,9 @@ impl Store {
             return;
         }
         let (locs, end) = layout(segment_id, start, &batch);
-        let key = self.segment_key(segment_id).expect("active segment is open");
+        let key = self
+            .segment_key(segment_id)
+            .expect("active segment is open");
         for (p, loc) in batch.iter_mut().zip(&locs) {
             record::bind_header(&mut p.header, &key, loc.offset);
         }
@@ -1442,9 +1444,11 @@ impl Store {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
         };
-        let seg_key = self.segment_key(entry.loc.segment_id).ok_or(StoreError::NotFound)?;
-        let (header, header_bytes) =
-            record::decode_header(&raw, &seg_key, entry.loc.offset).map_err(|_| {
+        let seg_key = self
+            .segment_key(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
+        let (header, header_bytes) = record::decode_header(&raw, &seg_key, entry.loc.offset)
+            .map_err(|_| {
                 self.inner.stats.borrow_mut().corrupt_reads += 1;
                 corrupt()
             })?;
@@ -2068,7 +2072,9 @@ impl Part {
                     .file
                     .read_at(self.record_offset, self.header_bytes as usize)
                     .await?;
-                let key = store.segment_key(self.segment_id).ok_or(StoreError::NotFound)?;
+                let key = store
+                    .segment_key(self.segment_id)
+                    .ok_or(StoreError::NotFound)?;
                 let header = match record::decode_header(&raw, &key, self.record_offset) {
                     Ok((h, _))
                         if h.kind() == Kind::Extent && h.payload_bytes == self.payload_bytes =>

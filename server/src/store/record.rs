@@ -438,7 +438,11 @@ pub fn peek_header_bytes(buf: &[u8]) -> Result<usize, DecodeError> {
 /// from `offset` of segment `key`. Returns the header and its length in
 /// bytes; `Short(n)` asks for at least `n` bytes. A header of another
 /// version than its segment's, or bound to another place, fails.
-pub fn decode_header(buf: &[u8], key: &SegKey, offset: u64) -> Result<(Header, usize), DecodeError> {
+pub fn decode_header(
+    buf: &[u8],
+    key: &SegKey,
+    offset: u64,
+) -> Result<(Header, usize), DecodeError> {
     let header_bytes = peek_header_bytes(buf)?;
     if buf.len() < header_bytes {
         return Err(DecodeError::Short(header_bytes));
@@ -694,17 +698,29 @@ mod tests {
         let bytes = encode_header_at(&object(b"hello"), &KEY, 8192).unwrap();
         assert!(decode_header(&bytes, &KEY, 8192).is_ok());
         // Elsewhere in the segment, in another segment, under another secret.
-        assert_eq!(decode_header(&bytes, &KEY, 8200), Err(DecodeError::HeaderCrc));
+        assert_eq!(
+            decode_header(&bytes, &KEY, 8200),
+            Err(DecodeError::HeaderCrc)
+        );
         let other = SegKey::v2(KEY.shard_secret, KEY.segment_id + 1);
-        assert_eq!(decode_header(&bytes, &other, 8192), Err(DecodeError::HeaderCrc));
+        assert_eq!(
+            decode_header(&bytes, &other, 8192),
+            Err(DecodeError::HeaderCrc)
+        );
         let stranger = SegKey::v2(KEY.shard_secret ^ 1, KEY.segment_id);
-        assert_eq!(decode_header(&bytes, &stranger, 8192), Err(DecodeError::HeaderCrc));
+        assert_eq!(
+            decode_header(&bytes, &stranger, 8192),
+            Err(DecodeError::HeaderCrc)
+        );
         // A version-1 header (CRC over the header alone, as a user could
         // compute it) is refused in a version-2 segment, and vice versa.
         let mut v1 = encode_header(&object(b"hello")).unwrap();
         bind_header(&mut v1, &SegKey::v1(KEY.segment_id), 0);
         assert!(decode_header(&v1, &SegKey::v1(KEY.segment_id), 123).is_ok());
-        assert_eq!(decode_header(&v1, &KEY, 8192), Err(DecodeError::BadVersion(1)));
+        assert_eq!(
+            decode_header(&v1, &KEY, 8192),
+            Err(DecodeError::BadVersion(1))
+        );
         assert_eq!(
             decode_header(&bytes, &SegKey::v1(KEY.segment_id), 8192),
             Err(DecodeError::BadVersion(2))
@@ -730,7 +746,10 @@ mod tests {
         let bytes = encode_header_at(&h, &key, 0).unwrap();
         let (decoded, _, got) = decode_segment_header(&bytes, 7).unwrap();
         assert_eq!((decoded, got), (h, key));
-        assert!(decode_segment_header(&bytes, 8).is_err(), "bound to its segment id");
+        assert!(
+            decode_segment_header(&bytes, 8).is_err(),
+            "bound to its segment id"
+        );
     }
 
     #[test]
@@ -762,7 +781,10 @@ mod tests {
             decode_header(&bytes[..40], &KEY, 0),
             Err(DecodeError::Short(bytes.len()))
         );
-        assert_eq!(decode_header(&[0u8; 64], &KEY, 0), Err(DecodeError::Padding));
+        assert_eq!(
+            decode_header(&[0u8; 64], &KEY, 0),
+            Err(DecodeError::Padding)
+        );
         assert!(matches!(
             decode_header(&[0xffu8; 64], &KEY, 0),
             Err(DecodeError::BadMagic(_))

@@ -32,7 +32,11 @@ use super::{
 /// 4 KiB block at a time; blocks that still fail are scanned as zeros and
 /// reported as damaged ranges, so one bad sector costs the records on it,
 /// not the shard.
-pub(super) async fn scan_segment(file: &SegFile, size_bytes: u64, key: SegKey) -> Result<ScanResult> {
+pub(super) async fn scan_segment(
+    file: &SegFile,
+    size_bytes: u64,
+    key: SegKey,
+) -> Result<ScanResult> {
     let mut scanner = Scanner::new(key, size_bytes);
     let mut unreadable: Vec<(u64, u64)> = Vec::new();
     let mut step = scanner.feed(&[], 0);
@@ -70,7 +74,11 @@ async fn read_blockwise(
         match file.read_at(at, n).await {
             Ok(b) if b.len() == n => out[from..from + n].copy_from_slice(&b),
             _ => {
-                tracing::error!(offset = at, len = n, "unreadable segment block; scanned as zeros");
+                tracing::error!(
+                    offset = at,
+                    len = n,
+                    "unreadable segment block; scanned as zeros"
+                );
                 unreadable.push((at, next));
             }
         }
@@ -185,7 +193,11 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             let path = super::segment_path(&cfg.dir, segment_id);
             std::fs::remove_file(&path)?;
             super::file::sync_dir(&cfg.dir)?;
-            tracing::warn!(shard = cfg.shard_id, segment_id, "removed an empty segment file without a header");
+            tracing::warn!(
+                shard = cfg.shard_id,
+                segment_id,
+                "removed an empty segment file without a header"
+            );
             continue;
         }
         if !header_ok && size_bytes > 0 {
@@ -207,10 +219,10 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         if newest_torn {
             let cut_from = scan.damaged[0].0;
             scan.records.retain(|r| r.offset < cut_from);
-            scan.valid_end = scan
-                .records
-                .last()
-                .map_or(0, |r| r.offset + record::record_span_bytes(u64::from(r.header_bytes), r.header.payload_bytes));
+            scan.valid_end = scan.records.last().map_or(0, |r| {
+                r.offset
+                    + record::record_span_bytes(u64::from(r.header_bytes), r.header.payload_bytes)
+            });
             scan.damaged.clear();
             scan.tail_bad_from = Some(cut_from);
         }
@@ -377,7 +389,10 @@ async fn best_key(
     let mut best: Option<(SegKey, ScanResult)> = None;
     for key in candidates {
         let scan = scan_segment(file, size_bytes, key).await?;
-        if best.as_ref().is_none_or(|(_, b)| scan.records.len() > b.records.len()) {
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| scan.records.len() > b.records.len())
+        {
             best = Some((key, scan));
         }
     }
@@ -392,7 +407,8 @@ const SECRET_FILE: &str = "shard.secret";
 fn read_secret_file(dir: &std::path::Path) -> Option<u64> {
     let text = std::fs::read_to_string(dir.join(SECRET_FILE)).ok()?;
     let (hex, crc) = text.trim().split_once(' ')?;
-    let ok = hex.len() == 16 && u32::from_str_radix(crc, 16).ok()? == crc32c::crc32c(hex.as_bytes());
+    let ok =
+        hex.len() == 16 && u32::from_str_radix(crc, 16).ok()? == crc32c::crc32c(hex.as_bytes());
     if !ok {
         tracing::error!(dir = %dir.display(), "{SECRET_FILE} is damaged; using the segment headers' secret");
         return None;

@@ -56,7 +56,10 @@ impl ScanResult {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
     /// Bytes of the file from `offset`, `len` of them (fewer at its end).
-    Read { offset: u64, len: usize },
+    Read {
+        offset: u64,
+        len: usize,
+    },
     Done,
 }
 
@@ -270,7 +273,11 @@ pub fn segment_keys(heads: &[(u64, Option<&[u8]>)]) -> (Option<u64>, Vec<(SegKey
         })
         .collect();
     let mut counts: std::collections::BTreeMap<u64, usize> = Default::default();
-    for k in own.iter().flatten().filter(|k| k.version == record::VERSION) {
+    for k in own
+        .iter()
+        .flatten()
+        .filter(|k| k.version == record::VERSION)
+    {
         *counts.entry(k.shard_secret).or_default() += 1;
     }
     let secret = counts

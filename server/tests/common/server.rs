@@ -75,4 +75,3 @@ pub fn start_with(shards: usize, env: &[(&str, &str)]) -> Server {
         _dir: dir,
     }
 }
-
