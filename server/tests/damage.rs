@@ -504,8 +504,20 @@ fn a_damaged_segment_header_costs_no_record() {
         );
         flip(&seg, 40);
         std::fs::remove_file(path.join("shard.secret")).unwrap();
+        let (store, _) = Store::open(cfg.clone()).await.unwrap();
+        check_all(&store, &[], &[]).await;
+        // The newest segment, unsealed (a crash): a damaged header is not
+        // a torn batch, and nothing is cut.
+        store
+            .put("b", "extra", ObjectMeta::default(), body(7, 100))
+            .await
+            .unwrap();
+        drop(store);
+        let newest = segments(&path).last().unwrap().clone();
+        flip(&newest, 40);
         let (store, _) = Store::open(cfg).await.unwrap();
         check_all(&store, &[], &[]).await;
+        assert_eq!(read_all(&store, "b", "extra").await.unwrap(), body(7, 100));
         store.shutdown().await;
     });
 }

@@ -212,18 +212,24 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         // In the newest segment without a seal, damage is where a batch
         // tore at the crash: nothing after it was acknowledged (batches are
         // acknowledged in order), so that is where its tail is cut.
+        // (Damage in the header block is not a torn batch: no batch is
+        // written there.)
+        let torn_at = scan
+            .damaged
+            .iter()
+            .map(|d| d.0)
+            .find(|at| *at >= WRITE_ALIGN_BYTES);
         let newest_torn = !scan.sealed
             && Some(segment_id) == newest
             && key.version == record::VERSION
-            && !scan.damaged.is_empty();
-        if newest_torn {
-            let cut_from = scan.damaged[0].0;
+            && torn_at.is_some();
+        if let Some(cut_from) = torn_at.filter(|_| newest_torn) {
             scan.records.retain(|r| r.offset < cut_from);
             scan.valid_end = scan.records.last().map_or(0, |r| {
                 r.offset
                     + record::record_span_bytes(u64::from(r.header_bytes), r.header.payload_bytes)
             });
-            scan.damaged.clear();
+            scan.damaged.retain(|d| d.0 < cut_from);
             scan.tail_bad_from = Some(cut_from);
         }
         let mut dropped_here = false;
