@@ -468,15 +468,12 @@ impl Store {
         }
         // Re-read the object's record as it is now; it must still be this
         // version and still an object with extents in the victim.
-        let file_now = self
-            .segment_file(entry.loc.segment_id)
+        let (file_now, now_key) = self
+            .segment_handle(entry.loc.segment_id)
             .ok_or(StoreError::NotFound)?;
         let raw = file_now
             .read_at(entry.loc.offset, entry.loc.header_bytes as usize)
             .await?;
-        let now_key = self
-            .segment_key(entry.loc.segment_id)
-            .ok_or(StoreError::NotFound)?;
         let (mut header, _) =
             record::decode_header(&raw, &now_key, entry.loc.offset).map_err(|_| {
                 StoreError::Corrupt {
@@ -539,12 +536,12 @@ impl Store {
             });
         }
         let header_bytes = r.header_bytes as usize;
+        let key = self.segment_key(segment_id).ok_or(StoreError::NotFound)?;
         let raw = file
             .read_at(r.offset, header_bytes + r.header.payload_bytes as usize)
             .await?;
         // The copy is bound to its new place when written, which would make
         // any damage since the scan valid there: verify the bytes copied.
-        let key = self.segment_key(segment_id).ok_or(StoreError::NotFound)?;
         let same = raw.len() == header_bytes + r.header.payload_bytes as usize
             && record::decode_header(&raw[..header_bytes], &key, r.offset)
                 .is_ok_and(|(h, n)| n == header_bytes && h == r.header)

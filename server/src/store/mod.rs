@@ -1048,6 +1048,17 @@ impl Store {
         self.inner.segments.borrow().get(&segment_id).map(|s| s.key)
     }
 
+    /// A segment's file and key, taken together before any await: once the
+    /// read is under way, compaction may drop the segment from the table
+    /// (the file stays open through the Rc, and the key is a copy).
+    fn segment_handle(&self, segment_id: u64) -> Option<(Rc<SegFile>, record::SegKey)> {
+        self.inner
+            .segments
+            .borrow()
+            .get(&segment_id)
+            .map(|s| (s.file.clone(), s.key))
+    }
+
     /// Creates a new active segment if there is none.
     async fn ensure_active_segment(&self) -> Result<()> {
         if self.inner.active.get().is_some() {
@@ -1387,7 +1398,7 @@ impl Store {
             return self.open_by_header(bucket, key, &entry).await;
         }
         let read_len = entry.loc.header_bytes as u64 + entry.loc.payload_bytes;
-        let (file, raw, header, header_bytes) = self
+        let (file, seg_key, raw, header, header_bytes) = self
             .read_object_header(bucket, key, &entry, read_len)
             .await?;
         let Body::Object { meta, .. } = header.body else {
@@ -1409,6 +1420,7 @@ impl Store {
             meta,
             parts: vec![Part {
                 file,
+                key: seg_key,
                 segment_id: entry.loc.segment_id,
                 record_offset: entry.loc.offset,
                 header_bytes: header_bytes as u32,
@@ -1429,9 +1441,9 @@ impl Store {
         key: &str,
         entry: &Entry,
         read_len: u64,
-    ) -> Result<(Rc<SegFile>, ReadResult, Header, usize)> {
-        let file = self
-            .segment_file(entry.loc.segment_id)
+    ) -> Result<(Rc<SegFile>, record::SegKey, ReadResult, Header, usize)> {
+        let (file, seg_key) = self
+            .segment_handle(entry.loc.segment_id)
             .ok_or(StoreError::NotFound)?;
         self.fault(FaultPoint::Read {
             segment_id: entry.loc.segment_id,
@@ -1444,9 +1456,6 @@ impl Store {
             segment_id: entry.loc.segment_id,
             offset: entry.loc.offset,
         };
-        let seg_key = self
-            .segment_key(entry.loc.segment_id)
-            .ok_or(StoreError::NotFound)?;
         let (header, header_bytes) = record::decode_header(&raw, &seg_key, entry.loc.offset)
             .map_err(|_| {
                 self.inner.stats.borrow_mut().corrupt_reads += 1;
@@ -1459,7 +1468,7 @@ impl Store {
         {
             return Err(corrupt());
         }
-        Ok((file, raw, header, header_bytes))
+        Ok((file, seg_key, raw, header, header_bytes))
     }
 
     /// Opens an object that is not read whole with its header (stored in
@@ -1474,7 +1483,7 @@ impl Store {
             // process; the seq check is belt and braces.
             Some(h) if h.seq == entry.seq => h,
             _ => {
-                let (_, _, header, _) = self
+                let (_, _, _, header, _) = self
                     .read_object_header(bucket, key, entry, u64::from(entry.loc.header_bytes))
                     .await?;
                 let Body::Object { meta, extents } = header.body else {
@@ -1504,8 +1513,10 @@ impl Store {
         };
         let mut parts = Vec::with_capacity(header.extents.len().max(1));
         if header.extents.is_empty() {
+            let (file, key) = self.segment_handle(seg).ok_or_else(corrupt)?;
             parts.push(Part {
-                file: self.segment_file(seg).ok_or_else(corrupt)?,
+                file,
+                key,
                 segment_id: seg,
                 record_offset: off,
                 header_bytes: entry.loc.header_bytes,
@@ -1517,9 +1528,10 @@ impl Store {
         }
         let mut object_offset = 0;
         for e in &header.extents {
-            let file = self.segment_file(e.segment_id).ok_or_else(corrupt)?;
+            let (file, key) = self.segment_handle(e.segment_id).ok_or_else(corrupt)?;
             parts.push(Part {
                 file,
+                key,
                 segment_id: e.segment_id,
                 record_offset: e.record_offset,
                 header_bytes: e.header_bytes,
@@ -2037,6 +2049,9 @@ impl PutWriter {
 
 struct Part {
     file: Rc<SegFile>,
+    /// The key of the part's segment, taken with `file` (the segment may
+    /// leave the table while the reader holds its file).
+    key: record::SegKey,
     segment_id: u64,
     record_offset: u64,
     header_bytes: u32,
@@ -2072,10 +2087,7 @@ impl Part {
                     .file
                     .read_at(self.record_offset, self.header_bytes as usize)
                     .await?;
-                let key = store
-                    .segment_key(self.segment_id)
-                    .ok_or(StoreError::NotFound)?;
-                let header = match record::decode_header(&raw, &key, self.record_offset) {
+                let header = match record::decode_header(&raw, &self.key, self.record_offset) {
                     Ok((h, _))
                         if h.kind() == Kind::Extent && h.payload_bytes == self.payload_bytes =>
                     {
