@@ -1082,19 +1082,12 @@ impl Store {
         self.inner.next_segment_id.set(segment_id + 1);
         let key = record::SegKey::v2(self.inner.shard_secret.get(), segment_id);
         let header = record::encode_header_at(
-            &Header {
-                seq: 0,
-                bucket: String::new(),
-                key: String::new(),
-                payload_bytes: 0,
-                block_crcs: Vec::new(),
-                body: Body::SegmentHeader {
-                    shard_id: self.inner.cfg.shard_id,
-                    segment_id,
-                    created_ms: now_ms(),
-                    shard_secret: key.shard_secret,
-                },
-            },
+            &Header::segment_record(Body::SegmentHeader {
+                shard_id: self.inner.cfg.shard_id,
+                segment_id,
+                created_ms: now_ms(),
+                shard_secret: key.shard_secret,
+            }),
             &key,
             0,
         )
@@ -1144,19 +1137,8 @@ impl Store {
     ) -> io::Result<u64> {
         debug_assert_eq!(offset % WRITE_ALIGN_BYTES, 0);
         let segment_id = key.segment_id;
-        let header = record::encode_header_at(
-            &Header {
-                seq: 0,
-                bucket: String::new(),
-                key: String::new(),
-                payload_bytes: 0,
-                block_crcs: Vec::new(),
-                body: Body::Seal,
-            },
-            key,
-            offset,
-        )
-        .expect("seal encodes");
+        let header = record::encode_header_at(&Header::segment_record(Body::Seal), key, offset)
+            .expect("seal encodes");
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
         self.fault(FaultPoint::Write {

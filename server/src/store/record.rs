@@ -186,6 +186,19 @@ impl Header {
     pub fn kind(&self) -> Kind {
         self.body.kind()
     }
+
+    /// A record of the segment itself (SegmentHeader, Seal): no key, no
+    /// payload, seq 0.
+    pub fn segment_record(body: Body) -> Header {
+        Header {
+            seq: 0,
+            bucket: String::new(),
+            key: String::new(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body,
+        }
+    }
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
