@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::channel::oneshot;
 
-use super::file::{self, SegFile};
+use super::file::SegFile;
 use super::record::{self, Body, ExtentRef, Kind};
 use super::recovery::{scan_segment, verify_payload, Scanned};
 use super::{Entry, Loc, Result, State, Store, StoreError};
@@ -123,7 +123,7 @@ impl Store {
             )
         };
         let size_bytes = file.size_bytes().await?;
-        let scan = scan_segment(&file, size_bytes, seg_key).await?;
+        let scan = scan_segment(self, &file, size_bytes, seg_key).await?;
         // Never delete what could not be read to its end: records after
         // damage that the scan could not find would go with the file.
         if scan.is_damaged(seg_key.version) || (sealed && !scan.sealed) {
@@ -340,8 +340,9 @@ impl Store {
             .header_cache
             .borrow_mut()
             .forget_segment(segment_id);
-        std::fs::remove_file(super::segment_path(&self.inner.cfg.dir, segment_id))?;
-        file::sync_dir(&self.inner.cfg.dir)?;
+        let disk = &self.inner.cfg.disk;
+        disk.remove_file(&super::segment_path(&self.inner.cfg.dir, segment_id))?;
+        disk.sync_dir(&self.inner.cfg.dir)?;
         {
             let mut index = self.inner.index.borrow_mut();
             for ((bucket, key), n) in stale {
@@ -528,7 +529,7 @@ impl Store {
     ) -> Result<(Vec<u8>, Bytes)> {
         // Never propagate corruption: a record that fails its CRC stays put
         // (the victim is kept) and the error is reported.
-        if r.header.payload_bytes > 0 && !verify_payload(file, r).await? {
+        if r.header.payload_bytes > 0 && !verify_payload(self, file, segment_id, r).await? {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(StoreError::Corrupt {
                 segment_id,

@@ -9,6 +9,8 @@ use std::rc::Rc;
 
 use glommio::io::{BufferedFile, DmaBuffer, DmaFile, OpenOptions, ReadResult};
 
+use super::sim::SimDisk;
+
 /// Alignment of every write offset and length (O_DIRECT, and so that a
 /// torn write never touches a block holding acknowledged data).
 pub const WRITE_ALIGN_BYTES: u64 = 4096;
@@ -74,6 +76,90 @@ pub enum SegFile {
     /// table once it has been used there.
     Direct(DmaFile, FixedSlot),
     Buffered(BufferedFile),
+    /// A buffered file whose writes, truncates and syncs are reported to a
+    /// power-loss model (tests; see `sim`).
+    Sim(BufferedFile, Rc<SimDisk>, u64),
+}
+
+/// Where segment files and the store's directory entries live: the real
+/// file system, or the real file system watched by a power-loss model.
+#[derive(Clone, Default)]
+pub enum Disk {
+    #[default]
+    Real,
+    Sim(Rc<SimDisk>),
+}
+
+impl Disk {
+    /// Creates a new segment file (the name must not exist).
+    pub async fn create(&self, path: &Path, direct: bool) -> io::Result<SegFile> {
+        match self {
+            Disk::Real => SegFile::create(path, direct).await,
+            Disk::Sim(sim) => {
+                sim.check()?;
+                let mut opts = OpenOptions::new();
+                opts.read(true).write(true).create_new(true);
+                let f = opts.buffered_open(path).await.map_err(glommio_err)?;
+                let ino = sim.created(path)?;
+                Ok(SegFile::Sim(f, sim.clone(), ino))
+            }
+        }
+    }
+
+    /// Opens an existing segment file.
+    pub async fn open(&self, path: &Path, direct: bool) -> io::Result<SegFile> {
+        match self {
+            Disk::Real => SegFile::open(path, direct).await,
+            Disk::Sim(sim) => {
+                sim.check()?;
+                let ino = sim.lookup(path)?;
+                let mut opts = OpenOptions::new();
+                opts.read(true).write(true);
+                let f = opts.buffered_open(path).await.map_err(glommio_err)?;
+                Ok(SegFile::Sim(f, sim.clone(), ino))
+            }
+        }
+    }
+
+    pub fn remove_file(&self, path: &Path) -> io::Result<()> {
+        if let Disk::Sim(sim) = self {
+            sim.check()?;
+        }
+        std::fs::remove_file(path)?;
+        match self {
+            Disk::Real => Ok(()),
+            Disk::Sim(sim) => sim.unlinked(path),
+        }
+    }
+
+    /// Makes a directory entry change (create, unlink, rename) durable.
+    pub fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        if let Disk::Sim(sim) = self {
+            sim.check()?;
+        }
+        sync_dir_real(dir)?;
+        match self {
+            Disk::Real => Ok(()),
+            Disk::Sim(sim) => sim.dir_synced(dir),
+        }
+    }
+
+    /// Writes a small file durably: temporary file, fsync, rename, fsync of
+    /// the directory.
+    pub fn write_file_durably(&self, dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            Disk::Real => {
+                use std::io::Write;
+                let tmp = dir.join(format!("{name}.tmp"));
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(bytes)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, dir.join(name))?;
+                sync_dir_real(dir)
+            }
+            Disk::Sim(sim) => sim.write_file_durably(dir, name, bytes),
+        }
+    }
 }
 
 /// A registered-file slot; freed when the segment file is dropped, so a
@@ -162,7 +248,7 @@ impl SegFile {
     pub fn direct_fd(&self) -> Option<std::os::fd::RawFd> {
         match self {
             SegFile::Direct(f, _) => Some(std::os::fd::AsRawFd::as_raw_fd(f)),
-            SegFile::Buffered(_) => None,
+            SegFile::Buffered(_) | SegFile::Sim(..) => None,
         }
     }
 
@@ -199,7 +285,7 @@ impl SegFile {
                 b.as_bytes_mut().fill(0);
                 WriteBuf::Dma(b)
             }
-            SegFile::Buffered(_) => WriteBuf::Heap(vec![0u8; len_bytes]),
+            SegFile::Buffered(_) | SegFile::Sim(..) => WriteBuf::Heap(vec![0u8; len_bytes]),
         }
     }
 
@@ -214,6 +300,14 @@ impl SegFile {
             (SegFile::Buffered(f), WriteBuf::Heap(v)) => {
                 let expected = v.len();
                 (f.write_at(v, offset).await.map_err(glommio_err)?, expected)
+            }
+            (SegFile::Sim(f, sim, ino), WriteBuf::Heap(v)) => {
+                sim.check()?;
+                let expected = v.len();
+                let copy = v.clone();
+                let written = f.write_at(v, offset).await.map_err(glommio_err)?;
+                sim.wrote(*ino, offset, &copy[..written.min(expected)])?;
+                (written, expected)
             }
             _ => return Err(io::Error::other("write buffer does not match file mode")),
         };
@@ -230,7 +324,9 @@ impl SegFile {
     pub async fn read_at(&self, offset: u64, len_bytes: usize) -> io::Result<ReadResult> {
         match self {
             SegFile::Direct(f, _) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
-            SegFile::Buffered(f) => f.read_at(offset, len_bytes).await.map_err(glommio_err),
+            SegFile::Buffered(f) | SegFile::Sim(f, ..) => {
+                f.read_at(offset, len_bytes).await.map_err(glommio_err)
+            }
         }
     }
 
@@ -238,6 +334,12 @@ impl SegFile {
         match self {
             SegFile::Direct(f, _) => f.fdatasync().await.map_err(glommio_err),
             SegFile::Buffered(f) => f.fdatasync().await.map_err(glommio_err),
+            SegFile::Sim(f, sim, ino) => {
+                sim.check()?;
+                let token = sim.sync_begin(*ino);
+                f.fdatasync().await.map_err(glommio_err)?;
+                sim.synced(*ino, token)
+            }
         }
     }
 
@@ -245,13 +347,18 @@ impl SegFile {
         match self {
             SegFile::Direct(f, _) => f.truncate(len_bytes).await.map_err(glommio_err),
             SegFile::Buffered(f) => f.truncate(len_bytes).await.map_err(glommio_err),
+            SegFile::Sim(f, sim, ino) => {
+                sim.check()?;
+                f.truncate(len_bytes).await.map_err(glommio_err)?;
+                sim.truncated(*ino, len_bytes)
+            }
         }
     }
 
     pub async fn size_bytes(&self) -> io::Result<u64> {
         match self {
             SegFile::Direct(f, _) => f.file_size().await.map_err(glommio_err),
-            SegFile::Buffered(f) => f.file_size().await.map_err(glommio_err),
+            SegFile::Buffered(f) | SegFile::Sim(f, ..) => f.file_size().await.map_err(glommio_err),
         }
     }
 }
@@ -270,8 +377,9 @@ pub async fn prime_iopoll_probe(dir: &Path) -> io::Result<()> {
     opened?.close().await.map_err(glommio_err)
 }
 
-/// Makes a directory entry change (create, unlink) durable.
-pub fn sync_dir(path: &Path) -> io::Result<()> {
+/// Makes a directory entry change (create, unlink) durable. The store goes
+/// through `Disk::sync_dir`, which the power-loss model watches.
+pub fn sync_dir_real(path: &Path) -> io::Result<()> {
     std::fs::File::open(path)?.sync_all()
 }
 

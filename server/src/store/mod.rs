@@ -20,6 +20,7 @@ mod record_cache;
 mod recovery;
 pub mod scan;
 pub mod scrub;
+pub mod sim;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -134,6 +135,8 @@ pub struct StoreConfig {
     /// and extent list: ~200 bytes plus ~24 per MiB of object).
     pub header_cache_bytes_max: usize,
     pub faults: Option<FaultHook>,
+    /// The file system, or a power-loss model of it (tests).
+    pub disk: file::Disk,
 }
 
 impl StoreConfig {
@@ -154,6 +157,7 @@ impl StoreConfig {
             crc_cache_bytes_max: 16 << 20,
             header_cache_bytes_max: 16 << 20,
             faults: None,
+            disk: file::Disk::Real,
         }
     }
 }
@@ -435,7 +439,7 @@ impl Store {
             // The new directory's entry must be durable before any segment
             // in it is acknowledged.
             if let Some(parent) = cfg.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                file::sync_dir(parent)?;
+                file::sync_dir_real(parent)?;
             }
         }
         if cfg.direct_io {
@@ -1075,7 +1079,8 @@ impl Store {
         self.fault(FaultPoint::Create { segment_id })
             .map_err(StoreError::from_io)?;
         let path = segment_path(&self.inner.cfg.dir, segment_id);
-        let file = SegFile::create(&path, self.inner.cfg.direct_io)
+        let file = (self.inner.cfg.disk)
+            .create(&path, self.inner.cfg.direct_io)
             .await
             .map_err(StoreError::from_io)?;
         // Consume the id only once the file exists.
@@ -1102,11 +1107,11 @@ impl Store {
             })?;
             file.write_at(buf, 0).await?;
             file.sync().await?;
-            file::sync_dir(&self.inner.cfg.dir)
+            self.inner.cfg.disk.sync_dir(&self.inner.cfg.dir)
         }
         .await;
         if let Err(e) = written {
-            let _ = std::fs::remove_file(&path);
+            let _ = self.inner.cfg.disk.remove_file(&path);
             return Err(StoreError::from_io(e));
         }
         self.inner.segments.borrow_mut().insert(

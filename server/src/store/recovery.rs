@@ -33,6 +33,7 @@ use super::{
 /// reported as damaged ranges, so one bad sector costs the records on it,
 /// not the shard.
 pub(super) async fn scan_segment(
+    store: &Store,
     file: &SegFile,
     size_bytes: u64,
     key: SegKey,
@@ -41,9 +42,11 @@ pub(super) async fn scan_segment(
     let mut unreadable: Vec<(u64, u64)> = Vec::new();
     let mut step = scanner.feed(&[], 0);
     while let Step::Read { offset, len } = step {
-        let window = match file.read_at(offset, len).await {
+        let window = match read_segment(store, file, key.segment_id, offset, len).await {
             Ok(w) => w.to_vec(),
-            Err(_) => read_blockwise(file, offset, len, &mut unreadable).await,
+            Err(_) => {
+                read_blockwise(store, file, key.segment_id, offset, len, &mut unreadable).await
+            }
         };
         step = scanner.feed(&window, offset);
         // A long scan must not hold the shard's executor.
@@ -51,15 +54,18 @@ pub(super) async fn scan_segment(
     }
     let mut result = scanner.finish();
     if !unreadable.is_empty() {
-        result.damaged.extend(unreadable);
+        result.damaged.extend(unreadable.iter().copied());
         result.damaged.sort_unstable();
+        result.unreadable = unreadable;
     }
     Ok(result)
 }
 
 /// Reads `len` bytes at `offset` block by block, zeros for blocks that fail.
 async fn read_blockwise(
+    store: &Store,
     file: &SegFile,
+    segment_id: u64,
     offset: u64,
     len: usize,
     unreadable: &mut Vec<(u64, u64)>,
@@ -71,7 +77,7 @@ async fn read_blockwise(
         let next = ((at + 1).next_multiple_of(WRITE_ALIGN_BYTES)).min(end);
         let n = (next - at) as usize;
         let from = (at - offset) as usize;
-        match file.read_at(at, n).await {
+        match read_segment(store, file, segment_id, at, n).await {
             Ok(b) if b.len() == n => out[from..from + n].copy_from_slice(&b),
             _ => {
                 tracing::error!(
@@ -87,14 +93,32 @@ async fn read_blockwise(
     out
 }
 
-/// Checks a record's payload against its block CRCs.
-pub(super) async fn verify_payload(file: &SegFile, r: &Scanned) -> Result<bool> {
+/// A read of segment bytes for a scan or a check, through the fault hook.
+async fn read_segment(
+    store: &Store,
+    file: &SegFile,
+    segment_id: u64,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<glommio::io::ReadResult> {
+    store.fault(super::file::FaultPoint::Read { segment_id, offset })?;
+    file.read_at(offset, len).await
+}
+
+/// Checks a record's payload against its block CRCs; an error if it could
+/// not be read.
+pub(super) async fn verify_payload(
+    store: &Store,
+    file: &SegFile,
+    segment_id: u64,
+    r: &Scanned,
+) -> Result<bool> {
     let mut verified = 0u64;
     let step = 16 * record::BLOCK_BYTES;
     while verified < r.header.payload_bytes {
         let len = step.min(r.header.payload_bytes - verified);
         let at = r.offset + u64::from(r.header_bytes) + verified;
-        let data = file.read_at(at, len as usize).await?;
+        let data = read_segment(store, file, segment_id, at, len as usize).await?;
         let first_block = (verified / record::BLOCK_BYTES) as usize;
         if data.len() as u64 != len
             || !record::verify_blocks(&r.header.block_crcs, first_block, &data)
@@ -132,7 +156,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     let mut heads = Vec::with_capacity(ids.len());
     for &segment_id in &ids {
         let path = super::segment_path(&cfg.dir, segment_id);
-        let file = SegFile::open(&path, cfg.direct_io).await?;
+        let file = cfg.disk.open(&path, cfg.direct_io).await?;
         let size_bytes = file.size_bytes().await?;
         let head = match size_bytes.min(WRITE_ALIGN_BYTES) as usize {
             0 => None,
@@ -166,7 +190,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     drop(head_refs);
     let secret = secret.or(secret_file).unwrap_or_else(rand::random);
     if secret_file != Some(secret) {
-        write_secret_file(&cfg.dir, secret)?;
+        write_secret_file(&cfg.disk, &cfg.dir, secret)?;
     }
     store.inner.shard_secret.set(secret);
     let newest = ids.last().copied();
@@ -176,9 +200,9 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     let mut max_seq = 0u64;
     for ((&segment_id, (file, size_bytes)), (guess, header_ok)) in ids.iter().zip(files).zip(keys) {
         let (key, mut scan) = if header_ok {
-            (guess, scan_segment(&file, size_bytes, guess).await?)
+            (guess, scan_segment(store, &file, size_bytes, guess).await?)
         } else {
-            best_key(&file, size_bytes, segment_id, guess, &secrets).await?
+            best_key(store, &file, size_bytes, segment_id, guess, &secrets).await?
         };
         report.bytes_scanned += scan.bytes_scanned;
         check_segment_header(&scan, cfg.shard_id, segment_id)?;
@@ -191,8 +215,8 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             // durable): nothing to keep.
             drop(file);
             let path = super::segment_path(&cfg.dir, segment_id);
-            std::fs::remove_file(&path)?;
-            super::file::sync_dir(&cfg.dir)?;
+            cfg.disk.remove_file(&path)?;
+            cfg.disk.sync_dir(&cfg.dir)?;
             tracing::warn!(
                 shard = cfg.shard_id,
                 segment_id,
@@ -214,11 +238,16 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         // acknowledged in order), so that is where its tail is cut.
         // (Damage in the header block is not a torn batch: no batch is
         // written there.)
+        // A block the device could not read is not a torn batch: what it
+        // holds is unknown (acknowledged records, perhaps, on a sector that
+        // reads again later), so a segment with one is neither cut nor
+        // sealed (found by the fault test with read faults in recovery).
         let torn_at = scan
             .damaged
             .iter()
             .map(|d| d.0)
-            .find(|at| *at >= WRITE_ALIGN_BYTES);
+            .find(|at| *at >= WRITE_ALIGN_BYTES)
+            .filter(|_| scan.unreadable.is_empty());
         let newest_torn = !scan.sealed
             && Some(segment_id) == newest
             && key.version == record::VERSION
@@ -233,15 +262,30 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             scan.tail_bad_from = Some(cut_from);
         }
         let mut dropped_here = false;
+        // Records whose payload could not be read: installed (a GET fails
+        // on them rather than serving the older version they hide), and
+        // the segment is left as it is, to be verified at the next start.
+        let mut unverified_here = !scan.unreadable.is_empty();
         for r in &scan.records {
             report.records += 1;
             // Its seq is taken even if the record is dropped, so that no later
             // write reuses it and ties with it at a later recovery.
             max_seq = max_seq.max(r.header.seq);
-            if !scan.sealed
-                && r.header.payload_bytes > 0
-                && !verify_payload(&file, r).await.unwrap_or(false)
-            {
+            let verified = if scan.sealed || r.header.payload_bytes == 0 {
+                Ok(true)
+            } else {
+                verify_payload(store, &file, segment_id, r).await
+            };
+            if let Err(e) = &verified {
+                unverified_here = true;
+                tracing::error!(
+                    shard = cfg.shard_id,
+                    segment_id,
+                    offset = r.offset,
+                    "cannot read a record's payload to verify it ({e}); kept, reads of it fail until it reads again"
+                );
+            }
+            if matches!(verified, Ok(false)) {
                 report.corrupt_records += 1;
                 dropped_here = true;
                 count_record(&mut candidates, &r.header, None);
@@ -308,35 +352,51 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         if unknown {
             report.damaged_regions += 1;
         }
-        if !scan.sealed && !v1_damage && !unknown {
+        if !scan.sealed && !v1_damage && !unknown && !unverified_here {
             // Only bytes after the last valid record are cut: in version 2
-            // the scan found every valid record before them.
-            let cut_at = scan.valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
-            if size_bytes > cut_at {
+            // the scan found every valid record before them. The cut is at
+            // the record's exact end, not at the next block: the rest of
+            // that block may hold the header of a record torn at the crash
+            // (its payload cut short by the file's end, so the scan did not
+            // take it), and a seal written after it would extend the file
+            // over the missing payload and make the header look whole to
+            // every later recovery, which trusts sealed segments (found by
+            // the power-loss test). The block's tail reads as zeros, which
+            // are padding.
+            let valid_end = scan.valid_end;
+            let cut_ok = if size_bytes > valid_end {
                 report.torn_tails_cut += 1;
                 tracing::warn!(
                     shard = cfg.shard_id,
                     segment_id,
-                    cut_at,
+                    cut_at = valid_end,
                     size_bytes,
                     "cutting torn tail"
                 );
-            }
-            if dropped_here {
-                // Stay unsealed, so every later recovery verifies payloads
-                // here again and keeps rejecting the dropped records.
-                if size_bytes > cut_at {
-                    if let Err(e) = cut(&file, cut_at).await {
+                match cut(&file, valid_end).await {
+                    Ok(()) => true,
+                    Err(e) => {
                         tracing::warn!(
                             shard = cfg.shard_id,
                             segment_id,
                             "could not cut torn tail: {e}"
                         );
+                        false
                     }
                 }
-            } else if let Some(seal_end) = seal_segment(store, &file, &key, cut_at).await {
-                end_bytes = seal_end;
-                sealed = true;
+            } else {
+                true
+            };
+            // With dropped records the segment stays unsealed, so every
+            // later recovery verifies payloads here again and keeps
+            // rejecting them; without a durable cut, a seal could cover the
+            // torn bytes.
+            if !dropped_here && cut_ok {
+                let seal_at = valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
+                if let Some(seal_end) = seal_segment(store, &file, &key, seal_at).await {
+                    end_bytes = seal_end;
+                    sealed = true;
+                }
             }
         }
         store.inner.segments.borrow_mut().insert(
@@ -380,6 +440,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
 /// (the guess, every shard secret seen, version 1) and keeps the one under
 /// which the most records verify.
 async fn best_key(
+    store: &Store,
     file: &SegFile,
     size_bytes: u64,
     segment_id: u64,
@@ -394,7 +455,7 @@ async fn best_key(
     candidates.dedup();
     let mut best: Option<(SegKey, ScanResult)> = None;
     for key in candidates {
-        let scan = scan_segment(file, size_bytes, key).await?;
+        let scan = scan_segment(store, file, size_bytes, key).await?;
         if best
             .as_ref()
             .is_none_or(|(_, b)| scan.records.len() > b.records.len())
@@ -424,16 +485,14 @@ fn read_secret_file(dir: &std::path::Path) -> Option<u64> {
 
 /// Writes `shard.secret` durably (temporary file, fsync, rename, fsync of
 /// the directory) before any segment is bound with it.
-fn write_secret_file(dir: &std::path::Path, secret: u64) -> std::io::Result<()> {
-    use std::io::Write;
+fn write_secret_file(
+    disk: &super::file::Disk,
+    dir: &std::path::Path,
+    secret: u64,
+) -> std::io::Result<()> {
     let hex = format!("{secret:016x}");
     let text = format!("{hex} {:08x}\n", crc32c::crc32c(hex.as_bytes()));
-    let tmp = dir.join(format!("{SECRET_FILE}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(SECRET_FILE))?;
-    super::file::sync_dir(dir)
+    disk.write_file_durably(dir, SECRET_FILE, text.as_bytes())
 }
 
 /// Cuts a segment file at `at` and makes the new size durable.

@@ -43,6 +43,9 @@ pub struct ScanResult {
     /// Start of unreadable bytes after the last valid record of a segment
     /// without a seal: a torn tail (or, in version 1, where the scan gave up).
     pub tail_bad_from: Option<u64>,
+    /// Blocks the device could not read (also in `damaged`): what they
+    /// hold is unknown, so they are never taken for a torn batch.
+    pub unreadable: Vec<(u64, u64)>,
 }
 
 impl ScanResult {

@@ -57,7 +57,7 @@ impl Store {
         self.pin(segment_id);
         let result = async {
             let size_bytes = file.size_bytes().await?;
-            let scan = scan_segment(&file, size_bytes, seg_key).await?;
+            let scan = scan_segment(self, &file, size_bytes, seg_key).await?;
             report.segments = 1;
             report.bytes_read += scan.bytes_scanned;
             for &(from, to) in &scan.damaged {
@@ -100,7 +100,7 @@ impl Store {
                     continue;
                 }
                 report.bytes_read += r.header.payload_bytes;
-                if !verify_payload(&file, r).await? {
+                if !verify_payload(self, &file, segment_id, r).await? {
                     let live = self
                         .lookup(&r.header.bucket, &r.header.key)
                         .is_some_and(|e| {
