@@ -463,6 +463,19 @@ def server(request):
         srv.close()
 
 
+def module_server(request, shards: int, env: dict | None = None):
+    """Body of a module's own `server` fixture for tests that do not depend
+    on the shard count (client compatibility, bad input): one server at
+    `shards`, whatever PERCORE_TEST_SHARDS says. Use as
+    `yield from module_server(request, shards=2)`."""
+    srv = Server(shards=shards, name=f"{request.module.__name__}-s{shards}", env=env)
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
 @pytest.fixture(params=SHARDS, ids=[f"shards{n}" for n in SHARDS])
 def shards(request) -> int:
     """Shard count, for tests that run their own server via server_factory."""
