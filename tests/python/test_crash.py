@@ -24,6 +24,16 @@ Only one operation per key is in flight at any time, so per-key order of
 acknowledgements is the order the server applied them.  The model carries
 over from round to round (the data dir persists).
 
+The server runs with the smallest segments it accepts (4 MiB) so that the
+load seals a segment every few dozen PUTs and the compactor (every second)
+finds sealed segments that are mostly garbage: kills land while segments are
+being sealed and compacted, not only during plain appends.  Every round must
+acknowledge operations after its restart and must kill the server with
+requests in flight; across the rounds at least one request must have been
+cut by a kill (left unacknowledged), and the server must have sealed
+segments and compacted at least one (read from /metrics just before each
+kill).
+
 Env: PERCORE_CRASH_ROUNDS (default 10), PERCORE_CRASH_SEED.
 """
 
@@ -41,7 +51,7 @@ from dataclasses import dataclass
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import unique_bucket_name
+from conftest import metric, unique_bucket_name
 
 pytestmark = [pytest.mark.crash, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -54,6 +64,14 @@ KiB, MiB = 1024, 1024 * 1024
 KEYS = [f"{hashlib.sha1(str(i).encode()).hexdigest()[:2]}/crash-key-{i:03d}" for i in range(NKEYS)]
 DELETE_RATIO = 0.25
 MULTIPART_RATIO = float(os.environ.get("PERCORE_CRASH_MULTIPART", "0.04"))
+# The smallest segment the server accepts (config.rs: 4 MiB..16 GiB): with
+# 0-300 KiB PUTs a segment seals every few dozen writes. The compactor runs
+# every second (store default, not configurable); a sealed segment half
+# garbage is compacted.
+SEGMENT_BYTES = 4 * MiB
+# How long a round waits, past its random run time, for its first
+# acknowledgement and for an operation in flight to kill.
+ROUND_WAIT_MAX_S = 20
 
 
 def content(key: str, version: int, size: int) -> bytes:
@@ -118,6 +136,21 @@ class Model:
         self.errors: list[str] = []
         self.acked = 0
         self.multipart_acked = 0
+        self.op_ids = itertools.count(1)
+        self.in_flight: set[int] = set()  # requests sent, answer not yet seen
+        self.failed_ops: set[int] = set()  # ops that ended unacknowledged
+
+    def begin(self) -> int:
+        with self.lock:
+            op = next(self.op_ids)
+            self.in_flight.add(op)
+            return op
+
+    def end(self, op: int, acked: bool) -> None:
+        with self.lock:
+            self.in_flight.discard(op)
+            if not acked:
+                self.failed_ops.add(op)
 
     def count_multipart(self) -> None:
         with self.lock:
@@ -170,6 +203,8 @@ def worker(client, bucket, model: Model, rng: random.Random, killing: threading.
                 version = model.next_version()
                 body = content(key, version, pick_size(rng))
                 new = Obj(version, len(body), hashlib.md5(body).hexdigest())
+            op = model.begin()
+            acked = False
             try:
                 if body is None:
                     resp = client.delete_object(Bucket=bucket, Key=key)
@@ -186,6 +221,7 @@ def worker(client, bucket, model: Model, rng: random.Random, killing: threading.
                 if not ok:
                     model.unacked(key, new, f"{key}: bad response {resp}")
                     continue
+                acked = True
             except Exception as e:  # noqa: BLE001 - any failure leaves the op uncertain
                 # After the kill was decided a failure is expected; before it
                 # is a bug.  Either way the op may or may not have happened.
@@ -193,6 +229,8 @@ def worker(client, bucket, model: Model, rng: random.Random, killing: threading.
                               else f"{key}: {'DELETE' if body is None else 'PUT'} failed "
                                    f"before the kill: {e!r}")
                 continue
+            finally:
+                model.end(op, acked)
             model.ack(key, new)
         finally:
             model.release(key)
@@ -270,18 +308,34 @@ def verify(client, bucket, model: Model) -> tuple[int, list[str]]:
     return len(KEYS), problems
 
 
-def test_crash_consistency(server_factory, capsys):
+def wait_until(cond, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def test_crash_consistency(server_factory, capsys, tmp_path):
     rng = random.Random(SEED)
-    srv = server_factory(shards=SHARDS)
+    config = tmp_path / "percore.toml"
+    config.write_text(f"segment_bytes_max = {SEGMENT_BYTES}\n")
+    srv = server_factory(shards=SHARDS, extra_args=["--config", str(config)])
     bucket = unique_bucket_name("crash")
     srv.client().create_bucket(Bucket=bucket)
     model = Model()
     checks = 0
     summary = []
+    compacted_total = 0
+    cut_total = 0
+    sealed_max = 0  # most segments one round's load added
     for rnd in range(1, ROUNDS + 1):
+        where = f"seed {SEED}, round {rnd}"
         clients = [srv.client(connect_timeout=2, read_timeout=10) for _ in range(THREADS)]
         killing = threading.Event()
         acked_before = model.acked
+        segments_at_start = int(metric(srv, "percore_segments"))
         threads = [threading.Thread(target=worker, daemon=True,
                                     args=(clients[i], bucket, model,
                                           random.Random(rng.getrandbits(64)), killing))
@@ -290,15 +344,45 @@ def test_crash_consistency(server_factory, capsys):
             t.start()
         try:
             time.sleep(rng.uniform(0.5, 3.0))
+            # A slow machine may not have answered yet: wait (bounded) for
+            # this round's first acknowledgement and for a request in flight,
+            # so that every round kills a server under load.
+            wait_until(lambda: model.acked > acked_before, ROUND_WAIT_MAX_S)
             srv.assert_alive()  # it must not have died on its own
+            # Counters are per process: what this start did before the kill.
+            compacted = int(metric(srv, "percore_compaction_segments_total"))
+            segments = int(metric(srv, "percore_segments"))
         finally:
-            killing.set()
-            srv.kill9()
+            # Kill with requests in flight: under the model's lock no request
+            # starts or finishes between the look at them and the SIGKILL.
+            deadline = time.monotonic() + ROUND_WAIT_MAX_S
+            while True:
+                with model.lock:
+                    if model.in_flight or time.monotonic() > deadline:
+                        killing.set()
+                        at_kill = set(model.in_flight)
+                        srv.kill9()
+                        break
+                time.sleep(0.001)
             for t in threads:
                 t.join(timeout=30)
         assert not any(t.is_alive() for t in threads), "a worker is stuck after the kill"
-        assert not model.errors, (f"seed {SEED}, round {rnd}: operations failed before the "
+        assert not model.errors, (f"{where}: operations failed before the "
                                   f"kill:\n" + "\n".join(model.errors[:20]) + "\n" + srv.logs())
+        acked = model.acked - acked_before
+        cut = len(at_kill & model.failed_ops)
+        assert acked > 0, (f"{where}: no operation was acknowledged after the restart "
+                           f"(in {ROUND_WAIT_MAX_S}+ s)\n" + srv.logs())
+        # In flight: sent, answer not yet read by the client. Such a request
+        # may still succeed (the server answered just before it died), so
+        # "cut by the kill" (ended unacknowledged) is checked over all rounds.
+        assert at_kill, (f"{where}: no operation was in flight at the kill (waited "
+                         f"{ROUND_WAIT_MAX_S} s for one): the kill raced nothing")
+        cut_total += cut
+        compacted_total += compacted
+        # Beyond one new active segment per shard, what the load added was
+        # filled and sealed under it.
+        sealed_max = max(sealed_max, segments - segments_at_start - SHARDS)
         in_flight = len(model.pending)
 
         srv.start()
@@ -312,15 +396,26 @@ def test_crash_consistency(server_factory, capsys):
             client.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
         assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads"), \
             "aborted uploads are still listed"
-        assert not problems, (f"seed {SEED}, round {rnd}: state after SIGKILL+restart differs "
+        assert not problems, (f"{where}: state after SIGKILL+restart differs "
                               f"from the acknowledged operations:\n" + "\n".join(problems[:30]))
         present = sum(1 for s in model.state.values() if s is not None)
-        summary.append(f"round {rnd}: {model.acked - acked_before} acked ops, "
-                       f"{in_flight} in flight at kill, {len(left)} uploads left open, "
-                       f"{present} keys present")
+        summary.append(f"round {rnd}: {acked} acked ops, {len(at_kill)} in flight at the "
+                       f"kill and {cut} of them cut by it ({in_flight} unacknowledged), "
+                       f"{segments} segments and {compacted} compacted before the kill, "
+                       f"{len(left)} uploads left open, {present} keys present")
     srv.terminate()
     with capsys.disabled():
         print(f"\ncrash: seed {SEED}\n  " + "\n  ".join(summary))
         print(f"crash: {ROUNDS} rounds, {model.acked} acknowledged operations "
-              f"({model.multipart_acked} multipart uploads), {checks} object checks")
+              f"({model.multipart_acked} multipart uploads), {checks} object checks, "
+              f"{compacted_total} segments compacted, up to {max(sealed_max, 0)} sealed in a round")
     assert model.acked > 0, "no operation was ever acknowledged"
+    assert cut_total > 0, (f"seed {SEED}: in {ROUNDS} rounds no kill cut an operation (every "
+                           f"request in flight was answered): the model's uncertain states "
+                           f"were never exercised")
+    # Small segments are the point: the load must have sealed segments and
+    # the compactor must have run under it.
+    assert sealed_max > 0, (f"seed {SEED}: no round's load added more than one segment per "
+                            f"shard: nothing was sealed under load")
+    assert compacted_total > 0, (f"seed {SEED}: no segment was compacted in {ROUNDS} rounds: "
+                                 f"the kills never raced compaction")

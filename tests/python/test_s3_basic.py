@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -369,9 +370,11 @@ def test_key_length_limit(s3, bucket):
     assert s3.get_object(Bucket=bucket, Key=longest)["Body"].read() == b"long"
     assert list_all(s3, bucket)[0] == [longest]
     too_long = "k" * 1025
-    with pytest.raises(ClientError) as ei:
+    with s3_error("KeyTooLongError", 400):
         s3.put_object(Bucket=bucket, Key=too_long, Body=b"x")
-    assert status_of(ei.value.response) == 400, ei.value.response
+    # 1025 bytes of UTF-8 in 1013 characters: the limit counts bytes.
+    with s3_error("KeyTooLongError", 400):
+        s3.put_object(Bucket=bucket, Key="k" * 1001 + "é" * 12, Body=b"x")
     assert list_all(s3, bucket)[0] == [longest]
 
 
@@ -527,7 +530,8 @@ def test_tampered_signed_payload_is_rejected(server, s3, bucket):
     headers = {"host": f"{server.host}:{server.s3_port}", "content-length": str(len(body))}
     hdrs, _ = signer.sign("PUT", path, headers, s3wire.sha256_hex(b"another body!"))
     resp = s3wire.send(server.host, server.s3_port, "PUT", path, hdrs, body)
-    assert 400 <= resp.status < 500, (resp.status, resp.body[:300])
+    assert resp.status == 400, (resp.status, resp.body[:300])
+    assert resp.error_code() == "XAmzContentSHA256Mismatch", resp.body[:300]
     with s3_error("NoSuchKey", 404):
         s3.get_object(Bucket=bucket, Key="tampered")
 
@@ -720,8 +724,22 @@ def test_sigkill_then_restart_keeps_acknowledged_writes(server_factory, shards):
     srv.terminate()
 
 
+def _ready_status(srv) -> tuple[int, bytes]:
+    """GET /health/ready on the admin port: (status, body)."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/health/ready",
+                                    timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def test_sigterm_finishes_in_flight_put(server_factory, shards):
-    """SIGTERM while a PUT body is still arriving: the PUT completes, then exit 0."""
+    """SIGTERM while a PUT body is still arriving: the server is seen
+    draining (/health/ready 503 "draining", new connections refused) while
+    the PUT is in flight, the PUT completes, then exit 0."""
     import http.client
 
     srv = server_factory(shards=shards)
@@ -742,8 +760,19 @@ def test_sigterm_finishes_in_flight_put(server_factory, shards):
         conn.endheaders()
         conn.send(payload[:MiB])
         time.sleep(0.3)
+        assert _ready_status(srv)[0] == 200
         srv.signal(signal.SIGTERM)
-        time.sleep(0.4)
+        # Draining, observed: the server waits for the PUT (up to 30 s),
+        # so this window stays open until the rest of the body is sent.
+        deadline = time.monotonic() + 10
+        while (ready := _ready_status(srv))[0] != 503:
+            assert time.monotonic() < deadline, f"/health/ready still {ready} after SIGTERM"
+            time.sleep(0.02)
+        assert ready[1].startswith(b"draining"), ready
+        assert srv.alive(), "the server exited with a PUT in flight"
+        # ... and takes no new connection while it drains.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((srv.host, srv.s3_port), timeout=5).close()
         try:
             conn.send(payload[MiB:])
             resp = conn.getresponse()

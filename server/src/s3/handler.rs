@@ -303,6 +303,12 @@ impl S3Front {
         };
         match self.dispatch(conn, &req, loopback).await {
             Ok(()) => keep && conn.body_finished(),
+            Err(_) if conn.last_status != 0 => {
+                // The response head is out (a GET that failed mid-body): an
+                // error response now would land inside that body as object
+                // bytes. Close instead, so the client sees a short body.
+                false
+            }
             Err(e) => {
                 // An early error may leave a body unread: drain it if small,
                 // else close so the stream stays in sync.
