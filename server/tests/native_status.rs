@@ -1,8 +1,9 @@
 //! Native statuses the real server answers at its edges, against the real
 //! binary: ShuttingDown for a new request while draining (the Put in
 //! flight still completes), the native connection limit, and NoSpace on a
-//! full (loop-mounted, 48 MiB) file system. Busy and PreconditionFailed:
-//! see the note at the end.
+//! full (loop-mounted, 48 MiB) file system, Busy past SESSIONS_MAX
+//! streams held for another shard. Busy from a cross-shard timeout and
+//! PreconditionFailed: see the note at the end.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream as StdTcp;
@@ -12,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use percore_client::{Client, Config, Error};
-use percore_protocol::native::{self as proto, Status};
+use percore_protocol::native::{self as proto, FrameHeader, Kind, Request, ServerMessage, Status};
+use percore_protocol::routing;
 use tokio::io::AsyncWriteExt;
 
 /// `percore serve` on `data` (one shard, ephemeral ports), killed on drop.
@@ -39,9 +41,13 @@ fn free_port() -> u16 {
 
 impl Proc {
     fn start(data: &Path, env: &[(&str, &str)], args: &[&str]) -> Proc {
+        Proc::start_shards(data, 1, env, args)
+    }
+
+    fn start_shards(data: &Path, shards: usize, env: &[(&str, &str)], args: &[&str]) -> Proc {
         let admin = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_percore"));
-        cmd.args(["serve", "--unpinned", "--shards", "1"])
+        cmd.args(["serve", "--unpinned", "--shards", &shards.to_string()])
             .arg("--data")
             .arg(data)
             .args(["--s3", &format!("127.0.0.1:{}", free_port())])
@@ -360,13 +366,138 @@ fn a_full_disk_is_no_space_and_the_server_keeps_serving() {
     drop(fs);
 }
 
+/// A raw, authenticated native connection (for requests the client
+/// library would not send: thousands of Puts held open).
+struct Raw {
+    s: StdTcp,
+}
+
+impl Raw {
+    fn authed(port: u16) -> (Raw, proto::HelloOk) {
+        let s = StdTcp::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut r = Raw { s };
+        let Some(ServerMessage::Challenge(c)) = r.read() else {
+            panic!("no Challenge")
+        };
+        let cn = [9u8; 32];
+        let h = Request::Hello(proto::Hello {
+            version: proto::VERSION,
+            access_key: "percore".into(),
+            client_nonce: cn.to_vec(),
+            mac: proto::client_mac("percore-secret", "percore", &c.server_nonce, &cn).to_vec(),
+            client_name: "raw".into(),
+        });
+        r.send(Kind::Hello, 1, false, &h.encode(), &[]);
+        let Some(ServerMessage::HelloOk(ok)) = r.read() else {
+            panic!("no HelloOk")
+        };
+        (r, ok)
+    }
+
+    fn send(&mut self, kind: Kind, id: u64, more: bool, header: &[u8], payload: &[u8]) {
+        let mut f = proto::frame(kind, id, more, header, payload.len());
+        f.extend_from_slice(payload);
+        self.s.write_all(&f).unwrap();
+    }
+
+    fn read(&mut self) -> Option<ServerMessage> {
+        let mut h = [0u8; proto::FRAME_HEADER_BYTES];
+        self.s.read_exact(&mut h).ok()?;
+        let fh = FrameHeader::decode(&h).unwrap();
+        let mut header = vec![0; fh.header_len as usize];
+        self.s.read_exact(&mut header).unwrap();
+        let mut payload = vec![0; fh.payload_len as usize];
+        self.s.read_exact(&mut payload).unwrap();
+        Some(proto::decode_server(fh.kind, &header).unwrap())
+    }
+}
+
+#[test]
+fn streams_for_another_shard_past_sessions_max_are_busy() {
+    const SESSIONS_MAX: usize = 4096; // percore_server::shard::SESSIONS_MAX
+    assert_eq!(SESSIONS_MAX, percore_server::shard::SESSIONS_MAX);
+    let per_conn = proto::IN_FLIGHT_MAX as usize;
+    let conns = SESSIONS_MAX / per_conn + 1;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Proc::start_shards(dir.path(), 2, &[], &[]);
+    let mut cfg = server.config();
+    cfg.shard_aware = false; // everything through shard 0, forwarded
+    rt().block_on(async {
+        Client::connect(cfg.clone())
+            .await
+            .unwrap()
+            .create_bucket("data")
+            .await
+            .unwrap()
+    });
+    // Shard 0's port; keys that shard 1 owns: each Put held open after
+    // its first byte is a session on shard 1.
+    let (first, ok) = Raw::authed(server.native);
+    assert_eq!(ok.shard_id, 0);
+    let mut keys = (0u64..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| routing::owner_shard(ok.hash_seed, 2, b"data", k.as_bytes()) == 1);
+    let mut raws = vec![first];
+    raws.extend((1..conns).map(|_| Raw::authed(server.native).0));
+    for r in raws.iter_mut() {
+        for id in 0..per_conn as u64 {
+            let put = Request::Put(proto::PutRequest {
+                bucket: "data".into(),
+                key: keys.next().unwrap(),
+                size: 10,
+                content_type: String::new(),
+                crc32c: None,
+            });
+            r.send(Kind::Put, 100 + id, true, &put.encode(), b"x");
+        }
+    }
+    // The Puts past the limit are answered at once; the others wait for
+    // their PutData (30 s), so they answer nothing meanwhile.
+    let expected = conns * per_conn - SESSIONS_MAX;
+    let mut busy = 0;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut extra_sweep = true;
+    while busy < expected || std::mem::take(&mut extra_sweep) {
+        assert!(Instant::now() < deadline, "only {busy} Busy replies");
+        for r in raws.iter_mut() {
+            r.s.set_read_timeout(Some(Duration::from_millis(5)))
+                .unwrap();
+            while let Some(msg) = r.read() {
+                let ServerMessage::Reply(rep) = msg else {
+                    panic!("unexpected {msg:?}")
+                };
+                assert_eq!(rep.status, Status::Busy.0, "{rep:?}");
+                assert!(rep.message.contains("busy"), "{rep:?}");
+                busy += 1;
+            }
+        }
+    }
+    assert_eq!(busy, conns * per_conn - SESSIONS_MAX);
+    // The sessions go with their connections; then a forwarded Put works.
+    drop(raws);
+    rt().block_on(async {
+        let c = Client::connect(cfg).await.unwrap();
+        let key = "after-the-flood";
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match c.put("data", key, Bytes::from_static(b"v")).await {
+                Ok(st) => break assert_eq!(st.size, 1),
+                Err(e) if e.status() == Some(Status::Busy) && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+}
+
 // Not tested here, and why:
-// - Busy: the server answers it when a cross-shard call times out
-//   (cross_shard_timeout_s, at least 1 s, with the owner shard stalled) or
-//   a shard holds SESSIONS_MAX (4096) streamed sessions; neither can be
-//   provoked from outside without hooks. The client's handling of Busy
-//   (retries with backoff, then the error) is tested against a fake peer in
-//   tools/client/tests/fake_peer.rs.
+// - Busy from a cross-shard call that times out (cross_shard_timeout_s,
+//   at least 1 s, with the owner shard stalled): a shard cannot be stalled
+//   from outside without a hook. Busy from SESSIONS_MAX is tested above;
+//   the client's handling of Busy (retries with backoff, then the error) is
+//   tested against a fake peer in tools/client/tests/fake_peer.rs.
 // - PreconditionFailed: no native request carries a condition (the Put
 //   message has no If-Match / If-None-Match), so the server cannot answer
 //   it; conditional writes are tested over S3 (test_s3_features.py).
