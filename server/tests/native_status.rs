@@ -191,7 +191,11 @@ fn draining_answers_shutting_down_and_finishes_the_put_in_flight() {
                 .await
         });
         w.write_all(&data[..1 << 20]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.metric("percore_requests_in_flight") < 1 {
+            assert!(Instant::now() < deadline, "the Put never got in flight");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
 
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
         let deadline = Instant::now() + Duration::from_secs(10);
