@@ -2,7 +2,8 @@
 
 * MetadataTooLarge (user metadata past 2 KiB), EntityTooLarge (a declared
   size past 5 GiB, refused before any body byte), 411 MissingContentLength
-  (aws-chunked without x-amz-decoded-content-length);
+  (a PUT or UploadPart without Content-Length, aws-chunked without
+  x-amz-decoded-content-length);
 * 408 RequestTimeout for a request body that stalls (body_timeout_s = 1);
 * draining after SIGTERM: /health/ready 503, a request on a kept-alive
   connection is answered 503 ServiceUnavailable, new connections are
@@ -56,8 +57,9 @@ def head_only(srv, method: str, path: str, headers: dict, payload_hash: str,
     then reads until the server closes or `wait` passes. Returns what came
     back and the seconds it took."""
     host = f"127.0.0.1:{srv.s3_port}"
-    hdrs, _ = Signer(ACCESS_KEY, SECRET_KEY).sign(method, path, {"host": host, **headers},
-                                                  payload_hash, query=query)
+    hdrs, _ = Signer(ACCESS_KEY, SECRET_KEY).sign(
+        method, path, {"host": host, "connection": "close", **headers}, payload_hash,
+        query=query)
     target = path + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
     raw = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
     s = socket.create_connection(("127.0.0.1", srv.s3_port), timeout=wait)
@@ -139,6 +141,29 @@ def test_entity_too_large_is_refused_before_the_body(env):
         with pytest.raises(ClientError) as e:
             s3.head_object(Bucket=bucket, Key=key)
         assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_put_without_content_length_is_411(env):
+    srv, s3, bucket = env
+    # No Content-Length and no Transfer-Encoding: HTTP says "no body"; S3
+    # says 411 rather than storing an empty object.
+    resp, _ = head_only(srv, "PUT", f"/{bucket}/no-cl", {}, UNSIGNED_PAYLOAD, wait=3)
+    assert status_of(resp) == 411, resp[:500]
+    assert b"<Code>MissingContentLength</Code>" in resp, resp[:500]
+    up = s3.create_multipart_upload(Bucket=bucket, Key="no-cl-part")["UploadId"]
+    resp, _ = head_only(srv, "PUT", f"/{bucket}/no-cl-part", {}, UNSIGNED_PAYLOAD, wait=3,
+                        query=[("partNumber", "1"), ("uploadId", up)])
+    assert status_of(resp) == 411, resp[:500]
+    assert s3.list_parts(Bucket=bucket, Key="no-cl-part", UploadId=up).get("Parts", []) == []
+    s3.abort_multipart_upload(Bucket=bucket, Key="no-cl-part", UploadId=up)
+    # Content-Length: 0 is an empty object, as ever.
+    resp, _ = head_only(srv, "PUT", f"/{bucket}/empty", {"content-length": "0"},
+                        UNSIGNED_PAYLOAD, wait=3)
+    assert status_of(resp) == 200, resp[:500]
+    assert s3.head_object(Bucket=bucket, Key="empty")["ContentLength"] == 0
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="no-cl")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
 
 
 def test_aws_chunked_without_decoded_length_is_411(env):

@@ -882,6 +882,15 @@ impl S3Front {
         mut sink: ObjectSink,
     ) -> Result<ObjectInfo, S3Error> {
         let framing = req.head.body_framing()?;
+        if matches!(framing, BodyFraming::Empty) && req.head.header("content-length").is_none() {
+            // As S3: an object (or part) needs a declared length; without
+            // one HTTP reads no body, and an empty object was stored.
+            return Err(S3Error::new(
+                411,
+                "MissingContentLength",
+                "You must provide the Content-Length HTTP header.",
+            ));
+        }
         let declared = match framing {
             BodyFraming::Empty => Some(0),
             BodyFraming::Length(n) => Some(n),
