@@ -2,8 +2,10 @@
 //! binary: ShuttingDown for a new request while draining (the Put in
 //! flight still completes), the native connection limit, and NoSpace on a
 //! full (loop-mounted, 48 MiB) file system, Busy past SESSIONS_MAX
-//! streams held for another shard. Busy from a cross-shard timeout and
-//! PreconditionFailed: see the note at the end.
+//! streams held for another shard; and the client against the real server:
+//! its deadline on a stopped (SIGSTOP) server, its reconnect after a
+//! restart. Busy from a cross-shard timeout and PreconditionFailed: see the
+//! note at the end.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream as StdTcp;
@@ -52,9 +54,11 @@ impl Proc {
             .arg(data)
             .args(["--s3", &format!("127.0.0.1:{}", free_port())])
             .args(["--admin", &format!("127.0.0.1:{admin}")])
-            .args(["--native", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("PERCORE_ACCESS_KEY")
+            .args(args);
+        if !args.contains(&"--native") {
+            cmd.args(["--native", "127.0.0.1:0"]);
+        }
+        cmd.env_remove("PERCORE_ACCESS_KEY")
             .env_remove("PERCORE_SECRET_KEY")
             .env("PERCORE_LOG", "warn");
         for (k, v) in env {
@@ -493,6 +497,46 @@ fn streams_for_another_shard_past_sessions_max_are_busy() {
                 Err(e) => panic!("{e}"),
             }
         }
+    });
+}
+
+#[test]
+fn the_client_times_out_on_a_stopped_server_and_reconnects_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let native = format!("127.0.0.1:{}", free_port());
+    let mut server = Proc::start(dir.path(), &[], &["--native", &native]);
+    let mut cfg = server.config();
+    cfg.timeout = Duration::from_millis(400);
+    cfg.attempts = 2;
+    let pid = server.child.id() as i32;
+    rt().block_on(async {
+        let c = Client::connect(cfg).await.unwrap();
+        c.create_bucket("data").await.unwrap();
+        c.put("data", "k", Bytes::from_static(b"value"))
+            .await
+            .unwrap();
+        // A stopped server accepts nothing and answers nothing: each
+        // attempt ends at the deadline.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let started = Instant::now();
+        let e = c.stat("data", "k").await.unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        assert!(matches!(e, Error::Timeout(_)), "{e}");
+        assert!(
+            took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        // Running again: the same client is served.
+        assert_eq!(c.stat("data", "k").await.unwrap().size, 5);
+
+        // Restarted on the same port: the old connection is gone, the
+        // client opens a new one by itself.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        assert_eq!(server.wait_exit(Duration::from_secs(30)), Some(0));
+        server = Proc::start(dir.path(), &[], &["--native", &native]);
+        let o = c.get("data", "k", &[]).await.unwrap();
+        assert_eq!(&o.ranges[0].1[..], b"value");
     });
 }
 
