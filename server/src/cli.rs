@@ -471,6 +471,17 @@ async fn download(
     ranges: &[Range],
     no_progress: bool,
 ) -> Result<(), String> {
+    let wanted: Vec<Option<Range>> = if ranges.is_empty() {
+        vec![None]
+    } else {
+        ranges.iter().copied().map(Some).collect()
+    };
+    // Before the output file exists: a missing key leaves no partial file.
+    let total = if ranges.iter().all(|r| r.length > 0) && !ranges.is_empty() {
+        ranges.iter().map(|r| r.length).sum()
+    } else {
+        client.stat(b, k).await.map_err(|e| e.to_string())?.size
+    };
     let to_stdout = path == "-";
     let tmp = format!("{path}.percore-partial");
     let mut out: Box<dyn Write> = if to_stdout {
@@ -483,16 +494,6 @@ async fn download(
             1 << 20,
             std::fs::File::create(&tmp).map_err(|e| format!("cannot create {tmp}: {e}"))?,
         ))
-    };
-    let wanted: Vec<Option<Range>> = if ranges.is_empty() {
-        vec![None]
-    } else {
-        ranges.iter().copied().map(Some).collect()
-    };
-    let total = if ranges.iter().all(|r| r.length > 0) && !ranges.is_empty() {
-        ranges.iter().map(|r| r.length).sum()
-    } else {
-        client.stat(b, k).await.map_err(|e| e.to_string())?.size
     };
     let pb = progress_bar(total, no_progress || to_stdout);
     let started = std::time::Instant::now();

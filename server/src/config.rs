@@ -77,6 +77,7 @@ pub struct FileConfig {
     pub connections_per_shard_max: Option<usize>,
     pub header_timeout_s: Option<u64>,
     pub idle_timeout_s: Option<u64>,
+    pub body_timeout_s: Option<u64>,
     pub admin_open_writes: Option<bool>,
     pub cross_shard_timeout_s: Option<u64>,
     pub session_idle_timeout_s: Option<u64>,
@@ -115,6 +116,9 @@ pub struct ServerConfig {
     /// request on a kept-alive connection.
     pub header_timeout_s: u64,
     pub idle_timeout_s: u64,
+    /// S3: longest wait for the next bytes of a request body (or for the
+    /// client to take the next bytes of a response); past it 408.
+    pub body_timeout_s: u64,
     /// Longest wait for another shard to answer a forwarded operation.
     pub cross_shard_timeout_s: u64,
     /// A streamed GET/PUT session held for another shard is closed after
@@ -267,6 +271,12 @@ impl ServerConfig {
                 "header_timeout_s must be 1..=3600 and idle_timeout_s 1..=86400 seconds".into(),
             );
         }
+        let body_timeout_s = env_num("PERCORE_BODY_TIMEOUT_S")?
+            .or(file.body_timeout_s)
+            .unwrap_or(30);
+        if !(1..=3600).contains(&body_timeout_s) {
+            return Err("body_timeout_s must be 1..=3600 seconds".into());
+        }
         let cross_shard_timeout_s = env_num("PERCORE_CROSS_SHARD_TIMEOUT_S")?
             .or(file.cross_shard_timeout_s)
             .unwrap_or(60);
@@ -321,6 +331,7 @@ impl ServerConfig {
             connections_per_shard_max,
             header_timeout_s,
             idle_timeout_s,
+            body_timeout_s,
             cross_shard_timeout_s,
             session_idle_timeout_s,
             native_put_data_timeout_s,
@@ -486,6 +497,7 @@ idle_timeout_s = 5
             ("PERCORE_CONNECTIONS_MAX", "0"),
             ("PERCORE_HEADER_TIMEOUT_S", "0"),
             ("PERCORE_IDLE_TIMEOUT_S", "x"),
+            ("PERCORE_BODY_TIMEOUT_S", "0"),
         ] {
             let env = move |name: &str| (name == k).then(|| v.to_string());
             assert!(

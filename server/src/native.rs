@@ -550,6 +550,19 @@ impl NativeFront {
                 continue;
             }
             let held = held.expect("budget taken for every authenticated frame");
+            if self.draining.get() && !matches!(req, Request::PutData { .. }) {
+                // Draining: uploads already open may finish; nothing new
+                // starts (the shard stops once those are done).
+                drop(held);
+                let r = Reply::error(
+                    Status::ShuttingDown,
+                    "server shutting down; retry on another connection",
+                );
+                if tx.send(reply_frame(fh.request_id, r)).await.is_err() {
+                    break;
+                }
+                continue;
+            }
             match req {
                 Request::Hello(_) => {
                     let r = Reply::error(Status::InvalidRequest, "already authenticated");

@@ -126,6 +126,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         limits: Limits {
             header_timeout_ms: cfg.header_timeout_s * 1000,
             idle_timeout_ms: cfg.idle_timeout_s * 1000,
+            body_timeout_ms: cfg.body_timeout_s * 1000,
             ..Limits::default()
         },
     };

@@ -289,7 +289,21 @@ impl S3Front {
     async fn handle(&self, conn: &mut Conn, head: RequestHead, loopback: bool) -> bool {
         let request_id = self.next_request_id();
         let is_head = head.method == "HEAD";
-        let keep = head.keep_alive() && !self.draining.get();
+        if self.draining.get() {
+            // A request that arrives on a kept-alive connection after
+            // SIGTERM is not started: the shard stops once the requests
+            // already in flight are done, and would cut it off.
+            let e = S3Error::new(
+                503,
+                "ServiceUnavailable",
+                "The server is shutting down; retry on a new connection.",
+            );
+            let _ = self
+                .write_error(conn, &e, "", &request_id, true, is_head)
+                .await;
+            return false;
+        }
+        let keep = head.keep_alive();
         let req = match self.parse_request(head, request_id.clone()) {
             Ok(req) => req,
             Err(e) => {
@@ -874,6 +888,15 @@ impl S3Front {
         mut sink: ObjectSink,
     ) -> Result<ObjectInfo, S3Error> {
         let framing = req.head.body_framing()?;
+        if matches!(framing, BodyFraming::Empty) && req.head.header("content-length").is_none() {
+            // As S3: an object (or part) needs a declared length; without
+            // one HTTP reads no body, and an empty object was stored.
+            return Err(S3Error::new(
+                411,
+                "MissingContentLength",
+                "You must provide the Content-Length HTTP header.",
+            ));
+        }
         let declared = match framing {
             BodyFraming::Empty => Some(0),
             BodyFraming::Length(n) => Some(n),
