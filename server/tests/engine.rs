@@ -401,7 +401,12 @@ fn enospc_fails_the_write_and_the_store_recovers() {
         cfg.faults = Some(Rc::new(RefCell::new(
             move |p: FaultPoint| -> Option<io::Error> {
                 (*flag.borrow()
-                    && matches!(p, FaultPoint::Write { .. } | FaultPoint::Create { .. }))
+                    && matches!(
+                        p,
+                        FaultPoint::Write { .. }
+                            | FaultPoint::Create { .. }
+                            | FaultPoint::Seal { .. }
+                    ))
                 .then(|| io::Error::from_raw_os_error(libc::ENOSPC))
             },
         )));

@@ -29,6 +29,12 @@ pub enum FaultPoint {
     Sync {
         segment_id: u64,
     },
+    /// The write of a Seal record (when a segment is full, at shutdown, or
+    /// when recovery closes a segment).
+    Seal {
+        segment_id: u64,
+        offset: u64,
+    },
     Read {
         segment_id: u64,
         offset: u64,

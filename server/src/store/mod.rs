@@ -1146,11 +1146,7 @@ impl Store {
             .expect("seal encodes");
         let mut buf = file.alloc_write_buf(WRITE_ALIGN_BYTES as usize);
         buf.as_mut_slice()[..header.len()].copy_from_slice(&header);
-        self.fault(FaultPoint::Write {
-            segment_id,
-            offset,
-            len_bytes: WRITE_ALIGN_BYTES,
-        })?;
+        self.fault(FaultPoint::Seal { segment_id, offset })?;
         file.write_at(buf, offset).await?;
         if truncate {
             file.truncate(offset + WRITE_ALIGN_BYTES).await?;
