@@ -409,14 +409,28 @@ impl Raw {
         self.s.write_all(&f).unwrap();
     }
 
+    /// The next message, or None if none starts within the socket's read
+    /// timeout (or the server closed). The socket's timeout only bounds the
+    /// wait for a frame's first byte: a frame that arrives in pieces on a
+    /// loaded machine is read whole.
     fn read(&mut self) -> Option<ServerMessage> {
+        let mut first = [0u8; 1];
+        match self.s.peek(&mut first) {
+            Ok(n) if n > 0 => {}
+            _ => return None,
+        }
+        let wait = self.s.read_timeout().unwrap();
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         let mut h = [0u8; proto::FRAME_HEADER_BYTES];
-        self.s.read_exact(&mut h).ok()?;
+        self.s.read_exact(&mut h).unwrap();
         let fh = FrameHeader::decode(&h).unwrap();
         let mut header = vec![0; fh.header_len as usize];
         self.s.read_exact(&mut header).unwrap();
         let mut payload = vec![0; fh.payload_len as usize];
         self.s.read_exact(&mut payload).unwrap();
+        self.s.set_read_timeout(wait).unwrap();
         Some(proto::decode_server(fh.kind, &header).unwrap())
     }
 }

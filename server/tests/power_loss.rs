@@ -14,7 +14,7 @@
 //!   deleted one, or bytes nobody wrote; reads never fail; listing shows
 //!   exactly the keys a read finds.
 //!
-//! Seeds: `PERCORE_POWER_LOSS_SEEDS` (default 24) from
+//! Seeds: `PERCORE_POWER_LOSS_SEEDS` (default 64) from
 //! `PERCORE_POWER_LOSS_SEED_BASE` (default 0); lives per seed:
 //! `PERCORE_POWER_LOSS_LIVES` (default 4). The long run is the same test
 //! with more seeds.
@@ -140,9 +140,13 @@ enum Plan {
 }
 
 impl Plan {
-    fn draw(rng: &mut StdRng, v: u64) -> Plan {
-        match rng.gen_range(0..10) {
-            0 | 1 => Plan::Delete,
+    /// `delete_pct`: how often the operation is a DELETE.
+    fn draw(rng: &mut StdRng, v: u64, delete_pct: u32) -> Plan {
+        if rng.gen_range(0..100) < delete_pct {
+            return Plan::Delete;
+        }
+        match rng.gen_range(1..10) {
+            1 => Plan::Put(payload(v, rng.gen_range(1..6000))),
             // One part of a few bytes to a few chunks; sometimes after a
             // part of the 5 MiB minimum (20 small segments).
             2 => {
@@ -303,6 +307,10 @@ fn life(
             return;
         }
         store.bucket_create("b").await.expect("bucket");
+        let every = rng.gen_range(1..=4u64);
+        // Some lives mostly delete: tombstones, and compactions that drop
+        // them once nothing they hide is left on disk.
+        let delete_pct = [20, 20, 70][rng.gen_range(0..3)];
         // Power goes out somewhere in the next few hundred events.
         sim.cut_at_event(rng.gen_range(1..600));
         let model_cell = Rc::new(std::cell::RefCell::new(model));
@@ -334,7 +342,7 @@ fn life(
                         let v = version.get() + 1;
                         version.set(v);
                         let name = key_name(k);
-                        let plan = Plan::draw(&mut rng, v);
+                        let plan = Plan::draw(&mut rng, v, delete_pct);
                         let target = plan.target(v);
                         model.borrow_mut()[k].in_flight = Some(target.clone());
                         let r = plan.run(&store, &name, v).await;
@@ -343,19 +351,24 @@ fn life(
                         let mut m = model.borrow_mut();
                         let km = &mut m[k];
                         match r {
-                            Ok(()) if !sim.is_cut() => {
-                                km.history.push(format!("acked {}", describe(&target)));
+                            // Every success is an acknowledgement, even
+                            // one this task sees only after the cut: the
+                            // store must never answer success for what is
+                            // not durable, power or no power.
+                            Ok(()) => {
+                                let when = if sim.is_cut() {
+                                    " (seen after the cut)"
+                                } else {
+                                    ""
+                                };
+                                km.history
+                                    .push(format!("acked {}{when}", describe(&target)));
                                 km.acked = target;
                                 km.in_flight = None;
                                 acked.set(acked.get() + 1);
                                 if multipart {
                                     mpu_done.set(mpu_done.get() + 1);
                                 }
-                            }
-                            Ok(()) => {
-                                km.history
-                                    .push(format!("done after the cut {}", describe(&target)));
-                                break;
                             }
                             Err(e) => {
                                 assert!(
@@ -371,7 +384,6 @@ fn life(
                 }
             })
             .collect();
-        let every = rng.gen_range(1..=4u64);
         let compactor = {
             let (store, sim) = (store.clone(), sim.clone());
             async move {
@@ -446,7 +458,7 @@ fn scratch() -> tempfile::TempDir {
 
 #[test]
 fn acknowledged_operations_survive_power_loss() {
-    let seeds = env_u64("PERCORE_POWER_LOSS_SEEDS", 24);
+    let seeds = env_u64("PERCORE_POWER_LOSS_SEEDS", 64);
     let base = env_u64("PERCORE_POWER_LOSS_SEED_BASE", 0);
     let lives = env_u64("PERCORE_POWER_LOSS_LIVES", 4);
     // Keep every life's directory (to look at a failure with `percore fsck`).

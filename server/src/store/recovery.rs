@@ -262,9 +262,13 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             scan.tail_bad_from = Some(cut_from);
         }
         let mut dropped_here = false;
-        // Records whose payload could not be read: installed (a GET fails
-        // on them rather than serving the older version they hide), and
-        // the segment is left as it is, to be verified at the next start.
+        // Records that could not be read (a block of headers, or a
+        // payload): missing for this run, like the records of a damaged
+        // header, but the segment is left exactly as it is (never cut,
+        // sealed or compacted), so they are back once the device reads
+        // them again. (Installing a record whose payload cannot be read
+        // would let compaction delete the older version it hides, and
+        // that record may be a torn write that never reads again.)
         let mut unverified_here = !scan.unreadable.is_empty();
         for r in &scan.records {
             report.records += 1;
@@ -278,12 +282,15 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             };
             if let Err(e) = &verified {
                 unverified_here = true;
+                report.damaged_regions += 1;
+                count_record(&mut candidates, &r.header, None);
                 tracing::error!(
                     shard = cfg.shard_id,
                     segment_id,
                     offset = r.offset,
-                    "cannot read a record's payload to verify it ({e}); kept, reads of it fail until it reads again"
+                    "cannot read a record's payload to verify it ({e}): not served in this run; its segment is kept as it is"
                 );
+                continue;
             }
             if matches!(verified, Ok(false)) {
                 report.corrupt_records += 1;
@@ -346,7 +353,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "unreadable record header in a version-1 segment: records after it are not served; the segment is kept as it is (see percore fsck)"
             );
         }
-        let damaged = scan.is_damaged(key.version) || unknown || !header_ok;
+        let damaged = scan.is_damaged(key.version) || unknown || !header_ok || unverified_here;
         let mut end_bytes = scan.valid_end;
         let mut sealed = scan.sealed;
         if unknown {

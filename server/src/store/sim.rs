@@ -47,8 +47,11 @@ enum Op {
 struct Inode {
     /// The bytes a completed sync made durable.
     synced: Vec<u8>,
-    /// Writes and truncates since the last completed sync, in order.
+    /// Writes and truncates not yet covered by a completed sync, in order.
     pending: Vec<Op>,
+    /// How many ops, counted from the file's creation, syncs have covered
+    /// (`pending[0]` is op number `covered`).
+    covered: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -85,7 +88,7 @@ pub struct SimStats {
 
 /// Which writes a sync covers (see `SimDisk::sync_begin`).
 #[derive(Debug, Clone, Copy)]
-pub struct SyncToken(usize);
+pub struct SyncToken(u64);
 
 /// What a power cut left: per file name, its bytes.
 #[derive(Debug, Default, Clone)]
@@ -175,6 +178,7 @@ impl SimDisk {
                 Inode {
                     synced,
                     pending: Vec::new(),
+                    covered: 0,
                 },
             );
             d.synced.insert(name.clone(), ino);
@@ -332,7 +336,11 @@ impl SimDisk {
     /// or may not be covered, so the model takes it as not covered).
     pub fn sync_begin(&self, ino: u64) -> SyncToken {
         let st = self.state.borrow();
-        SyncToken(st.inodes.get(&ino).map_or(0, |n| n.pending.len()))
+        SyncToken(
+            st.inodes
+                .get(&ino)
+                .map_or(0, |n| n.covered + n.pending.len() as u64),
+        )
     }
 
     /// The sync that `token` started completed.
@@ -340,13 +348,15 @@ impl SimDisk {
         self.event(|st| {
             st.stats.file_syncs += 1;
             let node = inode(st, ino)?;
-            let covered: Vec<Op> = node
-                .pending
-                .drain(..token.0.min(node.pending.len()))
-                .collect();
-            for op in &covered {
+            // Syncs may complete out of order: this one covers the ops up
+            // to its token, some of which a later-started one that
+            // completed first may already have covered.
+            let n = (token.0.saturating_sub(node.covered) as usize).min(node.pending.len());
+            let now_covered: Vec<Op> = node.pending.drain(..n).collect();
+            for op in &now_covered {
                 apply(&mut node.synced, op);
             }
+            node.covered += n as u64;
             Ok(())
         })
     }
@@ -488,9 +498,80 @@ impl State {
                 }
             }
         }
-        if bytes.len() < live.len() && self.rng.gen_bool(0.5) {
-            bytes.resize(live.len(), 0);
+        // A size update may have reached the disk ahead of the data: the
+        // file may end at any unsynced write's end, the missing bytes
+        // reading as zeros.
+        if self.rng.gen_bool(0.5) {
+            let ends: Vec<u64> = node
+                .pending
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Write { offset, data } => Some(offset + data.len() as u64),
+                    Op::Truncate(_) => None,
+                })
+                .filter(|end| *end as usize > bytes.len() && *end as usize <= live.len())
+                .collect();
+            if !ends.is_empty() {
+                let end = ends[self.rng.gen_range(0..ends.len())];
+                bytes.resize(end as usize, 0);
+            }
         }
         bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two syncs in flight on one file, completing out of order: each
+    /// covers only what was written before it started.
+    #[test]
+    fn overlapping_syncs_cover_only_what_preceded_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = SimDisk::adopt(dir.path(), 1).unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"").unwrap();
+        let ino = sim.created(&path).unwrap();
+        sim.dir_synced(dir.path()).unwrap();
+        sim.wrote(ino, 0, &[1; 512]).unwrap();
+        let a = sim.sync_begin(ino);
+        sim.wrote(ino, 512, &[2; 512]).unwrap();
+        let b = sim.sync_begin(ino);
+        sim.synced(ino, b).unwrap();
+        sim.wrote(ino, 1024, &[3; 512]).unwrap();
+        // A completes last: it must not cover the write made after B began.
+        sim.synced(ino, a).unwrap();
+        let st = sim.state.borrow();
+        let node = &st.inodes[&ino];
+        assert_eq!(node.synced.len(), 1024);
+        assert_eq!(node.pending.len(), 1);
+        assert_eq!(node.covered, 2);
+    }
+
+    /// With every unsynced sector and directory change dropped, only what
+    /// was synced survives a cut.
+    #[test]
+    fn a_cut_keeps_what_was_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("old"), b"durable").unwrap();
+        let sim = SimDisk::adopt(dir.path(), 7).unwrap();
+        let path = dir.path().join("new");
+        std::fs::write(&path, b"").unwrap();
+        let ino = sim.created(&path).unwrap();
+        sim.wrote(ino, 0, &[9; 4096]).unwrap();
+        let t = sim.sync_begin(ino);
+        sim.synced(ino, t).unwrap();
+        // The new name was never made durable: it may or may not survive,
+        // but "old" always does, with its bytes.
+        let image = sim.image();
+        assert_eq!(
+            image.files.get("old").map(|b| &b[..]),
+            Some(&b"durable"[..])
+        );
+        if let Some(b) = image.files.get("new") {
+            assert_eq!(b, &vec![9u8; 4096]);
+        }
+        assert!(sim.check().is_err(), "power stays off after the cut");
     }
 }
