@@ -119,6 +119,9 @@ struct State {
     next_ino: u64,
     stats: SimStats,
     cut_at_event: Option<u64>,
+    /// (unlinks, events): power goes out `events` events after the
+    /// `unlinks`th unlink (a compaction's delete), unless it went before.
+    cut_after_unlink: Option<(u64, u64)>,
     rng: StdRng,
     image: Option<CutImage>,
 }
@@ -155,6 +158,7 @@ impl SimDisk {
             next_ino: 1,
             stats: SimStats::default(),
             cut_at_event: None,
+            cut_after_unlink: None,
             rng: StdRng::seed_from_u64(seed),
             image: None,
         };
@@ -195,6 +199,14 @@ impl SimDisk {
     pub fn cut_at_event(&self, n: u64) {
         let mut st = self.state.borrow_mut();
         st.cut_at_event = Some(st.stats.events + n.max(1));
+    }
+
+    /// Power goes out `events` events after the `unlinks`th unlink from now
+    /// (windows where a compaction has deleted a segment), or at the event
+    /// `cut_at_event` chose, whichever comes first.
+    pub fn cut_after_unlinks(&self, unlinks: u64, events: u64) {
+        let mut st = self.state.borrow_mut();
+        st.cut_after_unlink = Some((st.stats.unlinks + unlinks.max(1), events.max(1)));
     }
 
     /// Power goes out now (if it has not already).
@@ -276,6 +288,12 @@ impl SimDisk {
         let (dir, name) = split(path)?;
         self.event(|st| {
             st.stats.unlinks += 1;
+            if let Some((at, events)) = st.cut_after_unlink {
+                if st.stats.unlinks == at {
+                    let when = st.stats.events + events;
+                    st.cut_at_event = Some(st.cut_at_event.map_or(when, |c| c.min(when)));
+                }
+            }
             let d = st.dirs.entry(dir).or_default();
             d.live.remove(&name);
             d.pending.push(DirChange::Unlink(name));
