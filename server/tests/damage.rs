@@ -17,7 +17,7 @@ use percore_server::store::record::{self, Body, Header, ObjectMeta, SegKey};
 use percore_server::store::{Store, StoreConfig};
 
 mod common;
-use common::{read_all, run};
+use common::{pattern, read_all, run};
 
 fn config(dir: &Path) -> StoreConfig {
     let mut cfg = StoreConfig::new(0, dir.to_path_buf());
@@ -39,17 +39,7 @@ fn small_segments(dir: &Path) -> StoreConfig {
 }
 
 fn body(i: u64, len: usize) -> Bytes {
-    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    Bytes::from(
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect::<Vec<u8>>(),
-    )
+    Bytes::from(pattern(i, len))
 }
 
 fn segments(dir: &Path) -> Vec<PathBuf> {

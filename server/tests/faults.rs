@@ -29,7 +29,7 @@ use percore_server::store::{Store, StoreConfig, StoreError};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
-use common::{read_all, run, small_config};
+use common::{list_names, read_all, run, small_config};
 
 const KEYS: usize = 24;
 
@@ -184,11 +184,7 @@ async fn check_live(store: &Store, model: &[KeyModel], faults: &Faults) -> (u64,
             ),
         }
     }
-    let listed: Vec<String> = store
-        .list("b", "", "", None, usize::MAX)
-        .into_iter()
-        .map(|i| i.name().to_string())
-        .collect();
+    let listed = list_names(store, "b");
     let present: Vec<String> = (0..model.len())
         .filter(|&k| model[k].acked.is_some())
         .map(key_name)

@@ -13,6 +13,7 @@ use percore_protocol::native::{self as proto, FrameHeader, Kind, Request, Server
 
 mod common;
 use common::server::{start, start_with, Server};
+use common::{pattern, rt};
 
 fn config(s: &Server) -> Config {
     Config::new(
@@ -20,26 +21,6 @@ fn config(s: &Server) -> Config {
         "percore",
         "percore-secret",
     )
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 async fn every_message(shards: usize) {

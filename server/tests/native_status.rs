@@ -19,6 +19,9 @@ use percore_protocol::native::{self as proto, FrameHeader, Kind, Request, Server
 use percore_protocol::routing;
 use tokio::io::AsyncWriteExt;
 
+mod common;
+use common::{pattern, rt};
+
 /// `percore serve` on `data` (one shard, ephemeral ports), killed on drop.
 struct Proc {
     child: Child,
@@ -151,26 +154,6 @@ impl Proc {
         }
         None
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]

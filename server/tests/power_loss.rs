@@ -33,7 +33,7 @@ use percore_server::store::{Store, StoreConfig, StoreError};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
-use common::{read_all, run, small_config};
+use common::{list_names, read_all, run, small_config};
 
 const WORKERS: usize = 4;
 const KEYS_PER_WORKER: usize = 5;
@@ -246,11 +246,7 @@ async fn check_recovered(store: &Store, model: &mut [KeyModel], totals: &mut Tot
         m.acked = got;
         m.in_flight = None;
     }
-    let listed: Vec<String> = store
-        .list("b", "", "", None, usize::MAX)
-        .into_iter()
-        .map(|i| i.name().to_string())
-        .collect();
+    let listed = list_names(store, "b");
     let present: Vec<String> = (0..model.len())
         .filter(|&k| model[k].acked.is_some())
         .map(key_name)

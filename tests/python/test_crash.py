@@ -141,13 +141,19 @@ class Model:
         self.failed_ops: set[int] = set()  # ops that ended unacknowledged
 
     def begin(self) -> int:
+        """A new op; it counts as in flight once its first request is sent."""
         with self.lock:
             op = next(self.op_ids)
-            self.in_flight.add(op)
+            _current.op, _current.model = op, self
             return op
+
+    def sent(self, op: int) -> None:
+        with self.lock:
+            self.in_flight.add(op)
 
     def end(self, op: int, acked: bool) -> None:
         with self.lock:
+            _current.op = None
             self.in_flight.discard(op)
             if not acked:
                 self.failed_ops.add(op)
@@ -185,7 +191,20 @@ class Model:
                 self.errors.append(error)
 
 
+# The op the calling thread is running, so that botocore's before-send hook
+# can mark it in flight only once a request of it goes on the wire (not
+# while boto3 is still building and signing it).
+_current = threading.local()
+
+
+def _mark_sent(**_kwargs) -> None:
+    op, model = getattr(_current, "op", None), getattr(_current, "model", None)
+    if op is not None and model is not None:
+        model.sent(op)
+
+
 def worker(client, bucket, model: Model, rng: random.Random, killing: threading.Event):
+    client.meta.events.register("before-send", _mark_sent)
     while not killing.is_set():
         key = model.acquire(rng)
         if key is None:

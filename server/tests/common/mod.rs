@@ -59,3 +59,34 @@ pub async fn read_all(store: &Store, bucket: &str, key: &str) -> Result<Vec<u8>,
     }
     Ok(out)
 }
+
+/// A two-worker tokio runtime, for the client library's async API.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `len` deterministic pseudo-random bytes (xorshift64) from `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The names of every object in `bucket`, in listing order.
+pub fn list_names(store: &Store, bucket: &str) -> Vec<String> {
+    store
+        .list(bucket, "", "", None, usize::MAX)
+        .into_iter()
+        .map(|i| i.name().to_string())
+        .collect()
+}
