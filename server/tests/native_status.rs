@@ -10,7 +10,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream as StdTcp;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,6 +20,7 @@ use percore_protocol::routing;
 use tokio::io::AsyncWriteExt;
 
 mod common;
+use common::server::free_port;
 use common::{pattern, rt};
 
 /// `percore serve` on `data` (one shard, ephemeral ports), killed on drop.
@@ -36,57 +37,13 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Proc {
     fn start(data: &Path, env: &[(&str, &str)], args: &[&str]) -> Proc {
         Proc::start_shards(data, 1, env, args)
     }
 
     fn start_shards(data: &Path, shards: usize, env: &[(&str, &str)], args: &[&str]) -> Proc {
-        let admin = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_percore"));
-        cmd.args(["serve", "--unpinned", "--shards", &shards.to_string()])
-            .arg("--data")
-            .arg(data)
-            .args(["--s3", &format!("127.0.0.1:{}", free_port())])
-            .args(["--admin", &format!("127.0.0.1:{admin}")])
-            .args(args);
-        if !args.contains(&"--native") {
-            cmd.args(["--native", "127.0.0.1:0"]);
-        }
-        cmd.env_remove("PERCORE_ACCESS_KEY")
-            .env_remove("PERCORE_SECRET_KEY")
-            .env("PERCORE_LOG", "warn");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn percore serve");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut native = 0;
-        let mut ready = false;
-        for line in lines.by_ref() {
-            let line = line.unwrap();
-            if let Some(rest) = line.strip_prefix("native endpoint: 127.0.0.1:") {
-                native = rest.split_whitespace().next().unwrap().parse().unwrap();
-            }
-            if line.contains("percore: ready") {
-                ready = true;
-                break;
-            }
-        }
-        assert!(ready && native > 0, "the server did not start");
-        std::thread::spawn(move || for _ in lines {});
+        let (child, native, admin) = common::server::spawn(data, shards, env, args);
         Proc {
             child,
             native,
