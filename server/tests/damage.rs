@@ -634,3 +634,69 @@ fn a_reader_outlives_the_compaction_of_its_segment() {
         store.shutdown().await;
     });
 }
+
+/// A record torn at a crash whose header landed but whose payload was cut
+/// short by the end of the file, in the same 4 KiB block as the record
+/// before it: recovery must cut it away (at the exact end of the last whole
+/// record) before it seals the segment. A seal written in the next block
+/// made the file long enough for the torn header to look whole to the next
+/// recovery, which trusts sealed segments: the torn, never acknowledged
+/// version then hid the acknowledged one, and its reads failed their CRC.
+/// Found by the power-loss test (`power_loss.rs`); this replays it on
+/// O_DIRECT files, where the cut leaves an unaligned file length.
+#[test]
+fn a_record_torn_by_the_end_of_the_file_stays_gone_after_two_restarts() {
+    const KEY: &str = "torn-key-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(config(&path)).await.unwrap();
+        let acked = body(1, 3000);
+        store
+            .put("b", KEY, ObjectMeta::default(), acked.clone())
+            .await
+            .unwrap();
+        // One batch: a small record, then the next version of KEY.
+        let (pad, next) = futures::join!(
+            store.put("b", "pad", ObjectMeta::default(), body(2, 100)),
+            store.put("b", KEY, ObjectMeta::default(), body(3, 3000)),
+        );
+        pad.unwrap();
+        next.unwrap();
+        drop(store); // a crash: the segment stays unsealed
+        let seg = segments(&path).pop().unwrap();
+        let data = std::fs::read(&seg).unwrap();
+        let mut needle = (KEY.len() as u16).to_le_bytes().to_vec();
+        needle.extend_from_slice(KEY.as_bytes());
+        let last = data
+            .windows(needle.len())
+            .rposition(|w| w == needle)
+            .expect("the second version's header");
+        let header_start = last - 35;
+        assert_eq!(
+            &data[header_start..header_start + 4],
+            &record::MAGIC.to_le_bytes()
+        );
+        assert_ne!(
+            header_start % 4096,
+            0,
+            "setup: the torn record must share its block with the record before it"
+        );
+        // The crash left the header and the start of the payload.
+        let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+        f.set_len(header_start as u64 + 400).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        for restart in 0..2 {
+            let (store, _) = Store::open(config(&path)).await.unwrap();
+            assert_eq!(
+                read_all(&store, "b", KEY)
+                    .await
+                    .expect("the acknowledged version"),
+                acked,
+                "restart {restart}"
+            );
+            store.shutdown().await;
+        }
+    });
+}
