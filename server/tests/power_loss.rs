@@ -464,13 +464,26 @@ fn finish(sim: &SimDisk, next: &Path, totals: &mut Totals) {
 fn scratch() -> tempfile::TempDir {
     // tmpfs when there is one: the model, not the device, decides what
     // survives, and fsyncs there cost nothing.
+    // Only with room to spare (a container's /dev/shm may be 64 MiB; a
+    // seed's lives take tens of MiB, more with PERCORE_POWER_LOSS_KEEP).
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
+    if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
         if let Ok(d) = tempfile::tempdir_in(shm) {
             return d;
         }
     }
     tempfile::tempdir().unwrap()
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 #[test]
