@@ -15,8 +15,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::http::{parse_range, BodyFraming, Limits, RangeSpec};
-use crate::s3::sigv4::{self, AuthInput, HeaderView, PayloadMode, Verified};
+use crate::frontend::http::{parse_range, BodyFraming, Limits, RangeSpec};
+use crate::frontend::s3::sigv4::{self, AuthInput, HeaderView, PayloadMode, Verified};
 use crate::store::record;
 
 /// Splits `data` at the first occurrence of `sep` (or at the end).
@@ -38,12 +38,12 @@ pub fn http_request(data: &[u8]) {
     // The head as the connection finds it: whole, and again as reads would
     // deliver it (growing windows, the terminator scan carried across them);
     // both must agree, and the head is exactly its own bytes.
-    let whole = crate::http::next_head(data, &mut 0, &limits);
+    let whole = crate::frontend::http::next_head(data, &mut 0, &limits);
     let step = usize::from(split_seed % 13) + 1;
     let (mut scan_from, mut avail) = (0usize, 0usize);
     let pieces = loop {
         avail = (avail + step).min(data.len());
-        let r = crate::http::next_head(&data[..avail], &mut scan_from, &limits);
+        let r = crate::frontend::http::next_head(&data[..avail], &mut scan_from, &limits);
         assert!(scan_from <= avail);
         if !matches!(r, Ok(None)) || avail == data.len() {
             break r;
@@ -53,7 +53,7 @@ pub fn http_request(data: &[u8]) {
         (Ok(Some((head, used))), Ok(Some((head2, used2)))) => {
             assert_eq!((&head, used), (&head2, used2), "pieces disagree with whole");
             assert!(used <= data.len());
-            let again = crate::http::parse_head(&data[..used], &limits);
+            let again = crate::frontend::http::parse_head(&data[..used], &limits);
             assert!(matches!(again, Ok(Some((ref h, u))) if *h == head && u == used));
             (head, used)
         }
@@ -76,7 +76,7 @@ pub fn http_request(data: &[u8]) {
     };
     let rest = &data[used..];
     let line_max = 64 + usize::from(split_seed);
-    let mut body = crate::http::BodyState::new(framing, line_max, 1024);
+    let mut body = crate::frontend::http::BodyState::new(framing, line_max, 1024);
     // Feed `rest` in growing windows, as reads would deliver it.
     let piece = usize::from(split_seed % 17) + 1;
     let (mut pos, mut avail, mut decoded) = (0usize, 0usize, 0u64);
@@ -90,24 +90,24 @@ pub fn http_request(data: &[u8]) {
                 let _ = e.to_string();
                 return;
             }
-            Ok(crate::http::Step::Framing { consumed_bytes }) => {
+            Ok(crate::frontend::http::Step::Framing { consumed_bytes }) => {
                 assert!(consumed_bytes > 0 && consumed_bytes <= window.len());
                 pos += consumed_bytes;
             }
-            Ok(crate::http::Step::NeedMore) => {
+            Ok(crate::frontend::http::Step::NeedMore) => {
                 if avail == rest.len() {
                     return; // the client stopped sending
                 }
                 avail = (avail + piece).min(rest.len());
             }
-            Ok(crate::http::Step::Done { consumed_bytes }) => {
+            Ok(crate::frontend::http::Step::Done { consumed_bytes }) => {
                 assert!(consumed_bytes <= window.len());
                 if let BodyFraming::Length(n) = framing {
                     assert_eq!(decoded, n);
                 }
                 return;
             }
-            Ok(crate::http::Step::Data { remaining_bytes }) => {
+            Ok(crate::frontend::http::Step::Data { remaining_bytes }) => {
                 assert!(remaining_bytes > 0);
                 if window.is_empty() {
                     if avail == rest.len() {
@@ -136,15 +136,15 @@ pub fn s3_route(data: &[u8]) {
     let (target, range) = split_at_byte(&data[8..], b'\n');
     let target = String::from_utf8_lossy(target);
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let _ = crate::s3::handler::route_target(path, query);
+    let _ = crate::frontend::s3::handler::route_target(path, query);
     match parse_range(range, size) {
         Ok(RangeSpec::Whole) | Err(_) => {}
         Ok(RangeSpec::Single(start, end)) => {
             assert!(start <= end && end < size, "{start}-{end}/{size}");
-            let _ = crate::http::content_range(start, end, size);
+            let _ = crate::frontend::http::content_range(start, end, size);
         }
         Ok(RangeSpec::Multi(ranges)) => {
-            assert!(ranges.len() >= 2 && ranges.len() <= crate::http::RANGES_COUNT_MAX);
+            assert!(ranges.len() >= 2 && ranges.len() <= crate::frontend::http::RANGES_COUNT_MAX);
             for (start, end) in ranges {
                 assert!(start <= end && end < size, "{start}-{end}/{size}");
             }
@@ -413,18 +413,18 @@ pub fn aws_chunked(data: &[u8]) {
 /// (CreateBucketConfiguration, CompleteMultipartUpload, Delete); then
 /// escaping round-trips: any text we escape parses back to itself.
 pub fn xml_body(data: &[u8]) {
-    if let Ok(Some(root)) = crate::s3::xml::parse_xml(data) {
-        fn depth(e: &crate::s3::xml::XmlElement) -> usize {
+    if let Ok(Some(root)) = crate::frontend::s3::xml::parse_xml(data) {
+        fn depth(e: &crate::frontend::s3::xml::XmlElement) -> usize {
             1 + e.children.iter().map(depth).max().unwrap_or(0)
         }
         assert!(depth(&root) <= 32);
     }
-    let _ = crate::s3::xml::parse_create_bucket(data);
-    let _ = crate::s3::xml::parse_complete_multipart(data);
-    let _ = crate::s3::xml::parse_delete(data);
+    let _ = crate::frontend::s3::xml::parse_create_bucket(data);
+    let _ = crate::frontend::s3::xml::parse_complete_multipart(data);
+    let _ = crate::frontend::s3::xml::parse_delete(data);
     let text = String::from_utf8_lossy(data);
-    let doc = format!("<a>{}</a>", crate::s3::xml::escape(&text));
-    let root = crate::s3::xml::parse_xml(doc.as_bytes())
+    let doc = format!("<a>{}</a>", crate::frontend::s3::xml::escape(&text));
+    let root = crate::frontend::s3::xml::parse_xml(doc.as_bytes())
         .expect("escaped text parses")
         .expect("a root element");
     assert_eq!(root.text, text, "escape does not round-trip");

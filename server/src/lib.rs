@@ -1,22 +1,24 @@
 //! percore: a thread-per-core, shared-nothing object storage server.
 //!
-//! The tree follows the architecture: `store` is the per-shard storage engine,
-//! `shard` the per-core runtime and cross-shard messaging, `http` and `s3` the
-//! S3 front door.
+//! One folder per layer (docs/design.md opens with the map):
+//! - `boot`: process start-up: configuration, CPU/NUMA plan, listeners,
+//!   the data directory, one executor per shard.
+//! - `frontend`: the two front doors (`http` + `s3`, `native`), the admin
+//!   endpoint and what the doors share.
+//! - `shard`: the per-core runtime: the shard's typed API, cross-shard
+//!   messages, object streaming.
+//! - `store`: the per-shard storage engine (log-structured segments, index,
+//!   recovery, compaction, scrub).
+//! - `ring`: the per-shard io_uring data ring and registered buffer pool.
+//! - `metrics`: counters, histograms and the catalogue of metric names.
+//! - `tools`: offline tools run by the binary (`fsck`, `doctor`).
 
-pub mod checks;
-pub mod config;
-pub mod doctor;
-pub mod fsck;
+pub mod boot;
+pub mod frontend;
+#[cfg(any(test, fuzzing))]
 pub mod fuzz;
-pub mod http;
-pub mod metadata;
 pub mod metrics;
-pub mod native;
 pub mod ring;
-pub mod s3;
-pub mod server;
 pub mod shard;
-pub mod steer;
 pub mod store;
-pub mod topology;
+pub mod tools;

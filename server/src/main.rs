@@ -3,7 +3,7 @@
 mod cli;
 
 use clap::{Parser, Subcommand};
-use percore_server::config::{ServeArgs, ServerConfig};
+use percore_server::boot::config::{ServeArgs, ServerConfig};
 
 #[derive(Parser)]
 #[command(
@@ -66,22 +66,22 @@ fn main() {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
         .init();
-    let _ = percore_server::server::LOG_FILTER_INITIAL.set(initial);
-    let _ = percore_server::server::LOG_FILTER_RELOAD.set(Box::new(move |f: &str| {
+    let _ = percore_server::boot::LOG_FILTER_INITIAL.set(initial);
+    let _ = percore_server::boot::LOG_FILTER_RELOAD.set(Box::new(move |f: &str| {
         let filter = tracing_subscriber::EnvFilter::try_new(f).map_err(|e| e.to_string())?;
         reload.reload(filter).map_err(|e| e.to_string())
     }));
     let result = match cli.command {
         Command::Client(cmd) => cli::run(cmd),
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
-            .and_then(percore_server::server::serve),
+            .and_then(percore_server::boot::serve),
         Command::Fsck { data, json } => {
-            std::process::exit(percore_server::fsck::run_cli(&data, json));
+            std::process::exit(percore_server::tools::fsck::run_cli(&data, json));
         }
         Command::Doctor { data, shards, cpus } => {
             let cpus = match cpus
                 .as_deref()
-                .map(percore_server::topology::parse_cpu_list)
+                .map(percore_server::boot::topology::parse_cpu_list)
             {
                 Some(Err(e)) => {
                     eprintln!("percore: error: --cpus: {e}");
@@ -89,9 +89,9 @@ fn main() {
                 }
                 other => other.map(Result::unwrap),
             };
-            let (text, worst) = percore_server::doctor::run(&data, shards, cpus.as_deref());
+            let (text, worst) = percore_server::tools::doctor::run(&data, shards, cpus.as_deref());
             print!("{text}");
-            if worst == percore_server::doctor::Level::Fail {
+            if worst == percore_server::tools::doctor::Level::Fail {
                 std::process::exit(1);
             }
             Ok(())

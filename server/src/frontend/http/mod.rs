@@ -13,6 +13,7 @@ mod head;
 mod range;
 mod response;
 
+#[cfg(any(test, fuzzing))]
 pub(crate) use body::{BodyState, Step};
 pub use conn::{
     HttpConn, BODY_WINDOW_BYTES, DISCARD_BODY_BYTES_MAX, DISCARD_WIRE_BYTES_MAX,
@@ -21,6 +22,7 @@ pub use conn::{
 pub(crate) use date::civil_from_days;
 pub use date::imf_fixdate;
 pub use error::HttpError;
+#[cfg(any(test, fuzzing))]
 pub(crate) use head::{next_head, parse_head};
 pub use head::{BodyFraming, Limits, RequestHead};
 pub use range::{content_range, parse_range, RangeError, RangeSpec, RANGES_COUNT_MAX};

@@ -1,6 +1,13 @@
 //! `percore serve`: start one glommio executor per shard, wire them
 //! together, serve until SIGINT/SIGTERM, then drain and stop cleanly.
 
+
+pub mod checks;
+pub mod config;
+pub mod datadir;
+pub mod steer;
+pub mod topology;
+
 use std::cell::{Cell, RefCell};
 use std::os::fd::{FromRawFd, RawFd};
 use std::rc::Rc;
@@ -10,13 +17,13 @@ use std::time::{Duration, Instant};
 use glommio::{LocalExecutorBuilder, Placement};
 use percore_protocol::routing;
 
-use crate::config::ServerConfig;
-use crate::http::{HttpConn, Limits, ResponseHead};
-use crate::s3::handler::{Credentials, S3Config, S3Front};
+use crate::boot::config::ServerConfig;
+use crate::frontend::http::{HttpConn, Limits, ResponseHead};
+use crate::frontend::s3::handler::{Credentials, S3Config, S3Front};
 use crate::shard::{self, Shard, Wiring, BUCKET_OWNER_SHARD};
 use crate::store::{file, Store, StoreConfig};
-use crate::topology::{self, ShardPlacement};
-use crate::{checks, metadata};
+use topology::ShardPlacement;
+
 
 /// What shards tell the main thread (start-up and shutdown only).
 enum Event {
@@ -75,7 +82,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     let cores = topology::physical_cores()?;
     let placements = topology::plan(&cores, cfg.cpus.as_deref(), cfg.shards, cfg.unpinned)?;
     let n = placements.len();
-    let meta = metadata::open_or_create(&cfg.data, n)?;
+    let meta = datadir::open_or_create(&cfg.data, n)?;
     let io_memory = checks::io_memory_per_shard(n)?;
     let direct_io = file::probe_direct_io(&cfg.data)
         .map_err(|e| format!("cannot probe O_DIRECT in {}: {e}", cfg.data.display()))?;
@@ -131,7 +138,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         },
     };
     let shard_cpus: Option<Vec<usize>> = placements.iter().map(|p| p.cpu).collect();
-    let (s3_fds, steered) = crate::steer::bind_group(cfg.s3, n, shard_cpus.as_deref())?;
+    let (s3_fds, steered) = crate::boot::steer::bind_group(cfg.s3, n, shard_cpus.as_deref())?;
     println!(
         "S3 listeners: {n} (SO_REUSEPORT), {}",
         if steered {
@@ -389,9 +396,9 @@ async fn run_shard_inner(s: ShardSetup) -> Result<(), String> {
             }
         }
     });
-    let native = crate::native::NativeFront::new(
+    let native = crate::frontend::native::NativeFront::new(
         shard.clone(),
-        Rc::new(crate::native::NativeConfig {
+        Rc::new(crate::frontend::native::NativeConfig {
             credentials: front.cfg.credentials.clone(),
             ports: s.native_ports.clone(),
             put_data_timeout: Duration::from_secs(s.cfg.native_put_data_timeout_s),
@@ -518,7 +525,7 @@ impl AdminWrites {
     /// None when allowed, else the refusal (status, message).
     fn refusal(
         &self,
-        head: &crate::http::RequestHead,
+        head: &crate::frontend::http::RequestHead,
         loopback: bool,
     ) -> Option<(u16, &'static str)> {
         use subtle::ConstantTimeEq;

@@ -4,7 +4,7 @@
 //! Output is written straight into one pre-sized String; no XML library,
 //! because S3's response shapes are fixed and small.
 
-use crate::http::civil_from_days;
+use crate::frontend::http::civil_from_days;
 use std::fmt::Write as _;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};

@@ -34,7 +34,7 @@ use percore_protocol::native::{
 };
 use percore_protocol::routing;
 
-use crate::s3::handler::{valid_bucket_name, Credentials, PUT_BYTES_MAX};
+use crate::frontend::s3::handler::{valid_bucket_name, Credentials, PUT_BYTES_MAX};
 use crate::shard::msg::{Op, Reply as ShardReply, ShardError};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::{Shard, BUCKET_OWNER_SHARD};

@@ -161,7 +161,7 @@ impl ServerConfig {
         };
         let cpus_text = args.cpus.clone().or(env("PERCORE_CPUS")).or(file.cpus);
         let cpus = cpus_text
-            .map(|t| crate::topology::parse_cpu_list(&t))
+            .map(|t| crate::boot::topology::parse_cpu_list(&t))
             .transpose()?;
         let shards = match (args.shards, env("PERCORE_SHARDS")) {
             (Some(n), _) => Some(n),
@@ -227,7 +227,7 @@ impl ServerConfig {
             .or(file.ring_sqpoll_idle_ms);
         let ring_sqpoll_cpus = env("PERCORE_RING_SQPOLL_CPUS")
             .or(file.ring_sqpoll_cpus)
-            .map(|t| crate::topology::parse_cpu_list(&t))
+            .map(|t| crate::boot::topology::parse_cpu_list(&t))
             .transpose()
             .map_err(|e| format!("ring_sqpoll_cpus: {e}"))?;
         let ring_submit_batch = env_num("PERCORE_RING_BATCH")?
@@ -389,7 +389,7 @@ mod tests {
 
     #[test]
     fn sample_config_in_docs_is_valid() {
-        let text = include_str!("../../docs/percore.toml");
+        let text = include_str!("../../../docs/percore.toml");
         let file: FileConfig = toml::from_str(text).expect("docs/percore.toml parses");
         assert_eq!(file.region.as_deref(), Some("us-east-1"));
         let dir = tempfile::tempdir().unwrap();

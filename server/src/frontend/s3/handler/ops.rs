@@ -11,10 +11,10 @@ use super::{
     check_conditions_with, content_md5, percent_decode, Conn, Request, S3Front, GET_PIECE_BYTES,
     PUT_BYTES_MAX, S3_KEY_BYTES_MAX,
 };
-use crate::http::ResponseHead;
-use crate::s3::error::S3Error;
-use crate::s3::sigv4::Verified;
-use crate::s3::xml::{
+use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::sigv4::Verified;
+use crate::frontend::s3::xml::{
     self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
     push_open_root, push_owner, OWNER_ID_DEFAULT,
 };
@@ -646,12 +646,12 @@ impl S3Front {
             let stored: Vec<&(String, String)> = meta
                 .headers
                 .iter()
-                .filter(|(n, _)| n.starts_with(crate::s3::checksum::HEADER_PREFIX))
+                .filter(|(n, _)| n.starts_with(crate::frontend::s3::checksum::HEADER_PREFIX))
                 .collect();
             if !stored.is_empty() {
                 out.push_str("<Checksum>");
                 for (name, value) in stored {
-                    let alg = name[crate::s3::checksum::HEADER_PREFIX.len()..].to_ascii_uppercase();
+                    let alg = name[crate::frontend::s3::checksum::HEADER_PREFIX.len()..].to_ascii_uppercase();
                     push_element(&mut out, &format!("Checksum{alg}"), value);
                 }
                 push_element(&mut out, "ChecksumType", "FULL_OBJECT");

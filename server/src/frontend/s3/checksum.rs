@@ -7,8 +7,8 @@ use crc::{Crc, Table, CRC_64_NVME};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
-use crate::http::RequestHead;
-use crate::s3::error::S3Error;
+use crate::frontend::http::RequestHead;
+use crate::frontend::s3::error::S3Error;
 
 static CRC64_NVME: Crc<u64, Table<16>> = Crc::<u64, Table<16>>::new(&CRC_64_NVME);
 

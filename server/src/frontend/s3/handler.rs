@@ -12,14 +12,14 @@ use glommio::net::TcpStream;
 use md5::{Digest, Md5};
 use sha2::Sha256;
 
-use crate::http::{
+use crate::frontend::http::{
     content_range, parse_range, BodyFraming, HttpConn, Limits, RangeSpec, RequestHead, ResponseHead,
 };
 use crate::metrics::ShardMetrics;
-use crate::s3::checksum;
-use crate::s3::error::S3Error;
-use crate::s3::sigv4::{self, AuthInput, ChunkedDecoder, HeaderView, PayloadMode, Verified};
-use crate::s3::xml;
+use crate::frontend::s3::checksum;
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::sigv4::{self, AuthInput, ChunkedDecoder, HeaderView, PayloadMode, Verified};
+use crate::frontend::s3::xml;
 use crate::shard::msg::{Op, Reply};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::{Shard, BUCKET_OWNER_SHARD};
@@ -189,7 +189,7 @@ pub fn valid_bucket_name(name: &str) -> bool {
 }
 
 fn http_date(unix_ms: u64) -> String {
-    String::from_utf8_lossy(&crate::http::imf_fixdate(unix_ms / 1000)).into_owned()
+    String::from_utf8_lossy(&crate::frontend::http::imf_fixdate(unix_ms / 1000)).into_owned()
 }
 
 impl S3Front {

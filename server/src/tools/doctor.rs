@@ -78,7 +78,7 @@ fn kernel() -> Vec<Finding> {
 
 fn io_uring_features() -> Vec<Finding> {
     let mut out = Vec::new();
-    if let Err(e) = crate::checks::io_uring_enabled() {
+    if let Err(e) = crate::boot::checks::io_uring_enabled() {
         out.push(finding(
             Level::Fail,
             "io_uring",
@@ -164,7 +164,7 @@ fn io_uring_features() -> Vec<Finding> {
 
 fn memory() -> Vec<Finding> {
     let mut out = Vec::new();
-    let memlock = crate::checks::memlock_bytes();
+    let memlock = crate::boot::checks::memlock_bytes();
     out.push(if memlock == u64::MAX {
         finding(Level::Ok, "memlock", "RLIMIT_MEMLOCK unlimited", "")
     } else if unsafe { libc::geteuid() } == 0 {
@@ -218,7 +218,7 @@ fn memory() -> Vec<Finding> {
 
 fn cpu_plan(shards: Option<usize>, cpus: Option<&[usize]>) -> Vec<Finding> {
     let mut out = Vec::new();
-    match crate::topology::physical_cores() {
+    match crate::boot::topology::physical_cores() {
         Err(e) => out.push(finding(
             Level::Fail,
             "cpus",
@@ -239,7 +239,7 @@ fn cpu_plan(shards: Option<usize>, cpus: Option<&[usize]>) -> Vec<Finding> {
                 ),
                 "",
             ));
-            match crate::topology::plan(&cores, cpus, shards, false) {
+            match crate::boot::topology::plan(&cores, cpus, shards, false) {
                 Ok(plan) => {
                     let mut line = String::new();
                     for p in &plan {
@@ -328,7 +328,7 @@ fn nics(shard_cpus: &[usize]) -> Vec<Finding> {
             };
             if let Some(list) = read(format!("/proc/irq/{irq}/smp_affinity_list")) {
                 irqs += 1;
-                if let Ok(cpus) = crate::topology::parse_cpu_list(list.trim()) {
+                if let Ok(cpus) = crate::boot::topology::parse_cpu_list(list.trim()) {
                     irq_cpus.extend(cpus);
                 }
             }
@@ -388,7 +388,7 @@ fn filesystem_name(magic: i64) -> &'static str {
 
 fn data_dir(dir: &Path) -> Vec<Finding> {
     let mut out = Vec::new();
-    if let Err(e) = crate::checks::data_dir_writable(dir) {
+    if let Err(e) = crate::boot::checks::data_dir_writable(dir) {
         out.push(finding(Level::Fail, "disk", e, ""));
         return out;
     }
@@ -428,9 +428,9 @@ pub fn run(dir: &Path, shards: Option<usize>, cpus: Option<&[usize]>) -> (String
     all.extend(io_uring_features());
     all.extend(memory());
     all.extend(cpu_plan(shards, cpus));
-    let shard_cpus: Vec<usize> = crate::topology::physical_cores()
+    let shard_cpus: Vec<usize> = crate::boot::topology::physical_cores()
         .ok()
-        .and_then(|cores| crate::topology::plan(&cores, cpus, shards, false).ok())
+        .and_then(|cores| crate::boot::topology::plan(&cores, cpus, shards, false).ok())
         .map(|p| p.iter().filter_map(|s| s.cpu).collect())
         .unwrap_or_default();
     all.extend(nics(&shard_cpus));

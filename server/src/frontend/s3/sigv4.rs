@@ -6,7 +6,7 @@
 //! its body is protected. Nothing here allocates per byte of body, and every
 //! buffer is bounded, because all of this runs before the caller is known.
 
-use crate::http::civil_from_days;
+use crate::frontend::http::civil_from_days;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
