@@ -436,7 +436,7 @@ pub fn xml_body(data: &[u8]) {
 /// must encode back to exactly the same bytes.
 pub fn record_header(data: &[u8]) {
     const AT: u64 = 4096;
-    let keys = [record::SegKey::v1(3), record::SegKey::v2(0x5eed_0f_5eed, 3)];
+    let keys = [record::SegKey::v1(3), record::SegKey::v2(0x005e_ed0f_5eed, 3)];
     for key in &keys {
         let mut buf = data.to_vec();
         if buf.len() >= record::FIXED_HEADER_BYTES {
@@ -686,7 +686,10 @@ pub fn segment_scan(data: &[u8]) {
 
 /// Target name -> property; the names match `fuzz/fuzz_targets/*.rs` and
 /// the corpus directories under `fuzz/corpus/`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+/// A fuzz target: its cargo-fuzz name and its property.
+pub type Target = (&'static str, fn(&[u8]));
+
+pub const TARGETS: &[Target] = &[
     ("http_request", http_request),
     ("s3_route", s3_route),
     ("sigv4_auth", sigv4_auth),

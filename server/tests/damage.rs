@@ -42,15 +42,7 @@ fn body(i: u64, len: usize) -> Bytes {
     Bytes::from(pattern(i, len))
 }
 
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pcs"))
-        .collect();
-    v.sort();
-    v
-}
+use common::segment_files as segments;
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
@@ -280,8 +272,8 @@ fn headers_planted_in_a_payload_are_never_records() {
             if q >= MARK.len() as u64 {
                 // Version 1 where version 1's scan would land (4 KiB
                 // boundaries), else both kinds in turn.
-                let on_block = (p2_guess + q) % 4096 == 0;
-                let version = if on_block || n % 2 == 0 { 1 } else { 2 };
+                let on_block = (p2_guess + q).is_multiple_of(4096);
+                let version = if on_block || n.is_multiple_of(2) { 1 } else { 2 };
                 let h = planted(version, segment_id, p2_guess + q);
                 attack[q as usize..q as usize + h.len()].copy_from_slice(&h);
                 n += 1;

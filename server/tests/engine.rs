@@ -18,10 +18,7 @@ mod common;
 use common::{read_all, run, small_config};
 
 fn payload(key: &str, version: u64, len: usize) -> Bytes {
-    let mut rng = StdRng::seed_from_u64(version ^ (key.len() as u64 * 7919));
-    let mut v = vec![0u8; len];
-    rng.fill(&mut v[..]);
-    Bytes::from(v)
+    common::seeded_bytes(version ^ (key.len() as u64 * 7919), len)
 }
 
 fn meta(etag: &str) -> ObjectMeta {
@@ -168,15 +165,7 @@ fn list_with_prefix_delimiter_and_start_after() {
     });
 }
 
-fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pcs"))
-        .collect();
-    v.sort();
-    v
-}
+use common::segment_files;
 
 /// Writes objects, then damages the end of the newest segment and reopens.
 fn damage_and_reopen(damage: impl FnOnce(&Path) + Send + 'static) -> (usize, u64, u64) {

@@ -34,10 +34,7 @@ use common::{list_names, read_all, run, small_config};
 const KEYS: usize = 24;
 
 fn payload(key: usize, version: u64, len: usize) -> Bytes {
-    let mut rng = StdRng::seed_from_u64(version.wrapping_mul(31) ^ key as u64);
-    let mut v = vec![0u8; len];
-    rng.fill(&mut v[..]);
-    Bytes::from(v)
+    common::seeded_bytes(version.wrapping_mul(31) ^ key as u64, len)
 }
 
 fn key_name(k: usize) -> String {

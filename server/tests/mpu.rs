@@ -10,11 +10,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 mod common;
 use common::{read_all, run, small_config};
 
-fn data(seed: u64, len: usize) -> Bytes {
-    let mut v = vec![0u8; len];
-    StdRng::seed_from_u64(seed).fill(&mut v[..]);
-    Bytes::from(v)
-}
+use common::seeded_bytes as data;
 
 fn md5_hex(b: &[u8]) -> String {
     use md5::{Digest, Md5};

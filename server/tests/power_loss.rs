@@ -52,10 +52,7 @@ fn key_name(k: usize) -> String {
 
 /// The bytes of version `v` (versions are unique across the whole run).
 fn payload(v: u64, len: usize) -> Bytes {
-    let mut rng = StdRng::seed_from_u64(v ^ 0x5EED_0F_DA7A);
-    let mut b = vec![0u8; len];
-    rng.fill(&mut b[..]);
-    Bytes::from(b)
+    common::seeded_bytes(v ^ 0x005E_ED0F_DA7A, len)
 }
 
 /// A version of a key: its number (also its content type, so metadata is

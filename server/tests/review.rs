@@ -25,11 +25,7 @@ fn cfg(dir: &Path) -> StoreConfig {
 }
 
 fn data(seed: u8, len: usize) -> Bytes {
-    use rand::{rngs::StdRng, Rng, SeedableRng};
-    let mut rng = StdRng::seed_from_u64(seed as u64 * 1_000_003 + len as u64);
-    let mut v = vec![0u8; len];
-    rng.fill(&mut v[..]);
-    Bytes::from(v)
+    common::seeded_bytes(seed as u64 * 1_000_003 + len as u64, len)
 }
 
 fn meta() -> ObjectMeta {
@@ -63,20 +59,12 @@ fn older(store: &Store, key: &str) -> Option<(bool, u32)> {
         .map(|e| (e.3, e.4))
 }
 
-fn seg_files(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pcs"))
-        .collect();
-    v.sort();
-    v
-}
+use common::segment_files as seg_files;
 
 // A: a large PUT whose first extents sit in a segment sealed before finish()
 // loses them to compaction.
 #[test]
-fn a_inflight_put_extents_compacted_away() {
+fn compaction_keeps_the_extents_of_a_put_still_in_progress() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     run(move || async move {
@@ -117,7 +105,7 @@ fn a_inflight_put_extents_compacted_away() {
 // B: a torn record dropped at recovery 1 is accepted at recovery 2 (segment
 // now sealed, no payload check) and beats a DELETE that reused its seq.
 #[test]
-fn b_reseal_makes_torn_record_valid() {
+fn resealing_never_turns_a_torn_record_into_a_valid_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -166,7 +154,7 @@ fn b_reseal_makes_torn_record_valid() {
 // compacting the orphan's segment undercounts older_on_disk; the tombstone is
 // then dropped while the old version is still on disk.
 #[test]
-fn c_compaction_abort_orphans_undercount() {
+fn a_compaction_aborted_by_a_corrupt_record_does_not_bring_a_deleted_object_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -225,7 +213,7 @@ fn c_compaction_abort_orphans_undercount() {
 // D: a batch whose fdatasync fails is on disk but uncounted; compacting its
 // segment undercounts older_on_disk.
 #[test]
-fn d_failed_sync_record_undercount() {
+fn a_batch_whose_fdatasync_failed_does_not_bring_a_deleted_object_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -277,7 +265,7 @@ fn d_failed_sync_record_undercount() {
 
 // E: shutdown seals at write_offset while a batch is still in flight.
 #[test]
-fn e_shutdown_races_inflight_batch() {
+fn shutdown_during_an_in_flight_batch_loses_no_acknowledged_object() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -331,7 +319,7 @@ fn e_shutdown_races_inflight_batch() {
 }
 
 #[test]
-fn e0_control_shutdown_after_acks() {
+fn shutdown_after_every_ack_loses_no_object() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -375,7 +363,7 @@ fn e0_control_shutdown_after_acks() {
 // G: a DELETE racing compaction makes rewrite_object fail ("extent owner is
 // not an object"); copies made in step 1 are orphaned and uncounted.
 #[test]
-fn g_delete_during_compaction_orphans() {
+fn a_delete_racing_compaction_does_not_bring_the_object_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -442,7 +430,7 @@ fn g_delete_during_compaction_orphans() {
 // being compacted; rewrite_object re-encodes the inline record's header and
 // appends it with an empty payload.
 #[test]
-fn h_overwrite_with_inline_during_compaction() {
+fn an_inline_overwrite_racing_compaction_loses_no_object() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();
@@ -502,7 +490,7 @@ fn h_overwrite_with_inline_during_compaction() {
 // compacting the orphan's segment undercounts older_on_disk; the tombstone is
 // then dropped while the old version is still on disk.
 #[test]
-fn c2_compaction_abort_orphans_big_victim() {
+fn a_compaction_of_a_big_segment_aborted_by_a_corrupt_record_does_not_bring_a_deleted_object_back() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();

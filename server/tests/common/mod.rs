@@ -90,3 +90,24 @@ pub fn list_names(store: &Store, bucket: &str) -> Vec<String> {
         .map(|i| i.name().to_string())
         .collect()
 }
+
+/// `len` bytes from a `StdRng` seeded with `seed`: the payload generator of
+/// the store tests (each test maps its own key/version to a seed).
+pub fn seeded_bytes(seed: u64, len: usize) -> bytes::Bytes {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let mut v = vec![0u8; len];
+    StdRng::seed_from_u64(seed).fill(&mut v[..]);
+    bytes::Bytes::from(v)
+}
+
+/// The segment files (`*.pcs`) of a store directory, sorted by name (which
+/// is segment id order).
+pub fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcs"))
+        .collect();
+    v.sort();
+    v
+}

@@ -69,7 +69,7 @@ pub fn sign(t: &Target, method: &str, path: &str, query: &str) -> String {
     );
     let mut k = hmac(
         format!("AWS4{}", t.secret_key).as_bytes(),
-        date[..8].as_bytes(),
+        &date.as_bytes()[..8],
     );
     for part in [t.region.as_str(), "s3", "aws4_request"] {
         k = hmac(&k, part.as_bytes());
