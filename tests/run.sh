@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: dependencies, release build, cargo tests, python integration tests.
 #
-#   PERCORE_SKIP_CARGO=1   skip `cargo build` / `cargo test` (iterate on the python tests
+#   PERCORE_SKIP_CARGO=1   skip `cargo build` / lint / `cargo test` (iterate on the python tests
 #                          against an already built target/release/percore)
 #   PERCORE_BIN=PATH       server binary for the python tests
 #   PYTEST_ARGS="..."      extra pytest arguments (e.g. "-k crash")
@@ -66,6 +66,12 @@ if [ "${PERCORE_SKIP_CARGO:-0}" != "1" ]; then
     cargo build --release
     phase "generate: protocol/generate.sh --check"
     bash protocol/generate.sh --check
+    # Lint: formatting and clippy, warnings are errors (reuses the check
+    # builds of the dependencies, a few minutes on a fresh machine).
+    phase "lint: cargo fmt --check"
+    cargo fmt --all --check
+    phase "lint: cargo clippy -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
     phase "cargo test --workspace --release"
     cargo test --workspace --release
 else

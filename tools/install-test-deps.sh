@@ -121,6 +121,20 @@ if ! command -v aws >/dev/null 2>&1; then
     exit 1
 fi
 
+# The lint phase needs rustfmt and clippy (in rustup's default profile; a
+# minimal profile lacks them).
+for comp in rustfmt clippy; do
+    if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        if command -v rustup >/dev/null 2>&1; then
+            say "installing the $comp component (rustup component add $comp)"
+            rustup component add "$comp"
+        else
+            say "error: cargo $comp is missing and there is no rustup to add it; install the $comp component"
+            exit 1
+        fi
+    fi
+done
+
 # Everything the suite needs must be there now: a missing client would only
 # skip its test, and tests/run.sh does not accept skips (PERCORE_CI_NO_SKIPS).
 still_missing=()
