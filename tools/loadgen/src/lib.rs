@@ -209,6 +209,7 @@ fn percentiles(v: &mut [u32]) -> Percentiles {
 
 /// CPU seconds (user + system) used so far by these processes, all threads.
 pub fn cpu_seconds(pids: &[u32]) -> f64 {
+    // SAFETY: sysconf reads a system constant; no pointers, no memory.
     let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     pids.iter()
         .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
