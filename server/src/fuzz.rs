@@ -201,6 +201,8 @@ pub fn sigv4_auth(data: &[u8]) {
 /// x-amz-content-sha256). The request is signed here by an independent
 /// minimal signer (unreserved characters only, so canonical forms are
 /// trivial), not by the code under test.
+// One property, read top to bottom: sign, tamper, check.
+#[allow(clippy::too_many_lines)]
 pub fn sigv4_unsigned_headers(data: &[u8]) {
     use hmac::{Hmac, Mac};
     use sha2::{Digest, Sha256};
@@ -436,7 +438,10 @@ pub fn xml_body(data: &[u8]) {
 /// must encode back to exactly the same bytes.
 pub fn record_header(data: &[u8]) {
     const AT: u64 = 4096;
-    let keys = [record::SegKey::v1(3), record::SegKey::v2(0x005e_ed0f_5eed, 3)];
+    let keys = [
+        record::SegKey::v1(3),
+        record::SegKey::v2(0x005e_ed0f_5eed, 3),
+    ];
     for key in &keys {
         let mut buf = data.to_vec();
         if buf.len() >= record::FIXED_HEADER_BYTES {
@@ -496,6 +501,8 @@ impl Choices<'_> {
 /// record the scan returns is one the writer put exactly there (nothing
 /// forged, nothing planted), and every record none of whose bytes were
 /// damaged is returned.
+// One property, read top to bottom: write, damage, scan, compare.
+#[allow(clippy::too_many_lines)]
 pub fn segment_scan(data: &[u8]) {
     use crate::store::scan;
     const SECRET: u64 = 0x0123_4567_89ab_cdef;

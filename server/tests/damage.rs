@@ -273,7 +273,11 @@ fn headers_planted_in_a_payload_are_never_records() {
                 // Version 1 where version 1's scan would land (4 KiB
                 // boundaries), else both kinds in turn.
                 let on_block = (p2_guess + q).is_multiple_of(4096);
-                let version = if on_block || n.is_multiple_of(2) { 1 } else { 2 };
+                let version = if on_block || n.is_multiple_of(2) {
+                    1
+                } else {
+                    2
+                };
                 let h = planted(version, segment_id, p2_guess + q);
                 attack[q as usize..q as usize + h.len()].copy_from_slice(&h);
                 n += 1;

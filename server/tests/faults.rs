@@ -18,6 +18,9 @@
 //! * after every fault the store keeps serving: with faults off, every
 //!   operation succeeds.
 
+// A test is one scenario read top to bottom; splitting it would hide the story.
+#![allow(clippy::too_many_lines)]
+
 use std::cell::{Cell, RefCell};
 use std::io;
 use std::rc::Rc;

@@ -13,6 +13,9 @@
 //! To print the current bytes: `PERCORE_GOLDEN_PRINT=1 cargo test --release
 //! -p percore-server --test golden_record -- --nocapture --test-threads 1`.
 
+// A test is one scenario read top to bottom; splitting it would hide the story.
+#![allow(clippy::too_many_lines)]
+
 use percore_server::store::record::{
     self, block_crcs, decode_header, encode_header_at, Body, ExtentRef, Header, ObjectMeta, SegKey,
 };

@@ -141,6 +141,7 @@ fn draining_answers_shutting_down_and_finishes_the_put_in_flight() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
 
+        // SAFETY: kill(2) takes no pointers; `pid` is our child server.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -471,10 +472,12 @@ fn the_client_times_out_on_a_stopped_server_and_reconnects_after_a_restart() {
             .unwrap();
         // A stopped server accepts nothing and answers nothing: each
         // attempt ends at the deadline.
+        // SAFETY: kill(2) takes no pointers; `pid` is our child server.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
         let started = Instant::now();
         let e = c.stat("data", "k").await.unwrap_err();
         let took = started.elapsed();
+        // SAFETY: kill(2) takes no pointers; `pid` is our child server.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
         assert!(matches!(e, Error::Timeout(_)), "{e}");
         assert!(
@@ -486,6 +489,7 @@ fn the_client_times_out_on_a_stopped_server_and_reconnects_after_a_restart() {
 
         // Restarted on the same port: the old connection is gone, the
         // client opens a new one by itself.
+        // SAFETY: kill(2) takes no pointers; `pid` is our child server.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
         assert_eq!(server.wait_exit(Duration::from_secs(30)), Some(0));
         server = Proc::start(dir.path(), &[], &["--native", &native]);

@@ -490,7 +490,8 @@ fn an_inline_overwrite_racing_compaction_loses_no_object() {
 // compacting the orphan's segment undercounts older_on_disk; the tombstone is
 // then dropped while the old version is still on disk.
 #[test]
-fn a_compaction_of_a_big_segment_aborted_by_a_corrupt_record_does_not_bring_a_deleted_object_back() {
+fn a_compaction_of_a_big_segment_aborted_by_a_corrupt_record_does_not_bring_a_deleted_object_back()
+{
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let p = path.clone();

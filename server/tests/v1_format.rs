@@ -6,6 +6,9 @@
 //! Regenerate only with a v1 build:
 //! `PERCORE_MAKE_V1_FIXTURE=1 cargo test --release --test v1_format make_v1_fixture -- --ignored`
 
+// A test is one scenario read top to bottom; splitting it would hide the story.
+#![allow(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -173,6 +173,9 @@ fn decode(fh: &FrameHeader, header: &[u8]) -> std::io::Result<ServerMessage> {
 }
 
 impl Conn {
+    // Connect, challenge, hello, check the server's proof: the handshake
+    // is one sequence and reads best whole.
+    #[allow(clippy::too_many_lines)]
     async fn open(addr: SocketAddr, cfg: &Config, shard_hint: usize) -> Result<Conn> {
         let stream = tokio::time::timeout(cfg.connect_timeout, TcpStream::connect(addr))
             .await

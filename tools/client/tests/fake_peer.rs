@@ -5,6 +5,9 @@
 //! chunk that fails its CRC32C. The client against the real server is
 //! tested in server/tests/native.rs.
 
+// A test is one scenario read top to bottom; splitting it would hide the story.
+#![allow(clippy::too_many_lines)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -625,6 +625,8 @@ struct Tally {
 }
 
 /// Runs the measured load (after `prepare`).
+// Spawn, warm up, measure, stop, merge: one sequence with shared counters.
+#[allow(clippy::too_many_lines)]
 pub async fn run(spec: &Spec) -> Result<Report, String> {
     let measuring = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
