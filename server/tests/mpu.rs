@@ -8,7 +8,6 @@ use bytes::Bytes;
 use percore_server::store::mpu::{UploadError, PART_BYTES_MIN};
 use percore_server::store::record::ObjectMeta;
 use percore_server::store::{debug_index, Store, StoreError};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod common;
 use common::{read_all, run, small_config};
