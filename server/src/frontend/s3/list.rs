@@ -58,26 +58,8 @@ impl S3Front {
             .q("delimiter")
             .filter(|d| !d.is_empty())
             .map(str::to_string);
-        let max_keys = match req.q("max-keys") {
-            Some(v) => v
-                .parse::<i64>()
-                .ok()
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| {
-                    S3Error::invalid_argument("max-keys must be a non-negative integer")
-                })?
-                .min(i64::from(LIST_KEYS_MAX)) as u32,
-            None => LIST_KEYS_MAX,
-        };
-        let encoding_url = match req.q("encoding-type") {
-            None => false,
-            Some("url") => true,
-            Some(_) => {
-                return Err(S3Error::invalid_argument(
-                    "Invalid Encoding Method specified in Request",
-                ))
-            }
-        };
+        let max_keys = parse_max_keys(req)?;
+        let encoding_url = parse_encoding_url(req)?;
         let token = match req.q("continuation-token").filter(|_| v2) {
             Some(t) => Some(decode_continuation_token(t)?),
             None => None,
@@ -101,24 +83,7 @@ impl S3Front {
             )
             .await?;
         let last = items.last().map(|i| i.name().to_string());
-        let mut contents = Vec::new();
-        let mut common_prefixes = Vec::new();
-        for item in items {
-            match item {
-                ListItem::Object {
-                    key,
-                    size_bytes,
-                    etag,
-                    mtime_ms,
-                } => contents.push(xml::ObjectEntry {
-                    key,
-                    size: size_bytes,
-                    etag: format!("\"{etag}\""),
-                    last_modified_unix_ms: mtime_ms,
-                }),
-                ListItem::Prefix(p) => common_prefixes.push(p),
-            }
-        }
+        let (contents, common_prefixes) = split_items(items);
         let body = if v2 {
             xml::list_objects_v2(&xml::ListV2 {
                 bucket: req.bucket.clone(),
@@ -240,6 +205,57 @@ impl S3Front {
         out.push_str("</ListVersionsResult>");
         self.respond_xml(conn, req, &out).await
     }
+}
+
+/// `max-keys`: a non-negative integer, capped at [`LIST_KEYS_MAX`].
+fn parse_max_keys(req: &Request) -> Result<u32, S3Error> {
+    let max_keys = match req.q("max-keys") {
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| S3Error::invalid_argument("max-keys must be a non-negative integer"))?
+            .min(i64::from(LIST_KEYS_MAX)) as u32,
+        None => LIST_KEYS_MAX,
+    };
+    Ok(max_keys)
+}
+
+/// `encoding-type`: absent, or `url`.
+fn parse_encoding_url(req: &Request) -> Result<bool, S3Error> {
+    let encoding_url = match req.q("encoding-type") {
+        None => false,
+        Some("url") => true,
+        Some(_) => {
+            return Err(S3Error::invalid_argument(
+                "Invalid Encoding Method specified in Request",
+            ))
+        }
+    };
+    Ok(encoding_url)
+}
+
+/// A page's items as listing entries (ETags quoted) and common prefixes.
+fn split_items(items: Vec<ListItem>) -> (Vec<xml::ObjectEntry>, Vec<String>) {
+    let mut contents = Vec::new();
+    let mut common_prefixes = Vec::new();
+    for item in items {
+        match item {
+            ListItem::Object {
+                key,
+                size_bytes,
+                etag,
+                mtime_ms,
+            } => contents.push(xml::ObjectEntry {
+                key,
+                size: size_bytes,
+                etag: format!("\"{etag}\""),
+                last_modified_unix_ms: mtime_ms,
+            }),
+            ListItem::Prefix(p) => common_prefixes.push(p),
+        }
+    }
+    (contents, common_prefixes)
 }
 
 #[cfg(test)]

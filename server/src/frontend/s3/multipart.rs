@@ -227,44 +227,8 @@ impl S3Front {
                 limit: max + 1,
             })
             .await;
-        let mut uploads: Vec<UploadItem> = Vec::new();
-        // A shard that filled its limit may hold more uploads after its last
-        // one: nothing beyond the least such last upload is certain yet.
-        let mut frontier: Option<(String, String)> = None;
-        for r in replies {
-            match r {
-                Reply::Uploads(mut v) => {
-                    if v.len() > max {
-                        let last = v.last().expect("non-empty");
-                        let last = (last.key.clone(), last.upload_id.clone());
-                        if frontier.as_ref().is_none_or(|f| last < *f) {
-                            frontier = Some(last);
-                        }
-                    }
-                    uploads.append(&mut v);
-                }
-                other => return Err(unexpected(other)),
-            }
-        }
-        uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
-        let cut = frontier.is_some();
-        if let Some((fk, fid)) = &frontier {
-            uploads.retain(|u| (&u.key, &u.upload_id) <= (fk, fid));
-        }
-        // Collapse keys with the delimiter after the prefix into CommonPrefixes.
-        let mut entries: Vec<Result<UploadItem, String>> = Vec::new();
-        for u in uploads {
-            if let Some(d) = delimiter {
-                if let Some(pos) = u.key[prefix.len()..].find(d) {
-                    let common = u.key[..prefix.len() + pos + d.len()].to_string();
-                    if !matches!(entries.last(), Some(Err(p)) if *p == common) {
-                        entries.push(Err(common));
-                    }
-                    continue;
-                }
-            }
-            entries.push(Ok(u));
-        }
+        let (uploads, cut) = merge_upload_pages(replies, max)?;
+        let mut entries = collapse_prefixes(uploads, &prefix, delimiter);
         let truncated = entries.len() > max || cut;
         entries.truncate(max);
         let mut out = String::with_capacity(512 + entries.len() * 300);
@@ -321,4 +285,57 @@ impl S3Front {
         out.push_str("</ListMultipartUploadsResult>");
         self.respond_xml(conn, req, &out).await
     }
+}
+
+/// Every shard's page of uploads (each at most `max + 1` long), sorted by
+/// (key, upload id) and cut at the frontier: a shard that filled its page
+/// may hold more uploads after its last one, so nothing beyond the least
+/// such last upload is certain yet. Returns whether a cut was made.
+fn merge_upload_pages(replies: Vec<Reply>, max: usize) -> Result<(Vec<UploadItem>, bool), S3Error> {
+    let mut uploads: Vec<UploadItem> = Vec::new();
+    let mut frontier: Option<(String, String)> = None;
+    for r in replies {
+        match r {
+            Reply::Uploads(mut v) => {
+                if v.len() > max {
+                    let last = v.last().expect("non-empty");
+                    let last = (last.key.clone(), last.upload_id.clone());
+                    if frontier.as_ref().is_none_or(|f| last < *f) {
+                        frontier = Some(last);
+                    }
+                }
+                uploads.append(&mut v);
+            }
+            other => return Err(unexpected(other)),
+        }
+    }
+    uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
+    let cut = frontier.is_some();
+    if let Some((fk, fid)) = &frontier {
+        uploads.retain(|u| (&u.key, &u.upload_id) <= (fk, fid));
+    }
+    Ok((uploads, cut))
+}
+
+/// Collapses keys with the delimiter after the prefix into common prefixes
+/// (`Err(prefix)`), in order; other uploads stay `Ok`.
+fn collapse_prefixes(
+    uploads: Vec<UploadItem>,
+    prefix: &str,
+    delimiter: Option<&str>,
+) -> Vec<Result<UploadItem, String>> {
+    let mut entries: Vec<Result<UploadItem, String>> = Vec::new();
+    for u in uploads {
+        if let Some(d) = delimiter {
+            if let Some(pos) = u.key[prefix.len()..].find(d) {
+                let common = u.key[..prefix.len() + pos + d.len()].to_string();
+                if !matches!(entries.last(), Some(Err(p)) if *p == common) {
+                    entries.push(Err(common));
+                }
+                continue;
+            }
+        }
+        entries.push(Ok(u));
+    }
+    entries
 }

@@ -114,55 +114,17 @@ impl S3Front {
         auth: &Verified,
         mut sink: ObjectSink,
     ) -> Result<ObjectInfo, S3Error> {
-        let framing = req.head.body_framing()?;
-        if matches!(framing, BodyFraming::Empty) && req.head.header("content-length").is_none() {
-            // As S3: an object (or part) needs a declared length; without
-            // one HTTP reads no body, and an empty object was stored.
-            return Err(S3Error::new(
-                411,
-                "MissingContentLength",
-                "You must provide the Content-Length HTTP header.",
-            ));
-        }
-        let declared = match framing {
-            BodyFraming::Empty => Some(0),
-            BodyFraming::Length(n) => Some(n),
-            BodyFraming::Chunked => None,
-        };
-        let streaming = auth.payload.is_streaming();
-        let decoded_len =
-            match req.head.header_str("x-amz-decoded-content-length") {
-                Some(v) => Some(v.parse::<u64>().map_err(|_| {
-                    S3Error::invalid_argument("invalid x-amz-decoded-content-length")
-                })?),
-                None => None,
-            };
-        let size_hint = if streaming { decoded_len } else { declared };
-        if size_hint.is_some_and(|n| n > PUT_BYTES_MAX) {
-            return Err(S3Error::new(
-                400,
-                "EntityTooLarge",
-                "Your proposed upload exceeds the maximum allowed object size.",
-            ));
-        }
-        if streaming && decoded_len.is_none() && auth.payload == PayloadMode::StreamingSigned {
-            return Err(S3Error::new(
-                411,
-                "MissingContentLength",
-                "x-amz-decoded-content-length is required for aws-chunked uploads",
-            ));
-        }
+        let decoded_len = check_put_length(req, auth)?;
         let content_md5 = content_md5(&req.head)?;
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
-        let mut decoder = streaming.then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
+        let mut decoder = auth
+            .payload
+            .is_streaming()
+            .then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
         let expected_checksum = checksum::expected(&req.head)?;
-        let mut checksum_hasher = expected_checksum
-            .as_ref()
-            .map(|e| checksum::Hasher::new(e.algorithm));
-        let mut md5 = Md5::new();
-        let mut sha = matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new);
+        let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
         let mut input = vec![0u8; 256 * 1024];
         let mut decoded = Vec::new();
         let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
@@ -172,41 +134,12 @@ impl S3Front {
             if n == 0 {
                 break;
             }
-            let data: &[u8] = match decoder.as_mut() {
-                Some(d) => {
-                    decoded.clear();
-                    let mut at = 0;
-                    while at < n {
-                        let used = d.feed(&input[at..n], &mut decoded)?;
-                        if used == 0 {
-                            // The final chunk was seen and bytes follow it.
-                            return Err(S3Error::new(
-                                400,
-                                "IncompleteBody",
-                                "Unexpected data after the final aws-chunked chunk.",
-                            ));
-                        }
-                        at += used;
-                    }
-                    &decoded
-                }
-                None => &input[..n],
-            };
+            let data = decode_input(decoder.as_mut(), &input[..n], &mut decoded)?;
             total += data.len() as u64;
             if total > PUT_BYTES_MAX {
-                return Err(S3Error::new(
-                    400,
-                    "EntityTooLarge",
-                    "Your proposed upload exceeds the maximum allowed object size.",
-                ));
+                return Err(entity_too_large());
             }
-            md5.update(data);
-            if let Some(h) = checksum_hasher.as_mut() {
-                h.update(data);
-            }
-            if let Some(sha) = sha.as_mut() {
-                sha.update(data);
-            }
+            digests.update(data);
             let mut rest = data;
             while !rest.is_empty() {
                 let take = (PUT_PIECE_BYTES - piece.len()).min(rest.len());
@@ -225,46 +158,11 @@ impl S3Front {
                 return Err(S3Error::new(400, "IncompleteBody", "You did not provide the number of bytes specified by the Content-Length HTTP header."));
             }
         }
-        if let (Some(sha), PayloadMode::Sha256(expected)) = (sha, &auth.payload) {
-            let got: [u8; 32] = sha.finalize().into();
-            auth.payload.check_body_sha256(&got)?;
-            debug_assert_eq!(&got, expected);
-        }
-        let digest: [u8; 16] = md5.finalize().into();
-        if content_md5.is_some_and(|m| m[..] != digest[..]) {
-            return Err(S3Error::new(
-                400,
-                "BadDigest",
-                "The Content-MD5 you specified did not match what we received.",
-            ));
-        }
-        let mut stored = Vec::new();
-        if let (Some(expected), Some(hasher)) = (expected_checksum, checksum_hasher) {
-            let name = expected.algorithm.header();
-            let sent = match expected.value {
-                Some(v) => Some(v),
-                None => decoder
-                    .as_ref()
-                    .and_then(|d| d.trailers().iter().find(|(n, _)| n == name))
-                    .map(|(_, v)| v.clone()),
-            };
-            if sent.is_none() && req.head.header_str("x-amz-trailer").is_some() {
-                return Err(S3Error::new(
-                    400,
-                    "InvalidRequest",
-                    format!("The {name} trailer announced in x-amz-trailer was not sent."),
-                ));
-            }
-            let got = hasher.finish_base64();
-            if sent.as_ref().is_some_and(|v| *v != got) {
-                return Err(checksum::mismatch(expected.algorithm));
-            }
-            stored.push((name.to_string(), got));
-        }
+        let (etag, stored) =
+            digests.verify(req, auth, content_md5, expected_checksum, decoder.as_ref())?;
         if !piece.is_empty() {
             sink.write(Bytes::from(piece)).await?;
         }
-        let etag = hex::encode(digest);
         let info = sink.finish_with(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
         Ok(info)
@@ -445,9 +343,24 @@ impl S3Front {
             conn.flush().await?;
             return Ok(());
         }
+        self.send_object_bytes(conn, req, &mut source, start, start + len)
+            .await
+    }
+
+    /// Sends the object's bytes `start..end` as the response body (its head
+    /// is out): from the ring's registered buffers where the source can
+    /// read into them, else through the connection's buffer.
+    async fn send_object_bytes(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        source: &mut ObjectSource,
+        start: u64,
+        end: u64,
+    ) -> Result<(), S3Error> {
         let send_started = Instant::now();
         let mut offset = start;
-        let end = start + len;
+
         let ring = self.shard.ring.borrow().clone();
         while offset < end {
             // The data path: DMA into a registered buffer, CRC check there,
@@ -612,5 +525,158 @@ impl S3Front {
         conn.write_body(closing.as_bytes()).await?;
         conn.flush().await?;
         Ok(())
+    }
+}
+
+fn entity_too_large() -> S3Error {
+    S3Error::new(
+        400,
+        "EntityTooLarge",
+        "Your proposed upload exceeds the maximum allowed object size.",
+    )
+}
+
+/// The checks on an upload's declared length made before its body is read;
+/// returns x-amz-decoded-content-length (aws-chunked uploads), if sent.
+fn check_put_length(req: &Request, auth: &Verified) -> Result<Option<u64>, S3Error> {
+    let framing = req.head.body_framing()?;
+    if matches!(framing, BodyFraming::Empty) && req.head.header("content-length").is_none() {
+        // As S3: an object (or part) needs a declared length; without
+        // one HTTP reads no body, and an empty object was stored.
+        return Err(S3Error::new(
+            411,
+            "MissingContentLength",
+            "You must provide the Content-Length HTTP header.",
+        ));
+    }
+    let declared = match framing {
+        BodyFraming::Empty => Some(0),
+        BodyFraming::Length(n) => Some(n),
+        BodyFraming::Chunked => None,
+    };
+    let streaming = auth.payload.is_streaming();
+    let decoded_len = match req.head.header_str("x-amz-decoded-content-length") {
+        Some(v) => Some(
+            v.parse::<u64>()
+                .map_err(|_| S3Error::invalid_argument("invalid x-amz-decoded-content-length"))?,
+        ),
+        None => None,
+    };
+    let size_hint = if streaming { decoded_len } else { declared };
+    if size_hint.is_some_and(|n| n > PUT_BYTES_MAX) {
+        return Err(entity_too_large());
+    }
+    if streaming && decoded_len.is_none() && auth.payload == PayloadMode::StreamingSigned {
+        return Err(S3Error::new(
+            411,
+            "MissingContentLength",
+            "x-amz-decoded-content-length is required for aws-chunked uploads",
+        ));
+    }
+    Ok(decoded_len)
+}
+
+/// One read of the body as object bytes: through the aws-chunked decoder
+/// (into `decoded`) when there is one, else as read.
+fn decode_input<'a>(
+    decoder: Option<&mut ChunkedDecoder>,
+    input: &'a [u8],
+    decoded: &'a mut Vec<u8>,
+) -> Result<&'a [u8], S3Error> {
+    let Some(d) = decoder else {
+        return Ok(input);
+    };
+    decoded.clear();
+    let mut at = 0;
+    while at < input.len() {
+        let used = d.feed(&input[at..], decoded)?;
+        if used == 0 {
+            // The final chunk was seen and bytes follow it.
+            return Err(S3Error::new(
+                400,
+                "IncompleteBody",
+                "Unexpected data after the final aws-chunked chunk.",
+            ));
+        }
+        at += used;
+    }
+    Ok(decoded)
+}
+
+/// The digests computed over an upload's bytes as they arrive: MD5 (the
+/// ETag, and Content-MD5), SHA-256 when the payload hash was signed, and
+/// the x-amz-checksum-* algorithm when one was asked for.
+struct BodyDigests {
+    md5: Md5,
+    sha: Option<Sha256>,
+    checksum: Option<checksum::Hasher>,
+}
+
+impl BodyDigests {
+    fn new(auth: &Verified, expected: Option<&checksum::Expected>) -> BodyDigests {
+        BodyDigests {
+            md5: Md5::new(),
+            sha: matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new),
+            checksum: expected.map(|e| checksum::Hasher::new(e.algorithm)),
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        self.md5.update(data);
+        if let Some(h) = self.checksum.as_mut() {
+            h.update(data);
+        }
+        if let Some(sha) = self.sha.as_mut() {
+            sha.update(data);
+        }
+    }
+
+    /// Checks every digest against what the client sent (signed payload
+    /// hash, Content-MD5, checksum header or trailer); returns the ETag and
+    /// the checksum header to store with the object.
+    fn verify(
+        self,
+        req: &Request,
+        auth: &Verified,
+        content_md5: Option<Vec<u8>>,
+        expected_checksum: Option<checksum::Expected>,
+        decoder: Option<&ChunkedDecoder>,
+    ) -> Result<(String, Vec<(String, String)>), S3Error> {
+        if let (Some(sha), PayloadMode::Sha256(expected)) = (self.sha, &auth.payload) {
+            let got: [u8; 32] = sha.finalize().into();
+            auth.payload.check_body_sha256(&got)?;
+            debug_assert_eq!(&got, expected);
+        }
+        let digest: [u8; 16] = self.md5.finalize().into();
+        if content_md5.is_some_and(|m| m[..] != digest[..]) {
+            return Err(S3Error::new(
+                400,
+                "BadDigest",
+                "The Content-MD5 you specified did not match what we received.",
+            ));
+        }
+        let mut stored = Vec::new();
+        if let (Some(expected), Some(hasher)) = (expected_checksum, self.checksum) {
+            let name = expected.algorithm.header();
+            let sent = match expected.value {
+                Some(v) => Some(v),
+                None => decoder
+                    .and_then(|d| d.trailers().iter().find(|(n, _)| n == name))
+                    .map(|(_, v)| v.clone()),
+            };
+            if sent.is_none() && req.head.header_str("x-amz-trailer").is_some() {
+                return Err(S3Error::new(
+                    400,
+                    "InvalidRequest",
+                    format!("The {name} trailer announced in x-amz-trailer was not sent."),
+                ));
+            }
+            let got = hasher.finish_base64();
+            if sent.as_ref().is_some_and(|v| *v != got) {
+                return Err(checksum::mismatch(expected.algorithm));
+            }
+            stored.push((name.to_string(), got));
+        }
+        Ok((hex::encode(digest), stored))
     }
 }
