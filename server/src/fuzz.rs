@@ -16,7 +16,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::frontend::http::{parse_range, BodyFraming, Limits, RangeSpec};
-use crate::frontend::s3::sigv4::{self, AuthInput, HeaderView, PayloadMode, Verified};
+use crate::frontend::s3::auth::{self as sigv4, AuthInput, HeaderView, PayloadMode, Verified};
 use crate::store::record;
 
 /// Splits `data` at the first occurrence of `sep` (or at the end).

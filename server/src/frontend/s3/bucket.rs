@@ -5,8 +5,8 @@
 use super::{malformed, unexpected, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
 use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
 use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
-use crate::frontend::s3::sigv4::Verified;
 use crate::frontend::s3::xml::{self, push_element, push_open_root};
 use crate::shard::msg::{Op, Reply};
 use crate::shard::BUCKET_OWNER_SHARD;

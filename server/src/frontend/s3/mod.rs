@@ -1,6 +1,6 @@
 //! The S3 front door: one task per connection on the shard that accepted it
 //! (`serve`), each request routed once to an [`S3Op`] (`route`), checked by
-//! SigV4 (`sigv4`) and handled by resource: buckets (`bucket`), listings
+//! SigV4 (`auth`) and handled by resource: buckets (`bucket`), listings
 //! (`list`), objects (`object`), multipart uploads (`multipart`), copies
 //! (`copy`), with preconditions in `conditional` and bodies in `xml`.
 //! Object operations go to the key's owner through `ObjectSource` /
@@ -17,10 +17,10 @@ use crate::frontend::s3::error::S3Error;
 use crate::shard::msg::Reply;
 use crate::shard::Shard;
 
+pub mod auth;
 pub mod checksum;
 pub mod error;
 pub mod route;
-pub mod sigv4;
 pub mod xml;
 
 mod bucket;

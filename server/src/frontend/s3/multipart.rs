@@ -4,8 +4,8 @@
 
 use super::{malformed, parse_limit, quoted, unexpected, Conn, Request, S3Front};
 use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
-use crate::frontend::s3::sigv4::Verified;
 use crate::frontend::s3::xml::{
     self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
     push_open_root, push_owner, OWNER_ID_DEFAULT,

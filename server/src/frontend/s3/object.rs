@@ -17,9 +17,9 @@ use crate::frontend::common::PUT_BYTES_MAX;
 use crate::frontend::http::{
     content_range, parse_range, within, BodyFraming, RangeSpec, ResponseHead,
 };
+use crate::frontend::s3::auth::{ChunkedDecoder, PayloadMode, Verified};
 use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
-use crate::frontend::s3::sigv4::{ChunkedDecoder, PayloadMode, Verified};
 use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
 use crate::shard::msg::{Op, Reply};
 use crate::shard::object::{ObjectSink, ObjectSource};

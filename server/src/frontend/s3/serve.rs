@@ -14,8 +14,8 @@ use super::route::{route, virtual_host_bucket, Route, S3Op};
 use super::{xml, Conn, Request, S3Front};
 use crate::frontend::common::peer_is_loopback;
 use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
+use crate::frontend::s3::auth::{self, AuthInput, HeaderView, Verified};
 use crate::frontend::s3::error::S3Error;
-use crate::frontend::s3::sigv4::{self, AuthInput, HeaderView, Verified};
 use crate::metrics::ShardMetrics;
 
 const CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
@@ -294,7 +294,7 @@ impl S3Front {
         };
         let creds = &self.cfg.credentials;
         let lookup = |ak: &str| (ak == creds.access_key).then(|| creds.secret_key.clone());
-        let verified = sigv4::verify(&input, &lookup, SystemTime::now(), CLOCK_SKEW_MAX)?;
+        let verified = auth::verify(&input, &lookup, SystemTime::now(), CLOCK_SKEW_MAX)?;
         if !creds.allowed_from(loopback) {
             return Err(S3Error::new(
                 403,
