@@ -169,9 +169,9 @@ fn route_ops(path: &str, query: &str) {
         for copy in [false, true] {
             let raw = S3Op::classify(method, !bucket_raw.is_empty(), !key_raw.is_empty(), &raw_query, copy);
             assert!(S3Op::ALL.contains(&raw));
-            let Ok((bucket, key, q)) = &decoded else { continue };
-            let q: Vec<(&str, &str)> = q.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-            let op = S3Op::classify(method, !bucket.is_empty(), !key.is_empty(), &q, copy);
+            let Ok(t) = &decoded else { continue };
+            let q: Vec<(&str, &str)> = t.query.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            let op = S3Op::classify(method, !t.bucket.is_empty(), !t.key.is_empty(), &q, copy);
             if !path.contains('%') && !query.contains('%') {
                 assert_eq!(op, raw, "{method} {path}?{query}");
             }

@@ -260,20 +260,18 @@ impl S3Front {
             push_element(&mut out, "EncodingType", "url");
         }
         push_bool_element(&mut out, "IsTruncated", truncated);
-        for e in &entries {
-            if let Ok(u) = e {
-                out.push_str("<Upload>");
-                push_key_element(&mut out, "Key", &u.key, encoding_url);
-                push_element(&mut out, "UploadId", &u.upload_id);
-                out.push_str("<Initiator>");
-                push_element(&mut out, "ID", OWNER_ID_DEFAULT);
-                push_element(&mut out, "DisplayName", OWNER_ID_DEFAULT);
-                out.push_str("</Initiator>");
-                push_owner(&mut out, OWNER_ID_DEFAULT);
-                push_element(&mut out, "StorageClass", "STANDARD");
-                push_element(&mut out, "Initiated", &iso8601_ms(u.initiated_ms));
-                out.push_str("</Upload>");
-            }
+        for u in entries.iter().flatten() {
+            out.push_str("<Upload>");
+            push_key_element(&mut out, "Key", &u.key, encoding_url);
+            push_element(&mut out, "UploadId", &u.upload_id);
+            out.push_str("<Initiator>");
+            push_element(&mut out, "ID", OWNER_ID_DEFAULT);
+            push_element(&mut out, "DisplayName", OWNER_ID_DEFAULT);
+            out.push_str("</Initiator>");
+            push_owner(&mut out, OWNER_ID_DEFAULT);
+            push_element(&mut out, "StorageClass", "STANDARD");
+            push_element(&mut out, "Initiated", &iso8601_ms(u.initiated_ms));
+            out.push_str("</Upload>");
         }
         for e in &entries {
             if let Err(p) = e {

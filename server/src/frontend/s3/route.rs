@@ -24,18 +24,15 @@ fn parse_query(raw: &str) -> Result<Vec<(String, String)>, S3Error> {
     Ok(out)
 }
 
-/// Path-style routing of a raw request target: (bucket, key, query), all
+/// Path-style routing of a raw request target: bucket, key and query, all
 /// percent-decoded and checked. (Virtual-host style takes the bucket from
 /// the Host header instead; the key and query rules are the same.)
-pub fn route_target(
-    raw_path: &str,
-    raw_query: &str,
-) -> Result<(String, String, Vec<(String, String)>), S3Error> {
+pub fn route_target(raw_path: &str, raw_query: &str) -> Result<Target, S3Error> {
     let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
     let (bucket_raw, key_raw) = path.split_once('/').unwrap_or((path, ""));
     let (bucket, key) = (percent_decode(bucket_raw)?, percent_decode(key_raw)?);
     let query = check_key_and_query(&key, raw_query)?;
-    Ok((bucket, key, query))
+    Ok(Target { bucket, key, query })
 }
 
 fn check_key_and_query(key: &str, raw_query: &str) -> Result<Vec<(String, String)>, S3Error> {
@@ -88,9 +85,8 @@ const SUBRESOURCES: [&str; 24] = [
     "select",
 ];
 
-/// The S3 API operation a request head names, for metrics and logs. Bucket
-/// vs object is told by the path (virtual-hosted requests count as the
-
+/// Declares [`S3Op`] with each variant's metric name beside it, and the
+/// table of all variants.
 macro_rules! s3_ops {
     ($($(#[$doc:meta])* $op:ident => $name:literal,)*) => {
         /// The S3 API operation a request names. Every variant is answered by
@@ -246,11 +242,7 @@ pub fn route(head: &RequestHead, virtual_host: Option<String>) -> Route {
             let query = check_key_and_query(&key, &head.query)?;
             Ok(Target { bucket, key, query })
         }),
-        None => route_target(path, &head.query).map(|(bucket, key, query)| Target {
-            bucket,
-            key,
-            query,
-        }),
+        None => route_target(path, &head.query),
     };
     let op = match &target {
         Ok(t) => {

@@ -19,10 +19,18 @@ fn head(method: &str, target: &str, headers: &[(&str, &str)]) -> RequestHead {
 
 const COPY: &[(&str, &str)] = &[("x-amz-copy-source", "/b/src")];
 
+/// (method, target, headers, the operation it names).
+type Case = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    S3Op,
+);
+
 #[test]
 fn table() {
     use S3Op::*;
-    let cases: &[(&str, &str, &[(&str, &str)], S3Op)] = &[
+    let cases: &[Case] = &[
         ("GET", "/", &[], ListBuckets),
         ("PUT", "/", &[], MethodNotAllowed),
         ("PUT", "/bucket", &[], CreateBucket),
@@ -177,10 +185,10 @@ fn names_are_unique_and_kept() {
 
 #[test]
 fn route_target_splits_and_decodes() {
-    let (bucket, key, query) = route_target("/b/dir/a%20b", "x=1&y&z=%2B").unwrap();
-    assert_eq!((bucket.as_str(), key.as_str()), ("b", "dir/a b"));
+    let t = route_target("/b/dir/a%20b", "x=1&y&z=%2B").unwrap();
+    assert_eq!((t.bucket.as_str(), t.key.as_str()), ("b", "dir/a b"));
     assert_eq!(
-        query,
+        t.query,
         [("x", "1"), ("y", ""), ("z", "+")].map(|(n, v)| (n.to_string(), v.to_string()))
     );
 }
