@@ -11,7 +11,8 @@ use std::rc::Rc;
 
 use glommio::net::TcpStream;
 
-pub use crate::frontend::common::{Credentials, PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
+// Part of `S3Config`; defined in `common` with what the native door shares.
+pub use crate::frontend::common::Credentials;
 use crate::frontend::http::{HttpConn, Limits, RequestHead};
 use crate::frontend::s3::error::S3Error;
 use crate::shard::msg::Reply;
