@@ -167,10 +167,20 @@ fn route_ops(path: &str, query: &str) {
         .collect();
     for method in ["GET", "PUT", "HEAD", "POST", "DELETE", "PATCH"] {
         for copy in [false, true] {
-            let raw = S3Op::classify(method, !bucket_raw.is_empty(), !key_raw.is_empty(), &raw_query, copy);
+            let raw = S3Op::classify(
+                method,
+                !bucket_raw.is_empty(),
+                !key_raw.is_empty(),
+                &raw_query,
+                copy,
+            );
             assert!(S3Op::ALL.contains(&raw));
             let Ok(t) = &decoded else { continue };
-            let q: Vec<(&str, &str)> = t.query.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+            let q: Vec<(&str, &str)> = t
+                .query
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
             let op = S3Op::classify(method, !t.bucket.is_empty(), !t.key.is_empty(), &q, copy);
             if !path.contains('%') && !query.contains('%') {
                 assert_eq!(op, raw, "{method} {path}?{query}");
