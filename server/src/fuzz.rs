@@ -16,7 +16,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::frontend::http::{parse_range, BodyFraming, Limits, RangeSpec};
-use crate::frontend::s3::sigv4::{self, AuthInput, HeaderView, PayloadMode, Verified};
+use crate::frontend::s3::auth::{self as sigv4, AuthInput, HeaderView, PayloadMode, Verified};
 use crate::store::record;
 
 /// Splits `data` at the first occurrence of `sep` (or at the end).
@@ -136,7 +136,7 @@ pub fn s3_route(data: &[u8]) {
     let (target, range) = split_at_byte(&data[8..], b'\n');
     let target = String::from_utf8_lossy(target);
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-    let _ = crate::frontend::s3::handler::route_target(path, query);
+    route_ops(path, query);
     match parse_range(range, size) {
         Ok(RangeSpec::Whole) | Err(_) => {}
         Ok(RangeSpec::Single(start, end)) => {
@@ -147,6 +147,43 @@ pub fn s3_route(data: &[u8]) {
             assert!(ranges.len() >= 2 && ranges.len() <= crate::frontend::http::RANGES_COUNT_MAX);
             for (start, end) in ranges {
                 assert!(start <= end && end < size, "{start}-{end}/{size}");
+            }
+        }
+    }
+}
+
+/// The router on a raw target: whatever decodes, every method names an
+/// operation, and a target with no escapes names the same one whether it
+/// is read decoded or raw (the path `route` takes for refused targets).
+fn route_ops(path: &str, query: &str) {
+    use crate::frontend::s3::route::{route_target, S3Op};
+    let decoded = route_target(path, query);
+    let trimmed = path.strip_prefix('/').unwrap_or(path);
+    let (bucket_raw, key_raw) = trimmed.split_once('/').unwrap_or((trimmed, ""));
+    let raw_query: Vec<(&str, &str)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .collect();
+    for method in ["GET", "PUT", "HEAD", "POST", "DELETE", "PATCH"] {
+        for copy in [false, true] {
+            let raw = S3Op::classify(
+                method,
+                !bucket_raw.is_empty(),
+                !key_raw.is_empty(),
+                &raw_query,
+                copy,
+            );
+            assert!(S3Op::ALL.contains(&raw));
+            let Ok(t) = &decoded else { continue };
+            let q: Vec<(&str, &str)> = t
+                .query
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let op = S3Op::classify(method, !t.bucket.is_empty(), !t.key.is_empty(), &q, copy);
+            if !path.contains('%') && !query.contains('%') {
+                assert_eq!(op, raw, "{method} {path}?{query}");
             }
         }
     }

@@ -19,7 +19,7 @@ use percore_protocol::routing;
 
 use crate::boot::config::ServerConfig;
 use crate::frontend::http::{HttpConn, Limits, ResponseHead};
-use crate::frontend::s3::handler::{Credentials, S3Config, S3Front};
+use crate::frontend::s3::{Credentials, S3Config, S3Front};
 use crate::shard::{self, Shard, Wiring, BUCKET_OWNER_SHARD};
 use crate::store::{file, Store, StoreConfig};
 use topology::ShardPlacement;

@@ -34,7 +34,7 @@ use percore_protocol::native::{
 };
 use percore_protocol::routing;
 
-use crate::frontend::s3::handler::{valid_bucket_name, Credentials, PUT_BYTES_MAX};
+use crate::frontend::common::{valid_bucket_name, Credentials, PUT_BYTES_MAX};
 use crate::shard::msg::{Op, Reply as ShardReply, ShardError};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::{Shard, BUCKET_OWNER_SHARD};
@@ -695,7 +695,7 @@ impl NativeFront {
             m.native_auth_failures.set(m.native_auth_failures.get() + 1);
             return Err(Reply::error(Status::Unauthenticated, "authentication failed: check the access key and secret (PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY)"));
         }
-        if creds.is_default && !loopback {
+        if !creds.allowed_from(loopback) {
             return Err(Reply::error(Status::Unauthenticated, "the default credentials are accepted from loopback only; start the server with PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY set"));
         }
         Ok(proto::HelloOk {

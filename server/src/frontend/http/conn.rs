@@ -2,16 +2,16 @@
 //! heads and bodies over any async byte stream, with bounded memory and
 //! timeouts on every wait.
 
-use std::future::Future;
 use std::io;
 use std::time::{Duration, Instant};
 
-use futures_lite::{future, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::{BodyState, Step};
 use super::date::DateCache;
 use super::head::{next_head, BodyFraming, Limits, RequestHead};
 use super::response::{encode_head, FramingFields, ResponseHead};
+use super::timeout::within;
 use super::HttpError;
 
 /// Read-buffer room beyond the head limit, for body bytes that arrive with
@@ -498,15 +498,6 @@ where
         }
         result
     }
-}
-
-/// `fut`'s output, or None when `wait` passes first.
-async fn within<T>(wait: Duration, fut: impl Future<Output = T>) -> Option<T> {
-    future::or(async { Some(fut.await) }, async {
-        glommio::timer::sleep(wait).await;
-        None
-    })
-    .await
 }
 
 /// One read of at least a byte; EOF and stalls are errors (mid-request).

@@ -12,6 +12,7 @@ mod error;
 mod head;
 mod range;
 mod response;
+mod timeout;
 
 #[cfg(any(test, fuzzing))]
 pub(crate) use body::{BodyState, Step};
@@ -27,6 +28,7 @@ pub(crate) use head::{next_head, parse_head};
 pub use head::{BodyFraming, Limits, RequestHead};
 pub use range::{content_range, parse_range, RangeError, RangeSpec, RANGES_COUNT_MAX};
 pub use response::{reason_phrase, ResponseHead};
+pub(crate) use timeout::within;
 
 #[cfg(test)]
 mod tests;

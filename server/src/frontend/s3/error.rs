@@ -1,7 +1,7 @@
 //! S3 errors: one type, mapped once to status, code and XML.
 
 use crate::frontend::http::HttpError;
-use crate::frontend::s3::sigv4::AuthError;
+use crate::frontend::s3::auth::AuthError;
 use crate::shard::msg::ShardError;
 use crate::store::mpu::UploadError;
 

@@ -1,0 +1,186 @@
+//! Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket,
+//! GetBucketLocation, GetBucketVersioning, and DeleteObjects (a POST on the
+//! bucket that deletes many keys, each on its owner shard).
+
+use super::{malformed, unexpected, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
+use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
+use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::auth::Verified;
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::xml::{self, push_element, push_open_root};
+use crate::shard::msg::{Op, Reply};
+use crate::shard::BUCKET_OWNER_SHARD;
+
+/// DeleteObjects takes at most 1000 keys (S3's limit).
+const DELETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
+/// Deletes of one DeleteObjects request in flight at once.
+const DELETES_IN_FLIGHT_MAX: usize = 64;
+
+impl S3Front {
+    pub(super) async fn list_buckets(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+        let buckets: Vec<xml::BucketEntry> = self
+            .shard
+            .bucket_list()
+            .into_iter()
+            .map(|(name, created_unix_ms)| xml::BucketEntry {
+                name,
+                created_unix_ms,
+            })
+            .collect();
+        let body = xml::list_buckets(xml::OWNER_ID_DEFAULT, &buckets);
+        self.respond_xml(conn, req, &body).await
+    }
+
+    pub(super) async fn create_bucket(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !valid_bucket_name(&req.bucket) {
+            return Err(S3Error::new(
+                400,
+                "InvalidBucketName",
+                "The specified bucket is not valid.",
+            ));
+        }
+        let body = self
+            .read_small_body(conn, req, SMALL_BODY_BYTES_MAX)
+            .await?;
+        xml::parse_create_bucket(&body).map_err(|e| S3Error::new(400, "MalformedXML", e))?;
+        match self.shard.call(BUCKET_OWNER_SHARD, Op::BucketCreate { name: req.bucket.clone() }).await {
+            Reply::Created(true) => {
+                let head = ResponseHead::new(200).with_header("Location", format!("/{}", req.bucket));
+                self.respond(conn, req, head, b"").await
+            }
+            Reply::Created(false) => Err(S3Error::new(
+                409,
+                "BucketAlreadyOwnedByYou",
+                "Your previous request to create the named bucket succeeded and you already own it.",
+            )),
+            Reply::Err(e) => Err(e.into()),
+            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    pub(super) async fn head_bucket(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let head =
+            ResponseHead::new(200).with_header("x-amz-bucket-region", self.cfg.region.clone());
+        self.respond(conn, req, head, b"").await
+    }
+
+    pub(super) async fn delete_bucket(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        match self
+            .shard
+            .call(
+                BUCKET_OWNER_SHARD,
+                Op::BucketDelete {
+                    name: req.bucket.clone(),
+                },
+            )
+            .await
+        {
+            Reply::Ok => self.respond(conn, req, ResponseHead::new(204), b"").await,
+            Reply::Err(e) => Err(e.into()),
+            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// Buckets are never versioned: the empty configuration.
+    pub(super) async fn get_bucket_versioning(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let body = format!(
+            "{}<VersioningConfiguration xmlns=\"{}\"/>",
+            xml::XML_DECLARATION,
+            xml::S3_XMLNS
+        );
+        self.respond_xml(conn, req, &body).await
+    }
+
+    pub(super) async fn get_bucket_location(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let region = if self.cfg.region == "us-east-1" {
+            ""
+        } else {
+            self.cfg.region.as_str()
+        };
+        let body = xml::location_constraint(region);
+        self.respond_xml(conn, req, &body).await
+    }
+
+    pub(super) async fn delete_objects(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let body = self
+            .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX)
+            .await?;
+        let (quiet, keys) = xml::parse_delete(&body).map_err(malformed)?;
+        if keys.is_empty() {
+            return Err(malformed("The Delete element lists no Object"));
+        }
+        // Each key on its owner, a bounded number at once.
+        let mut results: Vec<Result<(), S3Error>> = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(DELETES_IN_FLIGHT_MAX) {
+            let calls = batch.iter().map(|key| async move {
+                if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
+                    return Err(S3Error::invalid_argument("Invalid key"));
+                }
+                let owner = self.shard.owner_of(&req.bucket, key);
+                let op = Op::Delete {
+                    bucket: req.bucket.clone(),
+                    key: key.clone(),
+                };
+                match self.shard.call(owner, op).await {
+                    Reply::Deleted(_) => Ok(()),
+                    other => Err(unexpected(other)),
+                }
+            });
+            results.extend(futures::future::join_all(calls).await);
+        }
+        let mut out = String::with_capacity(128 + keys.len() * 80);
+        push_open_root(&mut out, "DeleteResult");
+        for (key, result) in keys.iter().zip(&results) {
+            match result {
+                Ok(()) if quiet => {}
+                Ok(()) => {
+                    out.push_str("<Deleted>");
+                    push_element(&mut out, "Key", key);
+                    out.push_str("</Deleted>");
+                }
+                Err(e) => {
+                    out.push_str("<Error>");
+                    push_element(&mut out, "Key", key);
+                    push_element(&mut out, "Code", e.code);
+                    push_element(&mut out, "Message", &e.message);
+                    out.push_str("</Error>");
+                }
+            }
+        }
+        out.push_str("</DeleteResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+}

@@ -1,0 +1,231 @@
+//! CopyObject and UploadPartCopy: the copy source header, its range and
+//! its x-amz-copy-source-if-* preconditions, and the byte copy itself.
+
+use bytes::Bytes;
+use md5::{Digest, Md5};
+
+use super::conditional::check_conditions_with;
+use super::route::percent_decode;
+use super::{quoted, Conn, Request, S3Front, GET_PIECE_BYTES};
+use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};
+use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::store::record::ObjectMeta;
+
+/// `x-amz-copy-source`: `[/]bucket/key[?versionId=null]`, URL-encoded.
+pub(super) fn parse_copy_source(req: &Request) -> Result<(String, String), S3Error> {
+    let raw = req.head.header_str("x-amz-copy-source").unwrap_or("");
+    let (path, query) = raw.split_once('?').unwrap_or((raw, ""));
+    if !query.is_empty() && query != "versionId=null" {
+        return Err(S3Error::new(
+            400,
+            "InvalidArgument",
+            "Copy source versions other than null are not supported: percore keeps no versions",
+        ));
+    }
+    let path = path.strip_prefix('/').unwrap_or(path);
+    let (bucket, key) = path.split_once('/').ok_or_else(|| {
+        S3Error::invalid_argument(
+            "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
+        )
+    })?;
+    let (bucket, key) = (percent_decode(bucket)?, percent_decode(key)?);
+    if bucket.is_empty() || key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
+        return Err(S3Error::invalid_argument(
+            "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
+        ));
+    }
+    Ok((bucket, key))
+}
+
+/// `x-amz-copy-source-range: bytes=first-last` (both required, inclusive).
+pub(super) fn parse_copy_range(value: &str, size: u64) -> Result<(u64, u64), S3Error> {
+    let bad = || {
+        S3Error::new(
+            400,
+            "InvalidArgument",
+            "The x-amz-copy-source-range value must be of the form bytes=first-last where first and last are the zero-based offsets of the first and last bytes to copy",
+        )
+    };
+    let spec = value.trim().strip_prefix("bytes=").ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let (a, b) = (
+        a.trim().parse::<u64>().map_err(|_| bad())?,
+        b.trim().parse::<u64>().map_err(|_| bad())?,
+    );
+    if a > b {
+        return Err(bad());
+    }
+    if b >= size {
+        return Err(S3Error::new(
+            416,
+            "InvalidRange",
+            "The requested range is not satisfiable",
+        ));
+    }
+    Ok((a, b - a + 1))
+}
+
+impl S3Front {
+    /// Opens the copy source and applies the x-amz-copy-source-if-* tests.
+    pub(super) async fn open_copy_source(
+        &self,
+        req: &Request,
+    ) -> Result<(ObjectSource, ObjectMeta, String, String), S3Error> {
+        let (bucket, key) = parse_copy_source(req)?;
+        if !self.shard.bucket_exists(&bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let (source, meta) = ObjectSource::open(&self.shard, &bucket, &key).await?;
+        let cond = |name: &str| req.head.header_str(&format!("x-amz-copy-source-{name}"));
+        if check_conditions_with(
+            cond("if-match"),
+            cond("if-none-match"),
+            cond("if-modified-since"),
+            cond("if-unmodified-since"),
+            &meta,
+        )?
+        .is_some()
+        {
+            // For copies every failed condition is a 412 (S3 has no 304 here).
+            return Err(S3Error::new(
+                412,
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+            ));
+        }
+        Ok((source, meta, bucket, key))
+    }
+
+    /// Streams `len` bytes from `source` at `start` into `sink`; returns
+    /// the MD5 of the bytes copied.
+    pub(super) async fn copy_bytes(
+        &self,
+        source: &mut ObjectSource,
+        sink: &mut ObjectSink,
+        start: u64,
+        len: u64,
+    ) -> Result<String, S3Error> {
+        let mut md5 = Md5::new();
+        let mut offset = start;
+        let end = start + len;
+        while offset < end {
+            let chunk = source
+                .read(offset, (end - offset).min(GET_PIECE_BYTES))
+                .await?;
+            if chunk.is_empty() {
+                return Err(S3Error::internal("copy source shorter than its metadata"));
+            }
+            md5.update(&chunk[..]);
+            offset += chunk.len() as u64;
+            sink.write(Bytes::copy_from_slice(&chunk)).await?;
+        }
+        Ok(hex::encode(md5.finalize()))
+    }
+
+    pub(super) async fn copy_object(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+        let (mut source, src_meta, src_bucket, src_key) = self.open_copy_source(req).await?;
+        if src_meta.size_bytes > PUT_BYTES_MAX {
+            return Err(S3Error::new(
+                400,
+                "InvalidRequest",
+                "The specified copy source is larger than the maximum allowable size for a copy source: 5368709120. Use UploadPartCopy.",
+            ));
+        }
+        let replace = match req.head.header_str("x-amz-metadata-directive") {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("COPY") => false,
+            Some(v) if v.eq_ignore_ascii_case("REPLACE") => true,
+            Some(_) => {
+                return Err(S3Error::invalid_argument(
+                    "Unknown metadata directive: use COPY or REPLACE",
+                ))
+            }
+        };
+        if !replace && src_bucket == req.bucket && src_key == req.key {
+            return Err(S3Error::new(
+                400,
+                "InvalidRequest",
+                "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes.",
+            ));
+        }
+        let meta = if replace {
+            self.object_meta_from_request(req)?
+        } else {
+            ObjectMeta {
+                content_type: src_meta.content_type.clone(),
+                headers: src_meta.headers.clone(),
+                ..Default::default()
+            }
+        };
+        let mut sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
+        let etag = self
+            .copy_bytes(&mut source, &mut sink, 0, src_meta.size_bytes)
+            .await?;
+        drop(source);
+        let info = sink.finish(etag).await?;
+        let mut out = String::with_capacity(256);
+        push_open_root(&mut out, "CopyObjectResult");
+        push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
+        push_element(&mut out, "ETag", &quoted(&info.etag));
+        out.push_str("</CopyObjectResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+
+    pub(super) async fn upload_part_copy(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        part: Option<(String, u32)>,
+    ) -> Result<(), S3Error> {
+        let (mut source, src_meta, _, _) = self.open_copy_source(req).await?;
+        let (start, len) = match req.head.header_str("x-amz-copy-source-range") {
+            Some(v) => parse_copy_range(v, src_meta.size_bytes)?,
+            None => (0, src_meta.size_bytes),
+        };
+        if len > PUT_BYTES_MAX {
+            return Err(S3Error::new(
+                400,
+                "InvalidRequest",
+                "A part copied with UploadPartCopy may be at most 5 GiB; use x-amz-copy-source-range.",
+            ));
+        }
+        let mut sink = ObjectSink::open_part(
+            &self.shard,
+            &req.bucket,
+            &req.key,
+            ObjectMeta::default(),
+            part,
+            None,
+        )
+        .await?;
+        let etag = self.copy_bytes(&mut source, &mut sink, start, len).await?;
+        drop(source);
+        let info = sink.finish(etag).await?;
+        let mut out = String::with_capacity(256);
+        push_open_root(&mut out, "CopyPartResult");
+        push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
+        push_element(&mut out, "ETag", &quoted(&info.etag));
+        out.push_str("</CopyPartResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_copy_range;
+
+    #[test]
+    fn copy_ranges() {
+        assert_eq!(parse_copy_range("bytes=0-9", 100).unwrap(), (0, 10));
+        assert_eq!(parse_copy_range("bytes=10-10", 100).unwrap(), (10, 1));
+        assert_eq!(
+            parse_copy_range("bytes=90-100", 100).unwrap_err().status,
+            416
+        );
+        for bad in ["bytes=5-1", "bytes=-5", "bytes=5-", "5-6", "bytes=a-b"] {
+            assert_eq!(parse_copy_range(bad, 100).unwrap_err().status, 400, "{bad}");
+        }
+    }
+}

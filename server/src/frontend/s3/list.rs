@@ -1,0 +1,284 @@
+//! Listings: ListObjects (v1), ListObjectsV2 and ListObjectVersions
+//! (unversioned form), all merged across shards by `Shard::list_merged`.
+
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+
+use super::{parse_limit, quoted, Conn, Request, S3Front, LIST_KEYS_MAX};
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::xml::{
+    self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
+    push_open_root, push_owner, OWNER_ID_DEFAULT,
+};
+use crate::store::ListItem;
+
+/// A ListObjectsV2 continuation token back to the key it resumes after.
+/// Tokens are keys we handed out (URL-safe base64), and keys never hold NUL
+/// (`check_key_and_query`): keys starting with NUL are the store's internal
+/// multipart state, so a token with a NUL in it is forged and must not
+/// resume a listing among them.
+pub(super) fn decode_continuation_token(token: &str) -> Result<String, S3Error> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|t| !t.contains('\0'))
+        .ok_or_else(|| S3Error::invalid_argument("The continuation token provided is incorrect"))
+}
+
+impl S3Front {
+    pub(super) async fn list_merged(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        from: &str,
+        delimiter: Option<String>,
+        max: usize,
+    ) -> Result<(Vec<ListItem>, bool), S3Error> {
+        Ok(self
+            .shard
+            .list_merged(bucket, prefix, from, delimiter, max)
+            .await?)
+    }
+
+    /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items
+    /// after the marker; the page is the merged first `max_keys`.
+    pub(super) async fn list_objects(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        v2: bool,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let prefix = req.q("prefix").unwrap_or("").to_string();
+        let delimiter = req
+            .q("delimiter")
+            .filter(|d| !d.is_empty())
+            .map(str::to_string);
+        let max_keys = parse_max_keys(req)?;
+        let encoding_url = parse_encoding_url(req)?;
+        let token = match req.q("continuation-token").filter(|_| v2) {
+            Some(t) => Some(decode_continuation_token(t)?),
+            None => None,
+        };
+        let start_after = if v2 {
+            req.q("start-after").unwrap_or("").to_string()
+        } else {
+            req.q("marker").unwrap_or("").to_string()
+        };
+        let from = match &token {
+            Some(t) if *t > start_after => t.clone(),
+            _ => start_after.clone(),
+        };
+        let (items, is_truncated) = self
+            .list_merged(
+                &req.bucket,
+                &prefix,
+                &from,
+                delimiter.clone(),
+                max_keys as usize,
+            )
+            .await?;
+        let last = items.last().map(|i| i.name().to_string());
+        let (contents, common_prefixes) = split_items(items);
+        let body = if v2 {
+            xml::list_objects_v2(&xml::ListV2 {
+                bucket: req.bucket.clone(),
+                prefix,
+                delimiter,
+                max_keys,
+                key_count: (contents.len() + common_prefixes.len()) as u32,
+                is_truncated,
+                continuation_token: req.q("continuation-token").map(str::to_string),
+                next_continuation_token: is_truncated
+                    .then(|| {
+                        last.map(|l| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(l))
+                    })
+                    .flatten(),
+                start_after: req.q("start-after").map(str::to_string),
+                encoding_url,
+                contents,
+                common_prefixes,
+                fetch_owner: req.q("fetch-owner") == Some("true"),
+            })
+        } else {
+            xml::list_objects_v1(&xml::ListV1 {
+                bucket: req.bucket.clone(),
+                prefix,
+                next_marker: if is_truncated && delimiter.is_some() {
+                    last
+                } else {
+                    None
+                },
+                delimiter,
+                marker: start_after,
+                max_keys,
+                is_truncated,
+                encoding_url,
+                contents,
+                common_prefixes,
+            })
+        };
+        self.respond_xml(conn, req, &body).await
+    }
+
+    pub(super) async fn list_object_versions(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let prefix = req.q("prefix").unwrap_or("").to_string();
+        let delimiter = req
+            .q("delimiter")
+            .filter(|d| !d.is_empty())
+            .map(str::to_string);
+        let max_keys = parse_limit(req.q("max-keys"), "max-keys", 1000)?;
+        let key_marker = req.q("key-marker").unwrap_or("").to_string();
+        // With version-id-marker=null the marker key itself was listed.
+        let encoding_url = req.q("encoding-type") == Some("url");
+        let (items, truncated) = self
+            .list_merged(
+                &req.bucket,
+                &prefix,
+                &key_marker,
+                delimiter.clone(),
+                max_keys,
+            )
+            .await?;
+        let mut out = String::with_capacity(512 + items.len() * 300);
+        push_open_root(&mut out, "ListVersionsResult");
+        push_element(&mut out, "Name", &req.bucket);
+        push_key_element(&mut out, "Prefix", &prefix, encoding_url);
+        push_key_element(&mut out, "KeyMarker", &key_marker, encoding_url);
+        push_element(
+            &mut out,
+            "VersionIdMarker",
+            req.q("version-id-marker").unwrap_or(""),
+        );
+        if truncated {
+            if let Some(last) = items.last() {
+                push_key_element(&mut out, "NextKeyMarker", last.name(), encoding_url);
+                push_element(&mut out, "NextVersionIdMarker", "null");
+            }
+        }
+        push_number_element(&mut out, "MaxKeys", max_keys as u64);
+        if let Some(d) = &delimiter {
+            push_key_element(&mut out, "Delimiter", d, encoding_url);
+        }
+        if encoding_url {
+            push_element(&mut out, "EncodingType", "url");
+        }
+        push_bool_element(&mut out, "IsTruncated", truncated);
+        for item in &items {
+            if let ListItem::Object {
+                key,
+                size_bytes,
+                etag,
+                mtime_ms,
+            } = item
+            {
+                out.push_str("<Version>");
+                push_key_element(&mut out, "Key", key, encoding_url);
+                push_element(&mut out, "VersionId", "null");
+                push_bool_element(&mut out, "IsLatest", true);
+                push_element(&mut out, "LastModified", &iso8601_ms(*mtime_ms));
+                push_element(&mut out, "ETag", &quoted(etag));
+                let _ = write!(out, "<Size>{size_bytes}</Size>");
+                push_owner(&mut out, OWNER_ID_DEFAULT);
+                push_element(&mut out, "StorageClass", "STANDARD");
+                out.push_str("</Version>");
+            }
+        }
+        for item in &items {
+            if let ListItem::Prefix(p) = item {
+                out.push_str("<CommonPrefixes>");
+                push_key_element(&mut out, "Prefix", p, encoding_url);
+                out.push_str("</CommonPrefixes>");
+            }
+        }
+        out.push_str("</ListVersionsResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+}
+
+/// `max-keys`: a non-negative integer, capped at [`LIST_KEYS_MAX`].
+fn parse_max_keys(req: &Request) -> Result<u32, S3Error> {
+    let max_keys = match req.q("max-keys") {
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| S3Error::invalid_argument("max-keys must be a non-negative integer"))?
+            .min(i64::from(LIST_KEYS_MAX)) as u32,
+        None => LIST_KEYS_MAX,
+    };
+    Ok(max_keys)
+}
+
+/// `encoding-type`: absent, or `url`.
+fn parse_encoding_url(req: &Request) -> Result<bool, S3Error> {
+    let encoding_url = match req.q("encoding-type") {
+        None => false,
+        Some("url") => true,
+        Some(_) => {
+            return Err(S3Error::invalid_argument(
+                "Invalid Encoding Method specified in Request",
+            ))
+        }
+    };
+    Ok(encoding_url)
+}
+
+/// A page's items as listing entries (ETags quoted) and common prefixes.
+fn split_items(items: Vec<ListItem>) -> (Vec<xml::ObjectEntry>, Vec<String>) {
+    let mut contents = Vec::new();
+    let mut common_prefixes = Vec::new();
+    for item in items {
+        match item {
+            ListItem::Object {
+                key,
+                size_bytes,
+                etag,
+                mtime_ms,
+            } => contents.push(xml::ObjectEntry {
+                key,
+                size: size_bytes,
+                etag: format!("\"{etag}\""),
+                last_modified_unix_ms: mtime_ms,
+            }),
+            ListItem::Prefix(p) => common_prefixes.push(p),
+        }
+    }
+    (contents, common_prefixes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continuation_token_with_nul_is_refused() {
+        let encode = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        assert_eq!(
+            decode_continuation_token(&encode("dir/a")).unwrap(),
+            "dir/a"
+        );
+        // Internal multipart keys start with NUL ("\0u/", "\0p/"): a forged
+        // token among them (with a delimiter it ends on) listed them.
+        for forged in ["\0", "\0!", "\0u/", "a\0b"] {
+            let err = decode_continuation_token(&encode(forged)).unwrap_err();
+            assert_eq!(
+                (err.status, err.code),
+                (400, "InvalidArgument"),
+                "{forged:?}"
+            );
+        }
+        assert!(decode_continuation_token("not base64!").is_err());
+    }
+}

@@ -1,0 +1,339 @@
+//! Multipart uploads: CreateMultipartUpload, UploadPart (UploadPartCopy is
+//! in `copy`), CompleteMultipartUpload, AbortMultipartUpload, ListParts and
+//! ListMultipartUploads (merged across shards).
+
+use super::{malformed, parse_limit, quoted, unexpected, Conn, Request, S3Front};
+use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::auth::Verified;
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::xml::{
+    self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
+    push_open_root, push_owner, OWNER_ID_DEFAULT,
+};
+use crate::shard::msg::{Op, Reply};
+use crate::shard::object::ObjectSink;
+use crate::store::mpu::{PartItem, UploadItem, PART_NUMBER_MAX};
+use crate::store::record::ObjectMeta;
+
+/// CompleteMultipartUpload bodies list up to 10,000 parts.
+const COMPLETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
+const LIST_PARTS_MAX: usize = 1000;
+const LIST_UPLOADS_MAX: usize = 1000;
+
+pub(super) fn parse_part_number(req: &Request) -> Result<u32, S3Error> {
+    req.q("partNumber")
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|n| (1..=PART_NUMBER_MAX).contains(n))
+        .ok_or_else(|| {
+            S3Error::invalid_argument(format!(
+                "Part number must be an integer between 1 and {PART_NUMBER_MAX}, inclusive"
+            ))
+        })
+}
+
+pub(super) fn upload_id(req: &Request) -> String {
+    req.q("uploadId").unwrap_or("").to_string()
+}
+
+impl S3Front {
+    pub(super) fn owner(&self, req: &Request) -> usize {
+        self.shard.owner_of(&req.bucket, &req.key)
+    }
+
+    pub(super) async fn create_multipart(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let meta = self.object_meta_from_request(req)?;
+        let op = Op::MpuCreate {
+            bucket: req.bucket.clone(),
+            key: req.key.clone(),
+            meta,
+        };
+        let id = match self.shard.call(self.owner(req), op).await {
+            Reply::Upload(id) => id,
+            other => return Err(unexpected(other)),
+        };
+        let mut out = String::with_capacity(256 + req.key.len());
+        push_open_root(&mut out, "InitiateMultipartUploadResult");
+        push_element(&mut out, "Bucket", &req.bucket);
+        push_element(&mut out, "Key", &req.key);
+        push_element(&mut out, "UploadId", &id);
+        out.push_str("</InitiateMultipartUploadResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+
+    pub(super) async fn upload_part(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
+        let number = parse_part_number(req)?;
+        let part = Some((upload_id(req), number));
+        if req.head.header("x-amz-copy-source").is_some() {
+            return self.upload_part_copy(conn, req, part).await;
+        }
+        let sink = ObjectSink::open_part(
+            &self.shard,
+            &req.bucket,
+            &req.key,
+            ObjectMeta::default(),
+            part,
+            None,
+        )
+        .await?;
+        let info = self.receive_object(conn, req, auth, sink).await?;
+        let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
+        self.respond(conn, req, head, b"").await
+    }
+
+    pub(super) async fn complete_multipart(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
+        let body = self
+            .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX)
+            .await?;
+        let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
+        let op = Op::MpuComplete {
+            bucket: req.bucket.clone(),
+            key: req.key.clone(),
+            upload_id: upload_id(req),
+            parts,
+        };
+        let info = match self.shard.call(self.owner(req), op).await {
+            Reply::Put(info) => info,
+            other => return Err(unexpected(other)),
+        };
+        let mut out = String::with_capacity(320 + 2 * req.key.len());
+        push_open_root(&mut out, "CompleteMultipartUploadResult");
+        push_element(
+            &mut out,
+            "Location",
+            &format!("/{}/{}", req.bucket, req.key),
+        );
+        push_element(&mut out, "Bucket", &req.bucket);
+        push_element(&mut out, "Key", &req.key);
+        push_element(&mut out, "ETag", &quoted(&info.etag));
+        out.push_str("</CompleteMultipartUploadResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+
+    pub(super) async fn abort_multipart(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let op = Op::MpuAbort {
+            bucket: req.bucket.clone(),
+            key: req.key.clone(),
+            upload_id: upload_id(req),
+        };
+        match self.shard.call(self.owner(req), op).await {
+            Reply::Ok => self.respond(conn, req, ResponseHead::new(204), b"").await,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub(super) async fn list_parts(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let max_parts = parse_limit(req.q("max-parts"), "max-parts", LIST_PARTS_MAX)?;
+        let marker = match req.q("part-number-marker") {
+            None | Some("") => 0,
+            Some(v) => v
+                .parse::<u32>()
+                .map_err(|_| S3Error::invalid_argument("part-number-marker must be an integer"))?,
+        };
+        let id = upload_id(req);
+        let op = Op::MpuParts {
+            bucket: req.bucket.clone(),
+            key: req.key.clone(),
+            upload_id: id.clone(),
+            after: marker,
+            limit: max_parts + 1,
+        };
+        let mut parts: Vec<PartItem> = match self.shard.call(self.owner(req), op).await {
+            Reply::Parts(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        let truncated = parts.len() > max_parts;
+        parts.truncate(max_parts);
+        let mut out = String::with_capacity(512 + parts.len() * 200);
+        push_open_root(&mut out, "ListPartsResult");
+        push_element(&mut out, "Bucket", &req.bucket);
+        push_element(&mut out, "Key", &req.key);
+        push_element(&mut out, "UploadId", &id);
+        out.push_str("<Initiator>");
+        push_element(&mut out, "ID", OWNER_ID_DEFAULT);
+        push_element(&mut out, "DisplayName", OWNER_ID_DEFAULT);
+        out.push_str("</Initiator>");
+        push_owner(&mut out, OWNER_ID_DEFAULT);
+        push_element(&mut out, "StorageClass", "STANDARD");
+        push_number_element(&mut out, "PartNumberMarker", u64::from(marker));
+        if let Some(last) = parts.last() {
+            push_number_element(&mut out, "NextPartNumberMarker", u64::from(last.number));
+        }
+        push_number_element(&mut out, "MaxParts", max_parts as u64);
+        push_bool_element(&mut out, "IsTruncated", truncated);
+        for p in &parts {
+            out.push_str("<Part>");
+            push_number_element(&mut out, "PartNumber", u64::from(p.number));
+            push_element(&mut out, "LastModified", &iso8601_ms(p.mtime_ms));
+            push_element(&mut out, "ETag", &quoted(&p.etag));
+            push_number_element(&mut out, "Size", p.size_bytes);
+            out.push_str("</Part>");
+        }
+        out.push_str("</ListPartsResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+
+    pub(super) async fn list_multipart_uploads(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let max = parse_limit(req.q("max-uploads"), "max-uploads", LIST_UPLOADS_MAX)?;
+        let prefix = req.q("prefix").unwrap_or("").to_string();
+        let delimiter = req.q("delimiter").filter(|d| !d.is_empty());
+        let key_marker = req.q("key-marker").unwrap_or("").to_string();
+        let id_marker = if key_marker.is_empty() {
+            String::new()
+        } else {
+            req.q("upload-id-marker").unwrap_or("").to_string()
+        };
+        let encoding_url = req.q("encoding-type") == Some("url");
+        let replies = self
+            .shard
+            .call_all(|| Op::MpuList {
+                bucket: req.bucket.clone(),
+                prefix: prefix.clone(),
+                key_marker: key_marker.clone(),
+                upload_id_marker: id_marker.clone(),
+                limit: max + 1,
+            })
+            .await;
+        let (uploads, cut) = merge_upload_pages(replies, max)?;
+        let mut entries = collapse_prefixes(uploads, &prefix, delimiter);
+        let truncated = entries.len() > max || cut;
+        entries.truncate(max);
+        let mut out = String::with_capacity(512 + entries.len() * 300);
+        push_open_root(&mut out, "ListMultipartUploadsResult");
+        push_element(&mut out, "Bucket", &req.bucket);
+        push_key_element(&mut out, "KeyMarker", &key_marker, encoding_url);
+        push_element(&mut out, "UploadIdMarker", &id_marker);
+        if truncated {
+            match entries.last() {
+                Some(Ok(u)) => {
+                    push_key_element(&mut out, "NextKeyMarker", &u.key, encoding_url);
+                    push_element(&mut out, "NextUploadIdMarker", &u.upload_id);
+                }
+                Some(Err(p)) => {
+                    // Resume after every upload under this prefix.
+                    let mut next = p.clone();
+                    next.push(char::MAX);
+                    push_key_element(&mut out, "NextKeyMarker", &next, encoding_url);
+                }
+                None => {}
+            }
+        }
+        push_key_element(&mut out, "Prefix", &prefix, encoding_url);
+        if let Some(d) = delimiter {
+            push_key_element(&mut out, "Delimiter", d, encoding_url);
+        }
+        push_number_element(&mut out, "MaxUploads", max as u64);
+        if encoding_url {
+            push_element(&mut out, "EncodingType", "url");
+        }
+        push_bool_element(&mut out, "IsTruncated", truncated);
+        for u in entries.iter().flatten() {
+            out.push_str("<Upload>");
+            push_key_element(&mut out, "Key", &u.key, encoding_url);
+            push_element(&mut out, "UploadId", &u.upload_id);
+            out.push_str("<Initiator>");
+            push_element(&mut out, "ID", OWNER_ID_DEFAULT);
+            push_element(&mut out, "DisplayName", OWNER_ID_DEFAULT);
+            out.push_str("</Initiator>");
+            push_owner(&mut out, OWNER_ID_DEFAULT);
+            push_element(&mut out, "StorageClass", "STANDARD");
+            push_element(&mut out, "Initiated", &iso8601_ms(u.initiated_ms));
+            out.push_str("</Upload>");
+        }
+        for e in &entries {
+            if let Err(p) = e {
+                out.push_str("<CommonPrefixes>");
+                push_key_element(&mut out, "Prefix", p, encoding_url);
+                out.push_str("</CommonPrefixes>");
+            }
+        }
+        out.push_str("</ListMultipartUploadsResult>");
+        self.respond_xml(conn, req, &out).await
+    }
+}
+
+/// Every shard's page of uploads (each at most `max + 1` long), sorted by
+/// (key, upload id) and cut at the frontier: a shard that filled its page
+/// may hold more uploads after its last one, so nothing beyond the least
+/// such last upload is certain yet. Returns whether a cut was made.
+fn merge_upload_pages(replies: Vec<Reply>, max: usize) -> Result<(Vec<UploadItem>, bool), S3Error> {
+    let mut uploads: Vec<UploadItem> = Vec::new();
+    let mut frontier: Option<(String, String)> = None;
+    for r in replies {
+        match r {
+            Reply::Uploads(mut v) => {
+                if v.len() > max {
+                    let last = v.last().expect("non-empty");
+                    let last = (last.key.clone(), last.upload_id.clone());
+                    if frontier.as_ref().is_none_or(|f| last < *f) {
+                        frontier = Some(last);
+                    }
+                }
+                uploads.append(&mut v);
+            }
+            other => return Err(unexpected(other)),
+        }
+    }
+    uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
+    let cut = frontier.is_some();
+    if let Some((fk, fid)) = &frontier {
+        uploads.retain(|u| (&u.key, &u.upload_id) <= (fk, fid));
+    }
+    Ok((uploads, cut))
+}
+
+/// Collapses keys with the delimiter after the prefix into common prefixes
+/// (`Err(prefix)`), in order; other uploads stay `Ok`.
+fn collapse_prefixes(
+    uploads: Vec<UploadItem>,
+    prefix: &str,
+    delimiter: Option<&str>,
+) -> Vec<Result<UploadItem, String>> {
+    let mut entries: Vec<Result<UploadItem, String>> = Vec::new();
+    for u in uploads {
+        if let Some(d) = delimiter {
+            if let Some(pos) = u.key[prefix.len()..].find(d) {
+                let common = u.key[..prefix.len() + pos + d.len()].to_string();
+                if !matches!(entries.last(), Some(Err(p)) if *p == common) {
+                    entries.push(Err(common));
+                }
+                continue;
+            }
+        }
+        entries.push(Ok(u));
+    }
+    entries
+}

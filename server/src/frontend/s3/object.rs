@@ -1,0 +1,682 @@
+//! Object operations: PutObject (the streamed, verified body), GetObject
+//! and HeadObject (single range, multiple ranges, zero-copy sends from the
+//! shard ring's registered buffers), DeleteObject and GetObjectAttributes.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use md5::{Digest, Md5};
+use sha2::Sha256;
+
+use super::conditional::{check_conditions, content_md5, put_condition};
+use super::{
+    http_date, Conn, Request, S3Front, GET_PIECE_BYTES, METADATA_HEADERS_MAX, PUT_PIECE_BYTES,
+    STORED_HEADERS, USER_METADATA_BYTES_MAX,
+};
+use crate::frontend::common::PUT_BYTES_MAX;
+use crate::frontend::http::{
+    content_range, parse_range, within, BodyFraming, RangeSpec, ResponseHead,
+};
+use crate::frontend::s3::auth::{ChunkedDecoder, PayloadMode, Verified};
+use crate::frontend::s3::checksum;
+use crate::frontend::s3::error::S3Error;
+use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
+use crate::shard::msg::{Op, Reply};
+use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::store::record::ObjectMeta;
+use crate::store::ObjectInfo;
+
+impl S3Front {
+    pub(super) fn object_meta_from_request(&self, req: &Request) -> Result<ObjectMeta, S3Error> {
+        let content_type = req
+            .head
+            .header_str("content-type")
+            .unwrap_or("binary/octet-stream")
+            .to_string();
+        let mut headers = Vec::new();
+        let mut user_bytes = 0;
+        for (name, value) in &req.head.headers {
+            let stored = STORED_HEADERS.contains(&name.as_str());
+            let user = name.starts_with("x-amz-meta-");
+            if !stored && !user {
+                continue;
+            }
+            let mut value = String::from_utf8(value.clone()).map_err(|_| {
+                S3Error::invalid_argument(format!("header {name} is not valid UTF-8"))
+            })?;
+            if name == "content-encoding" {
+                // aws-chunked describes the transfer, not the object.
+                value = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|v| !v.eq_ignore_ascii_case("aws-chunked"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                if value.is_empty() {
+                    continue;
+                }
+            }
+            if user {
+                user_bytes += name.len() - "x-amz-meta-".len() + value.len();
+            }
+            headers.push((name.clone(), value));
+        }
+        if headers.len() > METADATA_HEADERS_MAX {
+            return Err(S3Error::new(
+                400,
+                "MetadataTooLarge",
+                format!(
+                    "Too many metadata headers: {} x-amz-meta-* and stored headers \
+                     (Content-Encoding, Content-Disposition, Cache-Control, \
+                     Content-Language, Expires) were sent, at most {METADATA_HEADERS_MAX} are allowed.",
+                    headers.len()
+                ),
+            ));
+        }
+        if user_bytes > USER_METADATA_BYTES_MAX {
+            return Err(S3Error::new(
+                400,
+                "MetadataTooLarge",
+                "Your metadata headers exceed the maximum allowed metadata size.",
+            ));
+        }
+        Ok(ObjectMeta {
+            content_type,
+            headers,
+            ..Default::default()
+        })
+    }
+
+    pub(super) async fn put_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
+        if req.head.header("x-amz-copy-source").is_some() {
+            return self.copy_object(conn, req).await;
+        }
+        let meta = self.object_meta_from_request(req)?;
+        let condition = put_condition(&req.head)?;
+        let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
+            .await?;
+        let info = self.receive_object(conn, req, auth, sink).await?;
+        let head = ResponseHead::new(200).with_header("ETag", format!("\"{}\"", info.etag));
+        self.respond(conn, req, head, b"").await
+    }
+
+    /// Streams the request body into `sink`, verifying every signature and
+    /// digest before the object (or part) becomes visible.
+    pub(super) async fn receive_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+        mut sink: ObjectSink,
+    ) -> Result<ObjectInfo, S3Error> {
+        let decoded_len = check_put_length(req, auth)?;
+        let content_md5 = content_md5(&req.head)?;
+        if req.head.expects_continue() {
+            conn.send_continue().await?;
+        }
+        let mut decoder = auth
+            .payload
+            .is_streaming()
+            .then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
+        let expected_checksum = checksum::expected(&req.head)?;
+        let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
+        let mut input = vec![0u8; 256 * 1024];
+        let mut decoded = Vec::new();
+        let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
+        let mut total = 0u64;
+        loop {
+            let n = conn.read_body(&mut input).await?;
+            if n == 0 {
+                break;
+            }
+            let data = decode_input(decoder.as_mut(), &input[..n], &mut decoded)?;
+            total += data.len() as u64;
+            if total > PUT_BYTES_MAX {
+                return Err(entity_too_large());
+            }
+            digests.update(data);
+            let mut rest = data;
+            while !rest.is_empty() {
+                let take = (PUT_PIECE_BYTES - piece.len()).min(rest.len());
+                piece.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if piece.len() == PUT_PIECE_BYTES {
+                    let full = std::mem::replace(&mut piece, Vec::with_capacity(PUT_PIECE_BYTES));
+                    sink.write(Bytes::from(full)).await?;
+                }
+            }
+        }
+        // Everything is verified before the object becomes visible.
+        if let Some(d) = &decoder {
+            d.finish()?;
+            if decoded_len.is_some_and(|n| n != total) {
+                return Err(S3Error::new(400, "IncompleteBody", "You did not provide the number of bytes specified by the Content-Length HTTP header."));
+            }
+        }
+        let (etag, stored) =
+            digests.verify(req, auth, content_md5, expected_checksum, decoder.as_ref())?;
+        if !piece.is_empty() {
+            sink.write(Bytes::from(piece)).await?;
+        }
+        let info = sink.finish_with(etag, stored).await?;
+        debug_assert_eq!(info.size_bytes, total);
+        Ok(info)
+    }
+
+    pub(super) async fn delete_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let owner = self.shard.owner_of(&req.bucket, &req.key);
+        match self
+            .shard
+            .call(
+                owner,
+                Op::Delete {
+                    bucket: req.bucket.clone(),
+                    key: req.key.clone(),
+                },
+            )
+            .await
+        {
+            Reply::Deleted(_) => self.respond(conn, req, ResponseHead::new(204), b"").await,
+            Reply::Err(e) => Err(e.into()),
+            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    pub(super) async fn get_object_attributes(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let wanted: Vec<String> = req
+            .head
+            .header_str("x-amz-object-attributes")
+            .unwrap_or("")
+            .split(',')
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
+        const KNOWN: [&str; 5] = [
+            "ETag",
+            "Checksum",
+            "ObjectParts",
+            "StorageClass",
+            "ObjectSize",
+        ];
+        if wanted.is_empty() {
+            return Err(S3Error::invalid_argument(
+                "x-amz-object-attributes must name at least one of ETag, Checksum, ObjectParts, StorageClass, ObjectSize",
+            ));
+        }
+        if let Some(bad) = wanted.iter().find(|a| !KNOWN.contains(&a.as_str())) {
+            return Err(S3Error::invalid_argument(format!(
+                "Invalid attribute name specified: {bad}"
+            )));
+        }
+        let (source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        drop(source);
+        let has = |a: &str| wanted.iter().any(|w| w == a);
+        let mut out = String::with_capacity(512);
+        push_open_root(&mut out, "GetObjectAttributesResponse");
+        if has("ETag") {
+            push_element(&mut out, "ETag", &meta.etag);
+        }
+        if has("Checksum") {
+            let stored: Vec<&(String, String)> = meta
+                .headers
+                .iter()
+                .filter(|(n, _)| n.starts_with(crate::frontend::s3::checksum::HEADER_PREFIX))
+                .collect();
+            if !stored.is_empty() {
+                out.push_str("<Checksum>");
+                for (name, value) in stored {
+                    let alg = name[crate::frontend::s3::checksum::HEADER_PREFIX.len()..]
+                        .to_ascii_uppercase();
+                    push_element(&mut out, &format!("Checksum{alg}"), value);
+                }
+                push_element(&mut out, "ChecksumType", "FULL_OBJECT");
+                out.push_str("</Checksum>");
+            }
+        }
+        if has("ObjectParts") {
+            if let Some(n) = meta
+                .etag
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse::<u64>().ok())
+            {
+                out.push_str("<ObjectParts>");
+                push_number_element(&mut out, "PartsCount", n);
+                out.push_str("</ObjectParts>");
+            }
+        }
+        if has("StorageClass") {
+            push_element(&mut out, "StorageClass", "STANDARD");
+        }
+        if has("ObjectSize") {
+            push_number_element(&mut out, "ObjectSize", meta.size_bytes);
+        }
+        out.push_str("</GetObjectAttributesResponse>");
+        let head = ResponseHead::new(200)
+            .with_header("Content-Type", "application/xml")
+            .with_header("Last-Modified", http_date(meta.mtime_ms));
+        self.respond(conn, req, head, out.as_bytes()).await
+    }
+    pub(super) async fn get_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        head_only: bool,
+    ) -> Result<(), S3Error> {
+        if !self.shard.bucket_exists(&req.bucket) {
+            return Err(S3Error::no_such_bucket());
+        }
+        let (mut source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        let size = meta.size_bytes;
+        if let Some(status) = check_conditions(&req.head, &meta)? {
+            let mut head = ResponseHead::new(status);
+            head.push_header("ETag", format!("\"{}\"", meta.etag));
+            head.push_header("Last-Modified", http_date(meta.mtime_ms));
+            return self.respond(conn, req, head, b"").await;
+        }
+        let (status, start, len) = match req.head.header("range") {
+            None => (200, 0, size),
+            Some(value) => match parse_range(value, size) {
+                Ok(RangeSpec::Single(a, b)) => (206, a, b - a + 1),
+                Ok(RangeSpec::Multi(ranges)) => {
+                    return self
+                        .get_byteranges(conn, req, source, &meta, &ranges, head_only)
+                        .await;
+                }
+                Ok(RangeSpec::Whole) => (200, 0, size),
+                // HEAD answers with the status alone (write_error sends no body).
+                Err(_) => {
+                    return Err(S3Error::new(
+                        416,
+                        "InvalidRange",
+                        "The requested range is not satisfiable",
+                    ));
+                }
+            },
+        };
+        let mut head = ResponseHead::new(status);
+        head.push_header("ETag", format!("\"{}\"", meta.etag));
+        head.push_header("Last-Modified", http_date(meta.mtime_ms));
+        head.push_header("Accept-Ranges", "bytes");
+        head.push_header("Content-Type", meta.content_type.clone());
+        // Whole-object checksums only in checksum mode and for whole bodies
+        // (a client would check a range against them and fail).
+        let checksums = status == 200
+            && req
+                .head
+                .header_str("x-amz-checksum-mode")
+                .is_some_and(|m| m.eq_ignore_ascii_case("enabled"));
+        for (name, value) in &meta.headers {
+            if name.starts_with(checksum::HEADER_PREFIX) {
+                if checksums {
+                    head.push_header(name.clone(), value.clone());
+                    head.push_header("x-amz-checksum-type", "FULL_OBJECT");
+                }
+                continue;
+            }
+            head.push_header(name.clone(), value.clone());
+        }
+        if status == 206 {
+            head.push_header("Content-Range", content_range(start, start + len - 1, size));
+        }
+        head.push_header("x-amz-request-id", req.request_id.clone());
+        conn.write_response(&head, len, false).await?;
+        if head_only {
+            conn.flush().await?;
+            return Ok(());
+        }
+        self.send_object_bytes(conn, req, &mut source, start, start + len)
+            .await
+    }
+
+    /// Sends the object's bytes `start..end` as the response body (its head
+    /// is out): from the ring's registered buffers where the source can
+    /// read into them, else through the connection's buffer.
+    async fn send_object_bytes(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        source: &mut ObjectSource,
+        start: u64,
+        end: u64,
+    ) -> Result<(), S3Error> {
+        let send_started = Instant::now();
+        let mut offset = start;
+
+        let ring = self.shard.ring.borrow().clone();
+        while offset < end {
+            // The data path: DMA into a registered buffer, CRC check there,
+            // send from that buffer (SEND_ZC above the threshold).
+            if let Some(ring) = ring.as_deref() {
+                let want = (end - offset).min(GET_PIECE_BYTES);
+                if let Some(r) = source.read_fixed(ring, offset, want).await {
+                    let (buf, a, b) = match r {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::error!(shard = self.shard.id, request_id = %req.request_id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                            return Err(S3Error::internal("read failed mid-body"));
+                        }
+                    };
+                    conn.flush().await?;
+                    self.send_registered(conn, ring, buf, a, b).await?;
+                    offset += (b - a) as u64;
+                    continue;
+                }
+            }
+            let chunk = match source
+                .read(offset, (end - offset).min(GET_PIECE_BYTES))
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    // The status line is gone: cut the connection so the client
+                    // sees a short body, never wrong bytes.
+                    tracing::error!(shard = self.shard.id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                    return Err(S3Error::internal("read failed mid-body"));
+                }
+            };
+            if chunk.is_empty() {
+                return Err(S3Error::internal("object shorter than its metadata"));
+            }
+            conn.write_body(&chunk).await?;
+            offset += chunk.len() as u64;
+        }
+        conn.flush().await?;
+        self.shard
+            .metrics
+            .stage(crate::metrics::Stage::Send)
+            .record(send_started.elapsed());
+        Ok(())
+    }
+
+    /// Sends `buf[a..b]` on the connection's socket through the shard's
+    /// ring, within the body timeout. The buffer returns to the pool only
+    /// after the kernel's last completion (SEND_ZC's notification).
+    pub(super) async fn send_registered(
+        &self,
+        conn: &mut Conn,
+        ring: &crate::ring::DataRing,
+        mut buf: crate::ring::PoolBuf,
+        mut a: usize,
+        b: usize,
+    ) -> Result<(), S3Error> {
+        use std::os::fd::AsRawFd;
+        let fd = conn.get_ref().as_raw_fd();
+        let limit = Duration::from_millis(conn.limits().body_timeout_ms.max(1));
+        while a < b {
+            let (result, back) = match within(limit, ring.send(fd, buf, a, b, conn.send_zc)).await {
+                Some(r) => r,
+                None => {
+                    // The send (and its buffer) stays with the kernel until
+                    // it completes; shutting the socket down completes it
+                    // now, even if the client keeps the connection open.
+                    // SAFETY: `fd` is the connection's socket, open for as
+                    // long as `conn` (borrowed here) lives; shutdown takes
+                    // no pointers and only ends its traffic.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    return Err(S3Error::new(
+                        408,
+                        "RequestTimeout",
+                        "The client stopped reading the response",
+                    ));
+                }
+            };
+            buf = back;
+            match result {
+                Ok((0, _)) => return Err(S3Error::internal("connection closed mid-body")),
+                Ok((n, kind)) => {
+                    a += n;
+                    conn.body_bytes_written += n as u64;
+                    if kind == crate::ring::SendKind::Copied {
+                        conn.send_zc = false;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(shard = self.shard.id, "send failed: {e}");
+                    return Err(S3Error::internal(format!("send failed: {e}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Several ranges in one answer: `206 multipart/byteranges` (RFC 9110
+    /// section 14.6), parts in request order.
+    pub(super) async fn get_byteranges(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        mut source: ObjectSource,
+        meta: &ObjectMeta,
+        ranges: &[(u64, u64)],
+        head_only: bool,
+    ) -> Result<(), S3Error> {
+        let size = meta.size_bytes;
+        let boundary = format!("percore-{}", req.request_id);
+        let part_heads: Vec<String> = ranges
+            .iter()
+            .map(|&(a, b)| {
+                format!(
+                    "--{boundary}\r\nContent-Type: {}\r\nContent-Range: {}\r\n\r\n",
+                    meta.content_type,
+                    content_range(a, b, size)
+                )
+            })
+            .collect();
+        let closing = format!("--{boundary}--\r\n");
+        let total: u64 = ranges
+            .iter()
+            .zip(&part_heads)
+            .map(|(&(a, b), h)| h.len() as u64 + (b - a + 1) + 2)
+            .sum::<u64>()
+            + closing.len() as u64;
+        let mut head = ResponseHead::new(206);
+        head.push_header("ETag", format!("\"{}\"", meta.etag));
+        head.push_header("Last-Modified", http_date(meta.mtime_ms));
+        head.push_header("Accept-Ranges", "bytes");
+        head.push_header(
+            "Content-Type",
+            format!("multipart/byteranges; boundary={boundary}"),
+        );
+        head.push_header("x-amz-request-id", req.request_id.clone());
+        conn.write_response(&head, total, false).await?;
+        if head_only {
+            conn.flush().await?;
+            return Ok(());
+        }
+        for (&(a, b), part_head) in ranges.iter().zip(&part_heads) {
+            conn.write_body(part_head.as_bytes()).await?;
+            let mut offset = a;
+            while offset <= b {
+                let chunk = match source
+                    .read(offset, (b + 1 - offset).min(GET_PIECE_BYTES))
+                    .await
+                {
+                    Ok(c) if !c.is_empty() => c,
+                    Ok(_) => return Err(S3Error::internal("object shorter than its metadata")),
+                    Err(e) => {
+                        tracing::error!(shard = self.shard.id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                        return Err(S3Error::internal("read failed mid-body"));
+                    }
+                };
+                conn.write_body(&chunk).await?;
+                offset += chunk.len() as u64;
+            }
+            conn.write_body(b"\r\n").await?;
+        }
+        conn.write_body(closing.as_bytes()).await?;
+        conn.flush().await?;
+        Ok(())
+    }
+}
+
+fn entity_too_large() -> S3Error {
+    S3Error::new(
+        400,
+        "EntityTooLarge",
+        "Your proposed upload exceeds the maximum allowed object size.",
+    )
+}
+
+/// The checks on an upload's declared length made before its body is read;
+/// returns x-amz-decoded-content-length (aws-chunked uploads), if sent.
+fn check_put_length(req: &Request, auth: &Verified) -> Result<Option<u64>, S3Error> {
+    let framing = req.head.body_framing()?;
+    if matches!(framing, BodyFraming::Empty) && req.head.header("content-length").is_none() {
+        // As S3: an object (or part) needs a declared length; without
+        // one HTTP reads no body, and an empty object was stored.
+        return Err(S3Error::new(
+            411,
+            "MissingContentLength",
+            "You must provide the Content-Length HTTP header.",
+        ));
+    }
+    let declared = match framing {
+        BodyFraming::Empty => Some(0),
+        BodyFraming::Length(n) => Some(n),
+        BodyFraming::Chunked => None,
+    };
+    let streaming = auth.payload.is_streaming();
+    let decoded_len = match req.head.header_str("x-amz-decoded-content-length") {
+        Some(v) => Some(
+            v.parse::<u64>()
+                .map_err(|_| S3Error::invalid_argument("invalid x-amz-decoded-content-length"))?,
+        ),
+        None => None,
+    };
+    let size_hint = if streaming { decoded_len } else { declared };
+    if size_hint.is_some_and(|n| n > PUT_BYTES_MAX) {
+        return Err(entity_too_large());
+    }
+    if streaming && decoded_len.is_none() && auth.payload == PayloadMode::StreamingSigned {
+        return Err(S3Error::new(
+            411,
+            "MissingContentLength",
+            "x-amz-decoded-content-length is required for aws-chunked uploads",
+        ));
+    }
+    Ok(decoded_len)
+}
+
+/// One read of the body as object bytes: through the aws-chunked decoder
+/// (into `decoded`) when there is one, else as read.
+fn decode_input<'a>(
+    decoder: Option<&mut ChunkedDecoder>,
+    input: &'a [u8],
+    decoded: &'a mut Vec<u8>,
+) -> Result<&'a [u8], S3Error> {
+    let Some(d) = decoder else {
+        return Ok(input);
+    };
+    decoded.clear();
+    let mut at = 0;
+    while at < input.len() {
+        let used = d.feed(&input[at..], decoded)?;
+        if used == 0 {
+            // The final chunk was seen and bytes follow it.
+            return Err(S3Error::new(
+                400,
+                "IncompleteBody",
+                "Unexpected data after the final aws-chunked chunk.",
+            ));
+        }
+        at += used;
+    }
+    Ok(decoded)
+}
+
+/// The digests computed over an upload's bytes as they arrive: MD5 (the
+/// ETag, and Content-MD5), SHA-256 when the payload hash was signed, and
+/// the x-amz-checksum-* algorithm when one was asked for.
+struct BodyDigests {
+    md5: Md5,
+    sha: Option<Sha256>,
+    checksum: Option<checksum::Hasher>,
+}
+
+impl BodyDigests {
+    fn new(auth: &Verified, expected: Option<&checksum::Expected>) -> BodyDigests {
+        BodyDigests {
+            md5: Md5::new(),
+            sha: matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new),
+            checksum: expected.map(|e| checksum::Hasher::new(e.algorithm)),
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        self.md5.update(data);
+        if let Some(h) = self.checksum.as_mut() {
+            h.update(data);
+        }
+        if let Some(sha) = self.sha.as_mut() {
+            sha.update(data);
+        }
+    }
+
+    /// Checks every digest against what the client sent (signed payload
+    /// hash, Content-MD5, checksum header or trailer); returns the ETag and
+    /// the checksum header to store with the object.
+    fn verify(
+        self,
+        req: &Request,
+        auth: &Verified,
+        content_md5: Option<Vec<u8>>,
+        expected_checksum: Option<checksum::Expected>,
+        decoder: Option<&ChunkedDecoder>,
+    ) -> Result<(String, Vec<(String, String)>), S3Error> {
+        if let (Some(sha), PayloadMode::Sha256(expected)) = (self.sha, &auth.payload) {
+            let got: [u8; 32] = sha.finalize().into();
+            auth.payload.check_body_sha256(&got)?;
+            debug_assert_eq!(&got, expected);
+        }
+        let digest: [u8; 16] = self.md5.finalize().into();
+        if content_md5.is_some_and(|m| m[..] != digest[..]) {
+            return Err(S3Error::new(
+                400,
+                "BadDigest",
+                "The Content-MD5 you specified did not match what we received.",
+            ));
+        }
+        let mut stored = Vec::new();
+        if let (Some(expected), Some(hasher)) = (expected_checksum, self.checksum) {
+            let name = expected.algorithm.header();
+            let sent = match expected.value {
+                Some(v) => Some(v),
+                None => decoder
+                    .and_then(|d| d.trailers().iter().find(|(n, _)| n == name))
+                    .map(|(_, v)| v.clone()),
+            };
+            if sent.is_none() && req.head.header_str("x-amz-trailer").is_some() {
+                return Err(S3Error::new(
+                    400,
+                    "InvalidRequest",
+                    format!("The {name} trailer announced in x-amz-trailer was not sent."),
+                ));
+            }
+            let got = hasher.finish_base64();
+            if sent.as_ref().is_some_and(|v| *v != got) {
+                return Err(checksum::mismatch(expected.algorithm));
+            }
+            stored.push((name.to_string(), got));
+        }
+        Ok((hex::encode(digest), stored))
+    }
+}
