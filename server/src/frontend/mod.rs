@@ -1,6 +1,8 @@
 //! The front doors: S3 over HTTP (`http` is the connection layer, `s3` the
-//! API on top) and the native binary range protocol (`native`).
+//! API on top) and the native binary range protocol (`native`); `datapath`
+//! holds the piece sizes and the zero-copy read and send both doors use.
 
+pub mod datapath;
 pub mod http;
 pub mod native;
 pub mod s3;
