@@ -32,7 +32,7 @@ pub const GET_PIECE_BYTES: u64 = 1 << 20;
 // A piece that starts on a block boundary ends on one, so consecutive
 // pieces never read and CRC-check the same 64 KiB block twice (the store
 // verifies whole blocks, `ObjectReader::read_fixed`).
-const _: () = assert!(GET_PIECE_BYTES % BLOCK_BYTES == 0);
+const _: () = assert!(GET_PIECE_BYTES.is_multiple_of(BLOCK_BYTES));
 // A block-aligned GET piece plus the O_DIRECT alignment slack before it
 // fits one registered buffer; were it larger, `read_fixed` would refuse
 // every piece and all GETs would silently take the copy path.

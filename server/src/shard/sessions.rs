@@ -21,6 +21,7 @@ pub(super) struct SessionSlot {
     last_used: Instant,
 }
 
+#[allow(clippy::large_enum_variant)] // one per session, in a bounded table
 pub(super) enum SessionState {
     /// Between operations.
     Idle(Session),

@@ -207,6 +207,7 @@ impl NativeFront {
 
     /// Checks a Hello: version, nonce, and the MAC over both nonces with
     /// the S3 keys (constant time). The HelloOk, or the Reply refusing it.
+    #[allow(clippy::result_large_err)] // the refusal is sent as is, once per connection
     fn hello(
         &self,
         h: &proto::Hello,
