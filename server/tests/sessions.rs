@@ -234,11 +234,11 @@ async fn pinned_refusals(owner: &Owner, bucket: &str) -> Vec<String> {
     let bucket = bucket.to_string();
     owner
         .run(move |s| async move {
-            let before: Vec<u64> = s.store.segment_table().iter().map(|t| t.0).collect();
+            let before: Vec<u64> = s.store().segment_table().iter().map(|t| t.0).collect();
             let mut i = 0;
             loop {
                 let sealed_all = s
-                    .store
+                    .store()
                     .segment_table()
                     .iter()
                     .filter(|t| before.contains(&t.0))
@@ -246,7 +246,7 @@ async fn pinned_refusals(owner: &Owner, bucket: &str) -> Vec<String> {
                 if sealed_all {
                     break;
                 }
-                s.store
+                s.store()
                     .put(
                         &bucket,
                         &format!("filler-{i}"),
@@ -258,11 +258,11 @@ async fn pinned_refusals(owner: &Owner, bucket: &str) -> Vec<String> {
                 i += 1;
             }
             let mut refusals = Vec::new();
-            for (id, _, _, sealed) in s.store.segment_table() {
+            for (id, _, _, sealed) in s.store().segment_table() {
                 if !sealed || !before.contains(&id) {
                     continue;
                 }
-                if let Err(e) = s.store.compact_segment(id).await {
+                if let Err(e) = s.store().compact_segment(id).await {
                     let e = e.to_string();
                     if e.contains("PUT in progress") {
                         refusals.push(format!("segment {id}: {e}"));
@@ -270,7 +270,7 @@ async fn pinned_refusals(owner: &Owner, bucket: &str) -> Vec<String> {
                 }
             }
             for j in 0..i {
-                s.store
+                s.store()
                     .delete(&bucket, &format!("filler-{j}"))
                     .await
                     .unwrap();

@@ -489,7 +489,7 @@ fn bind_native(addr: std::net::SocketAddr, n: usize) -> Result<(Vec<RawFd>, Vec<
 
 /// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT
 /// alignment slack each.
-const RING_BUF_BYTES: usize = (1 << 20) + 4096;
+pub(crate) const RING_BUF_BYTES: usize = (1 << 20) + 4096;
 /// Shared by GET reads and batch writes (a batch takes up to 8).
 const RING_BUFFERS: usize = 64;
 

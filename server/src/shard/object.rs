@@ -154,6 +154,9 @@ impl Drop for ObjectSource {
     }
 }
 
+/// Where a PUT's bytes go: the local store's writer, or a session on the
+/// owner shard.
+#[allow(clippy::large_enum_variant)] // one per upload; boxing the writer would add an allocation per PUT
 pub enum ObjectSink {
     Local {
         shard: Rc<Shard>,

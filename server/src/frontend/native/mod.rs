@@ -1,0 +1,238 @@
+//! The native front door: percore's binary range protocol
+//! (`percore_protocol::native`, `docs/native.md`), one listener per shard.
+//!
+//! A connection has one reader (this task) and one writer task. The reader
+//! decodes frames, authenticates the connection (HMAC challenge with the S3
+//! keys), and starts one task per request, at most `IN_FLIGHT_MAX` at a time:
+//! past that it stops reading, so TCP pushes back on the client. Request tasks
+//! hand whole frames to the writer through a bounded channel, so replies of
+//! different requests interleave at frame boundaries and may finish in any
+//! order (the client matches them by request id). Object bytes read into a
+//! registered buffer of the shard's data ring are sent from that buffer
+//! (SEND_ZC above the ring's threshold); small payloads are coalesced with
+//! their frame headers into one send.
+//!
+//! Any shard serves any key: a key owned elsewhere is forwarded to its owner
+//! (`ObjectSource`/`ObjectSink`) and the reply names the owner, so a
+//! shard-aware client learns where to go next time.
+//!
+//! Files: `conn` (the connection loop: frames in, the authentication state
+//! machine, dispatch), `writer` (the ordered frame writer), `get` (range
+//! reads), `put` (streamed uploads), `meta` (stat, delete, list, buckets).
+
+mod conn;
+mod get;
+mod meta;
+mod put;
+#[cfg(test)]
+mod tests;
+mod writer;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc;
+use futures::SinkExt;
+use glommio::net::TcpStream;
+use percore_protocol::native::{self as proto, Kind, Reply, Request, Status};
+
+use crate::frontend::datapath::GET_PIECE_BYTES;
+use crate::frontend::common::Credentials;
+use crate::shard::msg::ShardError;
+use crate::shard::Shard;
+use writer::{reply_frame, Out};
+
+pub use get::resolve_ranges;
+
+/// Object bytes per Chunk frame: one GET piece (one extent read).
+const CHUNK_BYTES: u64 = GET_PIECE_BYTES;
+/// Payloads up to this size are copied next to their frame header and sent
+/// together; larger ones go out from their own buffer.
+const COALESCE_BYTES_MAX: usize = 64 * 1024;
+/// Bytes gathered before the writer sends.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+/// Frames queued to the writer per connection.
+const OUT_QUEUE: usize = 64;
+/// PUT payload frames queued per upload.
+const PUT_QUEUE: usize = 4;
+/// A native connection may sit idle this long between frames (clients keep
+/// connections per shard).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// One frame's remaining bytes, and every write, must progress within this.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Object bytes queued or being read for sending, or received and not yet
+/// stored, per connection: a client that stops reading holds at most this.
+const CONNECTION_BYTES_MAX: u64 = 8 << 20;
+/// The same across all of a shard's native connections.
+const SHARD_BYTES_MAX: u64 = 256 << 20;
+/// Authentication must finish within this after connecting: every byte of
+/// every frame before HelloOk arrives under this one deadline.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Before authentication only a Hello is read, with at most this many
+/// message header bytes and no payload: an unauthenticated peer gets no
+/// byte budget and no large buffer (a Hello is about 200 bytes).
+const PRE_AUTH_HEADER_BYTES_MAX: u32 = 4096;
+/// Longest wait for the next PutData frame of a streamed Put, by default
+/// (`native_put_data_timeout_s`); past it the upload is aborted.
+pub const PUT_DATA_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+
+// Every frame's payload, and every Chunk, must fit the connection's byte
+// budget, and that the shard's: `Budget::take` waits for permits, and a
+// request for more than a semaphore holds would wait forever.
+const _: () = assert!(proto::PAYLOAD_BYTES_MAX as u64 <= CONNECTION_BYTES_MAX);
+const _: () = assert!(CHUNK_BYTES <= CONNECTION_BYTES_MAX);
+const _: () = assert!(CONNECTION_BYTES_MAX <= SHARD_BYTES_MAX);
+// A Chunk is one frame: it must fit a frame's payload, which clients
+// size their buffers by (HelloOk.frame_payload_max).
+const _: () = assert!(CHUNK_BYTES <= proto::PAYLOAD_BYTES_MAX as u64);
+// A coalesced payload never alone fills a send batch (the batch buffer is
+// allocated for WRITE_BATCH_BYTES + COALESCE_BYTES_MAX).
+const _: () = assert!(COALESCE_BYTES_MAX <= WRITE_BATCH_BYTES);
+// The pre-authentication header limit is tighter than the protocol's.
+const _: () = assert!(PRE_AUTH_HEADER_BYTES_MAX <= proto::HEADER_BYTES_MAX);
+
+pub struct NativeConfig {
+    pub credentials: Credentials,
+    /// The native port of every shard, in shard order.
+    pub ports: Vec<u16>,
+    /// Longest wait for the next PutData frame of a Put
+    /// (PUT_DATA_TIMEOUT_DEFAULT).
+    pub put_data_timeout: Duration,
+}
+
+/// A shard's native front door: its configuration, draining flag and
+/// shard-wide byte budget. One per shard; each connection is served by
+/// `serve_connection`.
+pub struct NativeFront {
+    pub shard: Rc<Shard>,
+    cfg: Rc<NativeConfig>,
+    pub draining: Cell<bool>,
+    /// Shard-wide byte budget (SHARD_BYTES_MAX).
+    bytes: Rc<glommio::sync::Semaphore>,
+}
+
+/// Byte budgets a request draws on: its connection's and the shard's.
+/// Permits are held until the bytes left (were sent, or were stored).
+#[derive(Clone)]
+struct Budget {
+    conn: Rc<glommio::sync::Semaphore>,
+    shard: Rc<glommio::sync::Semaphore>,
+}
+
+/// Permits taken from both budgets; returned when dropped.
+struct Held(
+    #[allow(dead_code)] glommio::sync::StaticPermit,
+    #[allow(dead_code)] glommio::sync::StaticPermit,
+);
+
+impl Budget {
+    /// Waits for `bytes` (at least 1) of both budgets; None when the
+    /// semaphores are closed.
+    async fn take(&self, bytes: u64) -> Option<Held> {
+        let bytes = bytes.max(1);
+        let c = self.conn.acquire_static_permit(bytes).await.ok()?;
+        let s = self.shard.acquire_static_permit(bytes).await.ok()?;
+        Some(Held(c, s))
+    }
+}
+
+/// The native status and message for a shard error.
+fn status_of(e: &ShardError) -> (Status, String) {
+    match e {
+        ShardError::NoSuchKey => (Status::NoSuchKey, "no such key".into()),
+        ShardError::NoSuchBucket => (
+            Status::NoSuchBucket,
+            "no such bucket; create it first (percore mb)".into(),
+        ),
+        ShardError::BucketNotEmpty => (Status::BucketNotEmpty, "bucket not empty".into()),
+        ShardError::Busy => (Status::Busy, "server busy; retry later".into()),
+        ShardError::NoSpace(m) => (
+            Status::NoSpace,
+            format!("out of disk space ({m}); free space, then retry"),
+        ),
+        ShardError::Corrupt(m) => (
+            Status::Corrupt,
+            format!("stored data failed its checksum and was not served: {m}"),
+        ),
+        ShardError::Internal(m) => (Status::Internal, m.clone()),
+        ShardError::ShuttingDown => (
+            Status::ShuttingDown,
+            "server shutting down; retry on another connection".into(),
+        ),
+        ShardError::Upload(u) => (Status::InvalidRequest, u.to_string()),
+        ShardError::PreconditionFailed => {
+            (Status::PreconditionFailed, "precondition failed".into())
+        }
+        ShardError::ConditionalConflict => (
+            Status::Busy,
+            "a conflicting write of this key is in flight; retry".into(),
+        ),
+    }
+}
+
+fn shard_error_reply(e: &ShardError) -> Reply {
+    let (s, m) = status_of(e);
+    Reply::error(s, m)
+}
+
+impl NativeFront {
+    pub fn new(shard: Rc<Shard>, cfg: Rc<NativeConfig>) -> Rc<NativeFront> {
+        Rc::new(NativeFront {
+            shard,
+            cfg,
+            draining: Cell::new(false),
+            bytes: Rc::new(glommio::sync::Semaphore::new(SHARD_BYTES_MAX)),
+        })
+    }
+
+    /// Serves one accepted connection to its end (`conn`).
+    pub async fn serve_connection(self: Rc<Self>, stream: TcpStream) {
+        let m = self.shard.metrics();
+        m.native_connections_open
+            .set(m.native_connections_open.get() + 1);
+        self.clone().serve_connection_inner(stream).await;
+        let m = self.shard.metrics();
+        m.native_connections_open
+            .set(m.native_connections_open.get() - 1);
+    }
+
+    /// Runs one request to its final Reply frame and records it.
+    async fn run(
+        &self,
+        mut tx: mpsc::Sender<Out>,
+        id: u64,
+        kind: Kind,
+        fut: impl std::future::Future<Output = Reply>,
+    ) {
+        let m = self.shard.metrics();
+        m.requests_in_flight.set(m.requests_in_flight.get() + 1);
+        let started = Instant::now();
+        let reply = fut.await;
+        m.record_native(kind.name(), reply.status, started.elapsed());
+        let _ = tx.send(reply_frame(id, reply)).await;
+        m.requests_in_flight.set(m.requests_in_flight.get() - 1);
+    }
+
+    /// A request that is neither part of the handshake nor an upload: to
+    /// its handler (`get`, `meta`).
+    async fn request(&self, tx: mpsc::Sender<Out>, id: u64, req: Request, budget: Budget) -> Reply {
+        match req {
+            Request::Get { bucket, item } => self.get(tx, id, &bucket, vec![item], &budget).await,
+            Request::BatchGet { bucket, items } => self.get(tx, id, &bucket, items, &budget).await,
+            Request::Delete { bucket, key } => self.delete(&bucket, &key).await,
+            Request::Stat { bucket, key } => self.stat(&bucket, &key).await,
+            Request::List(l) => self.list(l).await,
+            Request::CreateBucket { bucket } => self.create_bucket(bucket).await,
+            Request::ListBuckets => self.list_buckets(),
+            Request::Hello(_) | Request::Put(_) | Request::PutData { .. } => {
+                Reply::error(Status::Internal, "not dispatched here")
+            }
+        }
+    }
+
+    fn count_bad_frame(&self) {
+        let m = self.shard.metrics();
+        m.native_bad_frames.set(m.native_bad_frames.get() + 1);
+    }
+}

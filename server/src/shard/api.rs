@@ -1,0 +1,282 @@
+//! The shard's typed API for the front doors: one async method per
+//! operation, which builds the `Op`, routes it to the shard that owns the
+//! data (the key's owner, or the bucket-owner shard), and turns the `Reply`
+//! into a typed `Result`. A front door never matches on `Reply` itself.
+//!
+//! Streaming reads and writes of one object go through `ObjectSource` and
+//! `ObjectSink` (`shard::object`); the merged listing is `list_merged`.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use super::msg::{Op, Reply, ShardError};
+use super::{Shard, BUCKET_OWNER_SHARD};
+use crate::store::mpu::{PartItem, UploadItem};
+use crate::store::record::ObjectMeta;
+use crate::store::{ListItem, ObjectInfo};
+
+/// The error for a reply of the wrong kind (a bug), or the error it carries.
+pub(super) fn unexpected(r: Reply) -> ShardError {
+    match r {
+        Reply::Err(e) => e,
+        other => ShardError::Internal(format!("unexpected reply {other:?}")),
+    }
+}
+
+impl Shard {
+    /// The object's stored info on its owner; None if there is none.
+    pub async fn head_object(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<ObjectInfo>, ShardError> {
+        let op = Op::Head {
+            bucket: bucket.into(),
+            key: key.into(),
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Head(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes the object on its owner; Ok(true) if it existed.
+    pub async fn delete_object(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<bool, ShardError> {
+        let op = Op::Delete {
+            bucket: bucket.into(),
+            key: key.into(),
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Deleted(existed) => Ok(existed),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Creates the bucket on the bucket-owner shard, which publishes it to
+    /// every shard before answering. Ok(false): it existed already.
+    pub async fn create_bucket(self: &Rc<Self>, name: &str) -> Result<bool, ShardError> {
+        let op = Op::BucketCreate { name: name.into() };
+        match self.call(BUCKET_OWNER_SHARD, op).await {
+            Reply::Created(created) => Ok(created),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes the bucket if it holds no object and no write is in
+    /// progress (BucketNotEmpty otherwise), on every shard.
+    pub async fn delete_bucket(self: &Rc<Self>, name: &str) -> Result<(), ShardError> {
+        let op = Op::BucketDelete { name: name.into() };
+        match self.call(BUCKET_OWNER_SHARD, op).await {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Starts a multipart upload of `key` on its owner; its upload id.
+    pub async fn mpu_create(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+    ) -> Result<String, ShardError> {
+        let op = Op::MpuCreate {
+            bucket: bucket.into(),
+            key: key.into(),
+            meta,
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Upload(id) => Ok(id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Completes a multipart upload from `parts` (number, ETag).
+    pub async fn mpu_complete(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: Vec<(u32, String)>,
+    ) -> Result<ObjectInfo, ShardError> {
+        let op = Op::MpuComplete {
+            bucket: bucket.into(),
+            key: key.into(),
+            upload_id: upload_id.into(),
+            parts,
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Put(info) => Ok(info),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Aborts a multipart upload and drops its parts.
+    pub async fn mpu_abort(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<(), ShardError> {
+        let op = Op::MpuAbort {
+            bucket: bucket.into(),
+            key: key.into(),
+            upload_id: upload_id.into(),
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `limit` parts of an upload numbered after `after`.
+    pub async fn mpu_parts(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<PartItem>, ShardError> {
+        let op = Op::MpuParts {
+            bucket: bucket.into(),
+            key: key.into(),
+            upload_id: upload_id.into(),
+            after,
+            limit,
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Parts(parts) => Ok(parts),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every shard's first `limit` uploads after the markers, in shard
+    /// order (the caller merges them).
+    pub async fn mpu_list_all(
+        self: &Rc<Self>,
+        bucket: &str,
+        prefix: &str,
+        key_marker: &str,
+        upload_id_marker: &str,
+        limit: usize,
+    ) -> Vec<Result<Vec<UploadItem>, ShardError>> {
+        let replies = self
+            .call_all(|| Op::MpuList {
+                bucket: bucket.into(),
+                prefix: prefix.into(),
+                key_marker: key_marker.into(),
+                upload_id_marker: upload_id_marker.into(),
+                limit,
+            })
+            .await;
+        replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Uploads(items) => Ok(items),
+                other => Err(unexpected(other)),
+            })
+            .collect()
+    }
+
+    /// The first `max` items after `from` across all shards, in key order,
+    /// and whether more follow.
+    ///
+    /// A k-way merge with a cursor per shard: each shard is asked for about
+    /// twice its fair share (`2 * max / shards`, at least 16) and asked again
+    /// only when its buffered items run out before the page is full, so a
+    /// page costs about `2 * max` items of shard work whatever the shard
+    /// count (not `shards * max`).
+    pub async fn list_merged(
+        self: &Rc<Self>,
+        bucket: &str,
+        prefix: &str,
+        from: &str,
+        delimiter: Option<String>,
+        max: usize,
+    ) -> Result<(Vec<ListItem>, bool), ShardError> {
+        let n = self.count;
+        let batch = (2 * max).div_ceil(n).max(16).min(max + 1);
+        let mut cursors: Vec<String> = vec![from.to_string(); n];
+        let mut buffered: Vec<VecDeque<ListItem>> = vec![VecDeque::new(); n];
+        let mut exhausted = vec![false; n];
+        let mut asked = vec![false; n];
+        let mut out: Vec<ListItem> = Vec::with_capacity(max.min(1024));
+        loop {
+            let starved: Vec<usize> = (0..n)
+                .filter(|&i| buffered[i].is_empty() && !exhausted[i])
+                .collect();
+            if !starved.is_empty() {
+                let calls = starved.iter().map(|&i| {
+                    self.call(
+                        i,
+                        Op::List {
+                            bucket: bucket.to_string(),
+                            prefix: prefix.to_string(),
+                            start_after: cursors[i].clone(),
+                            delimiter: delimiter.clone(),
+                            limit: batch,
+                        },
+                    )
+                });
+                let replies = futures::future::join_all(calls).await;
+                for (&i, reply) in starved.iter().zip(replies) {
+                    match reply {
+                        Reply::List(items) => {
+                            // No-progress guard: a shard's page must be
+                            // strictly increasing and after its cursor,
+                            // or asking again could loop forever.
+                            // (The first page may start with a common
+                            // prefix that sorts before the caller's marker.)
+                            let mut prev = asked[i].then_some(cursors[i].as_str());
+                            for item in &items {
+                                if prev.is_some_and(|p| item.name() <= p) {
+                                    tracing::error!(
+                                        shard = self.id,
+                                        peer = i,
+                                        "listing made no progress after {prev:?}"
+                                    );
+                                    return Err(ShardError::Internal(format!(
+                                        "shard {i} listed {:?} after {prev:?}: listing made no progress",
+                                        item.name()
+                                    )));
+                                }
+                                prev = Some(item.name());
+                            }
+                            asked[i] = true;
+                            exhausted[i] = items.len() < batch;
+                            if let Some(last) = items.last() {
+                                cursors[i] = last.name().to_string();
+                            }
+                            buffered[i].extend(items);
+                        }
+                        Reply::Err(e) => return Err(e),
+                        other => {
+                            return Err(ShardError::Internal(format!("unexpected reply {other:?}")))
+                        }
+                    }
+                }
+                continue;
+            }
+            // Every shard has a head item or is exhausted: take the least.
+            let Some(i) = (0..n)
+                .filter(|&i| !buffered[i].is_empty())
+                .min_by(|&a, &b| buffered[a][0].name().cmp(buffered[b][0].name()))
+            else {
+                return Ok((out, false));
+            };
+            let item = buffered[i].pop_front().expect("non-empty");
+            // A common prefix can come from several shards.
+            if out.last().is_some_and(|l| l.name() == item.name()) {
+                continue;
+            }
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            out.push(item);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Buckets: the replicated bucket view every shard keeps, the bucket-owner
+//! shard's create and delete (lock everywhere, count, apply everywhere),
+//! and the per-bucket count of writes in progress that DeleteBucket checks.
+
+use std::rc::Rc;
+
+use super::msg::{Op, Reply, ShardError};
+use super::{store_error, Shard, BUCKET_OWNER_SHARD};
+
+#[derive(Debug, Clone)]
+pub struct BucketView {
+    pub created_ms: u64,
+    /// Set while shard 0 checks emptiness for a DeleteBucket.
+    pub locked: bool,
+}
+impl Shard {
+    pub fn bucket_exists(&self, name: &str) -> bool {
+        self.buckets.borrow().get(name).is_some_and(|b| !b.locked)
+    }
+
+    pub fn bucket_list(&self) -> Vec<(String, u64)> {
+        self.buckets
+            .borrow()
+            .iter()
+            .map(|(n, b)| (n.clone(), b.created_ms))
+            .collect()
+    }
+
+    /// On the bucket-owner shard at start-up: push the recovered bucket set
+    /// to every shard before anyone serves requests.
+    pub async fn publish_buckets(self: &Rc<Self>) {
+        assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        for (name, created_ms) in self.store.bucket_records() {
+            for s in 0..self.count {
+                self.call(
+                    s,
+                    Op::BucketApply {
+                        name: name.clone(),
+                        created_ms: Some(created_ms),
+                    },
+                )
+                .await;
+            }
+        }
+    }
+
+    pub(super) async fn bucket_create(self: &Rc<Self>, name: String) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        match self.store.bucket_create(&name).await {
+            Ok(true) => {}
+            Ok(false) => return Reply::Created(false),
+            Err(e) => return Reply::Err(store_error(e)),
+        }
+        let created_ms = self
+            .store
+            .bucket_records()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, c)| c);
+        self.call_all(|| Op::BucketApply {
+            name: name.clone(),
+            created_ms: Some(created_ms),
+        })
+        .await;
+        Reply::Created(true)
+    }
+
+    /// Lock the bucket everywhere, count its objects and writes in progress
+    /// (PUTs, parts, CreateMultipartUpload, completions), delete if none.
+    /// Multipart uploads do not count: the durable bucket record is the
+    /// commit point, after which every shard drops the bucket's uploads and
+    /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
+    pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        if !self.bucket_exists(&name) {
+            return Reply::Err(ShardError::NoSuchBucket);
+        }
+        let counts = self
+            .call_all(|| Op::BucketLock { name: name.clone() })
+            .await;
+        let objects: usize = counts
+            .iter()
+            .map(|r| if let Reply::Count(n) = r { *n } else { 1 })
+            .sum();
+        if objects > 0 {
+            self.call_all(|| Op::BucketUnlock { name: name.clone() })
+                .await;
+            return Reply::Err(ShardError::BucketNotEmpty);
+        }
+        if let Err(e) = self.store.bucket_delete(&name).await {
+            self.call_all(|| Op::BucketUnlock { name: name.clone() })
+                .await;
+            return Reply::Err(store_error(e));
+        }
+        self.call_all(|| Op::BucketApply {
+            name: name.clone(),
+            created_ms: None,
+        })
+        .await;
+        Reply::Ok
+    }
+
+    /// Tracks a PUT into `bucket` so that DeleteBucket sees it.
+    pub(super) fn put_started(&self, bucket: &str) {
+        *self
+            .puts_in_flight
+            .borrow_mut()
+            .entry(bucket.to_string())
+            .or_default() += 1;
+    }
+
+    /// Drops the uploads and parts of a deleted `bucket` on this shard. A
+    /// failure is logged: the purge is tried again at the next start and
+    /// before a bucket of this name is created again.
+    pub(super) async fn purge_multipart(&self, bucket: &str) {
+        match self.store.mpu_purge_bucket(bucket).await {
+            Ok(0) => {}
+            Ok(dropped) => tracing::info!(
+                shard = self.id,
+                bucket,
+                dropped,
+                "dropped the multipart uploads and parts of a deleted bucket"
+            ),
+            Err(e) => tracing::warn!(
+                shard = self.id,
+                bucket,
+                "could not drop the multipart uploads of a deleted bucket: {e}"
+            ),
+        }
+    }
+
+    pub(super) fn put_ended(&self, bucket: &str) {
+        let mut map = self.puts_in_flight.borrow_mut();
+        if let Some(n) = map.get_mut(bucket) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(bucket);
+            }
+        }
+    }
+
+    /// BucketApply: `name` now exists (`created_ms` Some) or not (None).
+    pub(super) async fn bucket_apply(&self, name: String, created_ms: Option<u64>) -> Reply {
+        match created_ms {
+            Some(created_ms) => {
+                // A new bucket (not the start-up publication): drop
+                // what a deletion of one with this name left behind
+                // before it becomes visible (see `store::mpu`).
+                let created = self.started.get() && !self.buckets.borrow().contains_key(&name);
+                if created {
+                    self.purge_multipart(&name).await;
+                }
+                self.buckets.borrow_mut().insert(
+                    name,
+                    BucketView {
+                        created_ms,
+                        locked: false,
+                    },
+                );
+            }
+            None => {
+                self.buckets.borrow_mut().remove(&name);
+                // The deletion is durable: its uploads go with it.
+                self.purge_multipart(&name).await;
+            }
+        }
+        Reply::Ok
+    }
+
+    /// BucketLock: refuse new writes into `name`; count its objects and
+    /// writes in progress here.
+    pub(super) fn bucket_lock(&self, name: String) -> Reply {
+        if let Some(b) = self.buckets.borrow_mut().get_mut(&name) {
+            b.locked = true;
+        }
+        let writing = self
+            .puts_in_flight
+            .borrow()
+            .get(&name)
+            .copied()
+            .unwrap_or(0);
+        Reply::Count(self.store.object_count(&name) + writing)
+    }
+
+    pub(super) fn bucket_unlock(&self, name: String) -> Reply {
+        if let Some(b) = self.buckets.borrow_mut().get_mut(&name) {
+            b.locked = false;
+        }
+        Reply::Ok
+    }
+
+    /// Start: the bucket view is complete; serve.
+    pub(super) async fn start(&self) -> Reply {
+        // The bucket view is complete: drop the multipart state of
+        // buckets whose deletion was cut short by a crash.
+        let gone: Vec<String> = self
+            .store
+            .mpu_buckets()
+            .into_iter()
+            .filter(|b| !self.buckets.borrow().contains_key(b))
+            .collect();
+        for bucket in gone {
+            self.purge_multipart(&bucket).await;
+        }
+        self.started.set(true);
+        for w in self.start_waiters.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+        Reply::Ok
+    }
+}
+
+/// A write counted against its bucket for DeleteBucket (see `put_started`)
+/// until dropped, also when the request's future is dropped half-way.
+pub(super) struct WriteInProgress<'a> {
+    shard: &'a Shard,
+    bucket: String,
+}
+
+impl<'a> WriteInProgress<'a> {
+    pub(super) fn new(shard: &'a Shard, bucket: &str) -> Self {
+        shard.put_started(bucket);
+        WriteInProgress {
+            shard,
+            bucket: bucket.to_string(),
+        }
+    }
+}
+
+impl Drop for WriteInProgress<'_> {
+    fn drop(&mut self) {
+        self.shard.put_ended(&self.bucket);
+    }
+}

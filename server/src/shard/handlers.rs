@@ -1,0 +1,288 @@
+//! Running an `Op` on the shard that owns its data: `Shard::execute`
+//! dispatches, one function per operation does the work against the store
+//! (or the session table) and answers with a `Reply`. Whatever the caller's
+//! shard, this is where an operation finally runs.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use super::buckets::WriteInProgress;
+use super::msg::{Op, Reply, SessionId, ShardError};
+use super::sessions::Session;
+use super::{store_error, Shard};
+use crate::store::record::ObjectMeta;
+use crate::store::{PutCondition, PutWriter};
+
+impl Shard {
+    /// Starts a local PUT (or multipart part) of `key`, counted against
+    /// the bucket until it ends.
+    pub fn open_writer(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        part: Option<&(String, u32)>,
+        condition: Option<PutCondition>,
+    ) -> Result<PutWriter, ShardError> {
+        if !self.bucket_exists(bucket) {
+            return Err(ShardError::NoSuchBucket);
+        }
+        if let Some(c) = &condition {
+            // Fail fast, before the body is sent; checked again at install.
+            self.store
+                .check_put_condition(bucket, key, c)
+                .map_err(store_error)?;
+        }
+        let mut writer = match part {
+            None => self.store.put_stream(bucket, key, meta),
+            Some((upload_id, number)) => self
+                .store
+                .put_part_stream(bucket, key, upload_id, *number)
+                .map_err(store_error)?,
+        };
+        if let Some(c) = condition {
+            writer.set_condition(c);
+        }
+        self.put_started(bucket);
+        Ok(writer)
+    }
+
+    /// Runs `op` here, on its owner: the dispatch to one handler per `Op`.
+    pub async fn execute(self: &Rc<Self>, op: Op) -> Reply {
+        match op {
+            Op::Head { bucket, key } => Reply::Head(self.store.head(&bucket, &key)),
+            Op::ReadOpen { bucket, key } => self.read_open(&bucket, &key).await,
+            Op::ReadChunk {
+                session,
+                offset,
+                len_bytes,
+            } => self.read_chunk(session, offset, len_bytes).await,
+            Op::ReadClose { session } | Op::PutAbort { session } => {
+                self.session_close(session);
+                Reply::Ok
+            }
+            Op::PutOpen {
+                bucket,
+                key,
+                meta,
+                part,
+                condition,
+            } => self.put_open(&bucket, &key, meta, part, condition),
+            Op::PutData { session, data } => self.put_data(session, data).await,
+            Op::PutFinish {
+                session,
+                etag,
+                headers,
+            } => self.put_finish(session, etag, headers).await,
+            Op::Delete { bucket, key } => match self.store.delete(&bucket, &key).await {
+                Ok(existed) => Reply::Deleted(existed),
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::List {
+                bucket,
+                prefix,
+                start_after,
+                delimiter,
+                limit,
+            } => Reply::List(self.store.list(
+                &bucket,
+                &prefix,
+                &start_after,
+                delimiter.as_deref(),
+                limit,
+            )),
+            Op::MpuCreate { bucket, key, meta } => self.mpu_create_here(&bucket, &key, meta).await,
+            Op::MpuComplete {
+                bucket,
+                key,
+                upload_id,
+                parts,
+            } => {
+                self.mpu_complete_here(&bucket, &key, &upload_id, &parts)
+                    .await
+            }
+            Op::MpuAbort {
+                bucket,
+                key,
+                upload_id,
+            } => match self.store.mpu_abort(&bucket, &key, &upload_id).await {
+                Ok(()) => Reply::Ok,
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::MpuParts {
+                bucket,
+                key,
+                upload_id,
+                after,
+                limit,
+            } => match self
+                .store
+                .mpu_parts(&bucket, &key, &upload_id, after, limit)
+            {
+                Ok(parts) => Reply::Parts(parts),
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::MpuList {
+                bucket,
+                prefix,
+                key_marker,
+                upload_id_marker,
+                limit,
+            } => Reply::Uploads(self.store.mpu_list(
+                &bucket,
+                &prefix,
+                &key_marker,
+                &upload_id_marker,
+                limit,
+            )),
+            Op::BucketCreate { name } => self.bucket_create(name).await,
+            Op::BucketDelete { name } => self.bucket_delete(name).await,
+            Op::BucketApply { name, created_ms } => self.bucket_apply(name, created_ms).await,
+            Op::BucketLock { name } => self.bucket_lock(name),
+            Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
+            Op::Start => self.start().await,
+            Op::BucketUnlock { name } => self.bucket_unlock(name),
+        }
+    }
+
+    async fn read_open(&self, bucket: &str, key: &str) -> Reply {
+        match self.store.open_read(bucket, key).await {
+            Ok(reader) => {
+                let meta = reader.meta.clone();
+                match self.new_session(Session::Read(reader)) {
+                    Ok(session) => Reply::Opened { session, meta },
+                    Err(e) => Reply::Err(e),
+                }
+            }
+            Err(e) => Reply::Err(store_error(e)),
+        }
+    }
+
+    async fn read_chunk(&self, session: SessionId, offset: u64, len_bytes: u64) -> Reply {
+        let mut reader = match self.session_take(session) {
+            Ok(Session::Read(r)) => r,
+            Ok(other) => {
+                self.session_return(session, other);
+                return Reply::Err(ShardError::Internal("not a read session".into()));
+            }
+            Err(e) => return Reply::Err(e),
+        };
+        let result = reader.read(offset, len_bytes).await;
+        let reply = match result {
+            Ok(data) => Reply::Data(Bytes::copy_from_slice(&data)),
+            Err(e) => Reply::Err(store_error(e)),
+        };
+        self.session_return(session, Session::Read(reader));
+        reply
+    }
+
+    fn put_open(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        part: Option<(String, u32)>,
+        condition: Option<PutCondition>,
+    ) -> Reply {
+        let writer = match self.open_writer(bucket, key, meta, part.as_ref(), condition) {
+            Ok(w) => w,
+            Err(e) => return Reply::Err(e),
+        };
+        match self.new_session(Session::Put(writer)) {
+            Ok(id) => Reply::Session(id),
+            Err(e) => {
+                self.put_ended(bucket);
+                Reply::Err(e)
+            }
+        }
+    }
+
+    /// Takes the PUT session `session` out of the table for one operation.
+    fn put_session_take(&self, session: SessionId) -> Result<PutWriter, ShardError> {
+        match self.session_take(session) {
+            Ok(Session::Put(w)) => Ok(w),
+            Ok(other) => {
+                self.session_return(session, other);
+                Err(ShardError::Internal("not a put session".into()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_data(&self, session: SessionId, data: Bytes) -> Reply {
+        let mut w = match self.put_session_take(session) {
+            Ok(w) => w,
+            Err(e) => return Reply::Err(e),
+        };
+        match w.write(data).await {
+            Ok(()) => {
+                self.session_return(session, Session::Put(w));
+                Reply::Ok
+            }
+            Err(e) => {
+                self.session_remove(session);
+                self.session_ended(Session::Put(w));
+                Reply::Err(store_error(e))
+            }
+        }
+    }
+
+    async fn put_finish(
+        &self,
+        session: SessionId,
+        etag: String,
+        headers: Vec<(String, String)>,
+    ) -> Reply {
+        let mut w = match self.put_session_take(session) {
+            Ok(w) => w,
+            Err(e) => return Reply::Err(e),
+        };
+        // Listed (busy) until the object is installed, so that the
+        // session count stays honest; a close meanwhile is moot.
+        let bucket = w.bucket().to_string();
+        w.set_etag(etag);
+        w.add_headers(headers);
+        let result = w.finish().await;
+        self.session_remove(session);
+        self.put_ended(&bucket);
+        match result {
+            Ok(info) => Reply::Put(info),
+            Err(e) => Reply::Err(store_error(e)),
+        }
+    }
+
+    async fn mpu_create_here(&self, bucket: &str, key: &str, meta: ObjectMeta) -> Reply {
+        if !self.bucket_exists(bucket) {
+            return Reply::Err(ShardError::NoSuchBucket);
+        }
+        // A write in progress for DeleteBucket, which would otherwise
+        // miss an upload installed after its purge.
+        let _writing = WriteInProgress::new(self, bucket);
+        let result = self.store.mpu_create(bucket, key, meta).await;
+        match result {
+            Ok(id) => Reply::Upload(id),
+            Err(e) => Reply::Err(store_error(e)),
+        }
+    }
+
+    async fn mpu_complete_here(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+    ) -> Reply {
+        if !self.bucket_exists(bucket) {
+            return Reply::Err(ShardError::NoSuchBucket);
+        }
+        // Counted until done, even if this future is dropped (a
+        // local call runs in its caller's future).
+        let _writing = WriteInProgress::new(self, bucket);
+        let result = self.store.mpu_complete(bucket, key, upload_id, parts).await;
+        match result {
+            Ok(info) => Reply::Put(info),
+            Err(e) => Reply::Err(store_error(e)),
+        }
+    }
+}
