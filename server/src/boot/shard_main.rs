@@ -95,8 +95,11 @@ async fn run_shard_inner(s: ShardSetup, wiring: Wiring) -> Result<(), String> {
     Ok(())
 }
 
+/// The admin endpoint's state and its accept loop (dropped: stops).
+type AdminDoor = (Rc<Admin>, glommio::Task<()>);
+
 /// The admin endpoint and its accept loop, on the bucket-owner shard only.
-fn start_admin(s: &ShardSetup) -> Result<Option<(Rc<Admin>, glommio::Task<()>)>, String> {
+fn start_admin(s: &ShardSetup) -> Result<Option<AdminDoor>, String> {
     if s.placement.shard != BUCKET_OWNER_SHARD {
         return Ok(None);
     }

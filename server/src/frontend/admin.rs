@@ -9,10 +9,11 @@ use std::rc::Rc;
 use crate::frontend::http::{HttpConn, Limits, RequestHead, ResponseHead};
 use crate::shard::{self, Shard};
 
+/// Installs a new log filter, or says why it is not one.
+pub type LogFilterReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
 /// Changes the log filter at run time (set once by `main`).
-pub static LOG_FILTER_RELOAD: std::sync::OnceLock<
-    Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>,
-> = std::sync::OnceLock::new();
+pub static LOG_FILTER_RELOAD: std::sync::OnceLock<LogFilterReload> = std::sync::OnceLock::new();
 /// The filter `main` installed, for GET /log/level until changed.
 pub static LOG_FILTER_INITIAL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 

@@ -349,10 +349,11 @@ mod tests {
     fn values_are_read_from_named_fields() {
         let metrics = ShardMetrics::default();
         metrics.bytes_in.set(11);
-        let mut device_write = HistogramSnapshot::default();
-        device_write.sum_us = 9;
         let raw = ShardRaw {
-            device_write,
+            device_write: HistogramSnapshot {
+                sum_us: 9,
+                ..HistogramSnapshot::default()
+            },
             store: StoreStats {
                 flushes: 3,
                 scrub_last_pass_unix_ms: 7_500,
