@@ -35,6 +35,8 @@ pub struct ClientArgs {
     pub no_progress: bool,
 }
 
+// Parsed once per process: the size of the bench variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
     /// Upload a file (or - for stdin, which needs --size) as bucket/key.
@@ -362,42 +364,7 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
             path: Some(path),
             recursive,
             ..
-        } => {
-            let path = path.trim_start_matches("percore://");
-            let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
-            let delimiter = if recursive { "" } else { "/" };
-            let mut after = String::new();
-            let stdout = std::io::stdout();
-            let mut out = std::io::BufWriter::new(stdout.lock());
-            loop {
-                let page = client
-                    .list(bucket, prefix, &after, delimiter, 1000)
-                    .await
-                    .map_err(e)?;
-                for en in &page.entries {
-                    let line = if en.is_prefix {
-                        format!("{:>12}  {:>13}  {}", "PRE", "", en.key)
-                    } else {
-                        format!("{:>12}  {:>13}  {}", en.size, en.mtime_ms, en.key)
-                    };
-                    if writeln!(out, "{line}").is_err() {
-                        return Ok(());
-                    }
-                }
-                if !page.truncated {
-                    break;
-                }
-                // No-progress guard: a server that hands back the same
-                // cursor would make this loop forever.
-                if page.next_start_after <= after {
-                    return Err(format!(
-                        "the server's listing made no progress after {after:?}; report this as a bug (percore fsck may help)"
-                    ));
-                }
-                after = page.next_start_after;
-            }
-            let _ = out.flush();
-        }
+        } => list(&client, &path, recursive).await?,
         ClientCommand::Put {
             file,
             target,
@@ -405,40 +372,15 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
             size,
             ..
         } => {
-            let (b, k) = split_target(&target)?;
-            let ct = content_type.unwrap_or_default();
-            let (size, mut reader): (u64, Box<dyn tokio::io::AsyncRead + Unpin + Send>) =
-                if file == "-" {
-                    let size = size.ok_or(
-                    "reading stdin needs --size BYTES (the protocol declares the size up front)",
-                )?;
-                    (size, Box::new(tokio::io::stdin()))
-                } else {
-                    let f = tokio::fs::File::open(&file)
-                        .await
-                        .map_err(|err| format!("cannot open {file}: {err}"))?;
-                    let len = f
-                        .metadata()
-                        .await
-                        .map_err(|err| format!("{file}: {err}"))?
-                        .len();
-                    (len, Box::new(f))
-                };
-            let pb = progress_bar(size, args.no_progress);
-            let started = std::time::Instant::now();
-            let s = client
-                .put_stream(&b, &k, size, &ct, &mut reader, &mut |n| pb.set_position(n))
-                .await
-                .map_err(e)?;
-            pb.finish_and_clear();
-            eprintln!(
-                "put {b}/{k}: {} bytes in {:.2} s, etag {} crc32c {:08x} (shard {})",
-                s.size,
-                started.elapsed().as_secs_f64(),
-                s.etag,
-                s.crc32c,
-                s.owner_shard
-            );
+            upload(
+                &client,
+                &file,
+                &target,
+                content_type,
+                size,
+                args.no_progress,
+            )
+            .await?
         }
         ClientCommand::Get {
             source,
@@ -456,6 +398,91 @@ async fn run_async(cmd: ClientCommand) -> Result<(), String> {
             download(&client, &b, &k, "-", &ranges, true).await?;
         }
     }
+    Ok(())
+}
+
+/// `ls percore://BUCKET/PREFIX`: every page of the listing, to stdout.
+async fn list(client: &Client, path: &str, recursive: bool) -> Result<(), String> {
+    let e = |e: percore_client::Error| e.to_string();
+    let path = path.trim_start_matches("percore://");
+    let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+    let delimiter = if recursive { "" } else { "/" };
+    let mut after = String::new();
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    loop {
+        let page = client
+            .list(bucket, prefix, &after, delimiter, 1000)
+            .await
+            .map_err(e)?;
+        for en in &page.entries {
+            let line = if en.is_prefix {
+                format!("{:>12}  {:>13}  {}", "PRE", "", en.key)
+            } else {
+                format!("{:>12}  {:>13}  {}", en.size, en.mtime_ms, en.key)
+            };
+            if writeln!(out, "{line}").is_err() {
+                return Ok(());
+            }
+        }
+        if !page.truncated {
+            break;
+        }
+        // No-progress guard: a server that hands back the same
+        // cursor would make this loop forever.
+        if page.next_start_after <= after {
+            return Err(format!(
+                "the server's listing made no progress after {after:?}; report this as a bug (percore fsck may help)"
+            ));
+        }
+        after = page.next_start_after;
+    }
+    let _ = out.flush();
+    Ok(())
+}
+
+/// `put FILE BUCKET/KEY` (FILE `-`: stdin, with `--size`).
+async fn upload(
+    client: &Client,
+    file: &str,
+    target: &str,
+    content_type: Option<String>,
+    size: Option<u64>,
+    no_progress: bool,
+) -> Result<(), String> {
+    let e = |e: percore_client::Error| e.to_string();
+    let (b, k) = split_target(target)?;
+    let ct = content_type.unwrap_or_default();
+    let (size, mut reader): (u64, Box<dyn tokio::io::AsyncRead + Unpin + Send>) = if file == "-" {
+        let size = size
+            .ok_or("reading stdin needs --size BYTES (the protocol declares the size up front)")?;
+        (size, Box::new(tokio::io::stdin()))
+    } else {
+        let f = tokio::fs::File::open(file)
+            .await
+            .map_err(|err| format!("cannot open {file}: {err}"))?;
+        let len = f
+            .metadata()
+            .await
+            .map_err(|err| format!("{file}: {err}"))?
+            .len();
+        (len, Box::new(f))
+    };
+    let pb = progress_bar(size, no_progress);
+    let started = std::time::Instant::now();
+    let s = client
+        .put_stream(&b, &k, size, &ct, &mut reader, &mut |n| pb.set_position(n))
+        .await
+        .map_err(e)?;
+    pb.finish_and_clear();
+    eprintln!(
+        "put {b}/{k}: {} bytes in {:.2} s, etag {} crc32c {:08x} (shard {})",
+        s.size,
+        started.elapsed().as_secs_f64(),
+        s.etag,
+        s.crc32c,
+        s.owner_shard
+    );
     Ok(())
 }
 

@@ -66,8 +66,8 @@ fn main() {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         )
         .init();
-    let _ = percore_server::boot::LOG_FILTER_INITIAL.set(initial);
-    let _ = percore_server::boot::LOG_FILTER_RELOAD.set(Box::new(move |f: &str| {
+    let _ = percore_server::frontend::admin::LOG_FILTER_INITIAL.set(initial);
+    let _ = percore_server::frontend::admin::LOG_FILTER_RELOAD.set(Box::new(move |f: &str| {
         let filter = tracing_subscriber::EnvFilter::try_new(f).map_err(|e| e.to_string())?;
         reload.reload(filter).map_err(|e| e.to_string())
     }));

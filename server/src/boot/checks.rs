@@ -10,6 +10,7 @@ pub fn io_uring_enabled() -> Result<(), String> {
              enable it with `sysctl -w kernel.io_uring_disabled=0`"
                 .into(),
         ),
+        // SAFETY: geteuid takes no arguments and cannot fail.
         Ok(v) if v.trim() == "1" && unsafe { libc::geteuid() } != 0 => {
             Err("io_uring is restricted to root and the \
              io_uring_group (kernel.io_uring_disabled = 1); run as a member of that group or set \
@@ -29,6 +30,7 @@ pub fn memlock_bytes() -> u64 {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    // SAFETY: `r` is a valid, writable rlimit for the call.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0
         || r.rlim_cur == libc::RLIM_INFINITY
     {

@@ -135,213 +135,316 @@ pub struct ServerConfig {
     pub admin_open_writes: bool,
 }
 
+/// Environment names that were renamed to match their file key, as
+/// (old, new). The old ones are still read, with a warning, when the new one
+/// is not set.
+pub const ENV_ALIASES: &[(&str, &str)] = &[
+    ("PERCORE_RING_SQPOLL_MS", "PERCORE_RING_SQPOLL_IDLE_MS"),
+    ("PERCORE_RING_BATCH", "PERCORE_RING_SUBMIT_BATCH"),
+    ("PERCORE_RING_ZC_MIN", "PERCORE_RING_SEND_ZC_MIN_BYTES"),
+    (
+        "PERCORE_CONNECTIONS_MAX",
+        "PERCORE_CONNECTIONS_PER_SHARD_MAX",
+    ),
+];
+
+/// The environment name of a setting: `PERCORE_` and its file key in
+/// upper case (`ring_submit_batch` -> `PERCORE_RING_SUBMIT_BATCH`).
+pub fn env_name(key: &str) -> String {
+    format!("PERCORE_{}", key.to_ascii_uppercase())
+}
+
+/// A value read from the environment (the file's values are typed by serde).
+pub trait EnvValue: Sized {
+    fn parse_env(text: &str) -> Result<Self, String>;
+}
+
+macro_rules! env_value_from_str {
+    ($($t:ty),*) => {$(
+        impl EnvValue for $t {
+            fn parse_env(text: &str) -> Result<Self, String> {
+                text.parse::<$t>().map_err(|e| e.to_string())
+            }
+        }
+    )*};
+}
+env_value_from_str!(u32, u64, usize, String, PathBuf, SocketAddr);
+
+impl EnvValue for bool {
+    /// 1/true/yes/on or 0/false/no/off, any case.
+    fn parse_env(text: &str) -> Result<Self, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err("expected 1 or 0 (true or false)".into()),
+        }
+    }
+}
+
+/// The layers under a setting's flag: the environment (the file's value is
+/// passed per setting). Resolves every setting the same way:
+/// flag > environment > file > default.
+struct Layers<'a> {
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Layers<'_> {
+    /// The environment's value for `key`, trimmed, with the name it was
+    /// found under: its own name, else an old alias. Empty counts as unset.
+    fn env_text(&self, key: &str) -> Option<(String, String)> {
+        let name = env_name(key);
+        let found = |n: &str| {
+            (self.env)(n)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(v) = found(&name) {
+            return Some((name, v));
+        }
+        let (old, _) = ENV_ALIASES.iter().find(|(_, new)| *new == name)?;
+        let v = found(old)?;
+        warn_alias_once(old, &name);
+        Some((old.to_string(), v))
+    }
+
+    /// flag > environment > file; None when no layer sets `key`.
+    fn get<T: EnvValue>(
+        &self,
+        key: &str,
+        flag: Option<T>,
+        file: Option<T>,
+    ) -> Result<Option<T>, String> {
+        if flag.is_some() {
+            return Ok(flag);
+        }
+        match self.env_text(key) {
+            Some((name, v)) => T::parse_env(&v)
+                .map(Some)
+                .map_err(|e| format!("{key} ({name}): '{v}' is not valid: {e}")),
+            None => Ok(file),
+        }
+    }
+
+    /// flag > environment > file > default.
+    fn setting<T: EnvValue>(
+        &self,
+        key: &str,
+        flag: Option<T>,
+        file: Option<T>,
+        default: T,
+    ) -> Result<T, String> {
+        Ok(self.get(key, flag, file)?.unwrap_or(default))
+    }
+
+    /// `setting`, refused outside `range` with the setting's name.
+    fn bounded<T>(
+        &self,
+        key: &str,
+        (flag, file): (Option<T>, Option<T>),
+        default: T,
+        range: std::ops::RangeInclusive<T>,
+    ) -> Result<T, String>
+    where
+        T: EnvValue + PartialOrd + std::fmt::Display,
+    {
+        let v = self.setting(key, flag, file, default)?;
+        if !range.contains(&v) {
+            return Err(format!(
+                "{key} must be between {} and {} (got {v})",
+                range.start(),
+                range.end()
+            ));
+        }
+        Ok(v)
+    }
+}
+
+/// Warns once per process about each old environment name in use.
+fn warn_alias_once(old: &str, new: &str) {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if !warned.iter().any(|w| w == old) {
+        warned.push(old.to_string());
+        tracing::warn!("{old} is deprecated: set {new} instead (same meaning)");
+    }
+}
+
+impl FileConfig {
+    /// The file at `path`, or all keys unset without one.
+    pub fn load(path: Option<&std::path::Path>) -> Result<FileConfig, String> {
+        let Some(path) = path else {
+            return Ok(FileConfig::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        toml::from_str::<FileConfig>(&text)
+            .map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+}
+
+/// (access key, secret key, built-in defaults?): from the environment only.
+fn credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<(String, String, bool), String> {
+    match (env("PERCORE_ACCESS_KEY"), env("PERCORE_SECRET_KEY")) {
+        (Some(a), Some(s)) if !a.is_empty() && !s.is_empty() => Ok((a, s, false)),
+        (None, None) => Ok((
+            ACCESS_KEY_DEFAULT.to_string(),
+            SECRET_KEY_DEFAULT.to_string(),
+            true,
+        )),
+        _ => {
+            Err("set both PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY (non-empty), or neither".into())
+        }
+    }
+}
+
+/// A CPU list setting (`cpus`, `ring_sqpoll_cpus`), parsed and checked to
+/// fit the kernel's 32-bit CPU numbers.
+fn cpu_list(key: &str, text: Option<String>) -> Result<Option<Vec<usize>>, String> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let cpus = crate::boot::topology::parse_cpu_list(&text).map_err(|e| format!("{key}: {e}"))?;
+    if let Some(cpu) = cpus.iter().find(|&&c| u32::try_from(c).is_err()) {
+        return Err(format!(
+            "{key}: CPU {cpu} is past the largest CPU number ({})",
+            u32::MAX
+        ));
+    }
+    Ok(Some(cpus))
+}
+
+/// The S3 virtual-host domain: lower case, no outer dots, a DNS name.
+fn s3_domain(text: Option<String>) -> Result<Option<String>, String> {
+    let domain = text
+        .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
+        .filter(|d| !d.is_empty());
+    if let Some(d) = &domain {
+        if !d
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        {
+            return Err(format!(
+                "s3_domain '{d}' is not a DNS name (letters, digits, '.', '-')"
+            ));
+        }
+    }
+    Ok(domain)
+}
+
+/// The shard count, when set: 1..=SHARD_COUNT_MAX.
+fn shard_count(shards: Option<usize>) -> Result<Option<usize>, String> {
+    let max = percore_protocol::routing::SHARD_COUNT_MAX;
+    if shards.is_some_and(|n| n == 0 || n > max) {
+        return Err(format!("shards must be between 1 and {max}"));
+    }
+    Ok(shards)
+}
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("built-in address")
+}
+
 impl ServerConfig {
-    /// Resolves flags, environment and file into one validated config.
+    /// Resolves flags, environment and file into one validated config:
+    /// each setting through `Layers` (flag > env > file > default).
     pub fn resolve(
         args: &ServeArgs,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<ServerConfig, String> {
-        let file = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| format!("config file {}: {e}", path.display()))?
-            }
-            None => FileConfig::default(),
-        };
-        let parse_addr = |v: String, what: &str| {
-            v.parse::<SocketAddr>()
-                .map_err(|_| format!("{what}: '{v}' is not ADDR:PORT"))
-        };
-        let s3 = match (args.s3, env("PERCORE_S3")) {
-            (Some(a), _) => a,
-            (None, Some(v)) => parse_addr(v, "PERCORE_S3")?,
-            (None, None) => file.s3.unwrap_or_else(|| S3_ADDR_DEFAULT.parse().unwrap()),
-        };
-        let cpus_text = args.cpus.clone().or(env("PERCORE_CPUS")).or(file.cpus);
-        let cpus = cpus_text
-            .map(|t| crate::boot::topology::parse_cpu_list(&t))
-            .transpose()?;
-        let shards = match (args.shards, env("PERCORE_SHARDS")) {
-            (Some(n), _) => Some(n),
-            (None, Some(v)) => Some(
-                v.parse::<usize>()
-                    .map_err(|_| format!("PERCORE_SHARDS: '{v}' is not a number"))?,
-            ),
-            (None, None) => file.shards,
-        };
-        if let Some(n) = shards {
-            if n == 0 || n > percore_protocol::routing::SHARD_COUNT_MAX {
-                return Err(format!(
-                    "shards must be between 1 and {}",
-                    percore_protocol::routing::SHARD_COUNT_MAX
-                ));
-            }
-        }
-        let (access_key, secret_key, default_credentials) =
-            match (env("PERCORE_ACCESS_KEY"), env("PERCORE_SECRET_KEY")) {
-                (Some(a), Some(s)) if !a.is_empty() && !s.is_empty() => (a, s, false),
-                (None, None) => (
-                    ACCESS_KEY_DEFAULT.to_string(),
-                    SECRET_KEY_DEFAULT.to_string(),
-                    true,
-                ),
-                _ => return Err(
-                    "set both PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY (non-empty), or neither"
-                        .into(),
-                ),
-            };
-        let segment_bytes_max = file.segment_bytes_max.unwrap_or(256 << 20);
+        let f = FileConfig::load(args.config.as_deref())?;
+        let l = Layers { env };
+        let shards = shard_count(l.get("shards", args.shards, f.shards)?)?;
+        let segment_bytes_max =
+            l.setting("segment_bytes_max", None, f.segment_bytes_max, 256 << 20)?;
         if !(4 << 20..=16 << 30).contains(&segment_bytes_max) {
             return Err("segment_bytes_max must be between 4 MiB and 16 GiB".into());
         }
-        let s3_domain = args
-            .s3_domain
-            .clone()
-            .or(env("PERCORE_S3_DOMAIN"))
-            .or(file.s3_domain)
-            .map(|d| d.trim().trim_matches('.').to_ascii_lowercase())
-            .filter(|d| !d.is_empty());
-        if let Some(d) = &s3_domain {
-            if !d
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-            {
-                return Err(format!(
-                    "s3_domain '{d}' is not a DNS name (letters, digits, '.', '-')"
-                ));
-            }
-        }
-        let env_num = |name: &str| -> Result<Option<u64>, String> {
-            env(name)
-                .map(|v| {
-                    v.trim()
-                        .parse::<u64>()
-                        .map_err(|_| format!("{name}: '{v}' is not a number"))
-                })
-                .transpose()
-        };
-        let ring_sqpoll_idle_ms = env_num("PERCORE_RING_SQPOLL_MS")?
-            .map(|v| v as u32)
-            .or(file.ring_sqpoll_idle_ms);
-        let ring_sqpoll_cpus = env("PERCORE_RING_SQPOLL_CPUS")
-            .or(file.ring_sqpoll_cpus)
-            .map(|t| crate::boot::topology::parse_cpu_list(&t))
-            .transpose()
-            .map_err(|e| format!("ring_sqpoll_cpus: {e}"))?;
-        let ring_submit_batch = env_num("PERCORE_RING_BATCH")?
-            .map(|v| v as usize)
-            .or(file.ring_submit_batch)
-            .unwrap_or(64);
-        if !(1..=4096).contains(&ring_submit_batch) {
-            return Err("ring_submit_batch must be between 1 and 4096".into());
-        }
-        let ring_send_zc_min_bytes = env_num("PERCORE_RING_ZC_MIN")?
-            .map(|v| v as usize)
-            .or(file.ring_send_zc_min_bytes)
-            .unwrap_or(16 * 1024);
-        let scrub_interval_s = env_num("PERCORE_SCRUB_INTERVAL_S")?
-            .or(file.scrub_interval_s)
-            .unwrap_or(24 * 3600);
-        let scrub_mb_per_sec = env_num("PERCORE_SCRUB_MB_PER_SEC")?
-            .or(file.scrub_mb_per_sec)
-            .unwrap_or(64);
+        let scrub_mb_per_sec = l.setting("scrub_mb_per_sec", None, f.scrub_mb_per_sec, 64)?;
         if scrub_mb_per_sec == 0 {
             return Err(
                 "scrub_mb_per_sec must be at least 1 (scrub_interval_s = 0 turns scrubbing off)"
                     .into(),
             );
         }
-        let connections_per_shard_max = env_num("PERCORE_CONNECTIONS_MAX")?
-            .map(|v| v as usize)
-            .or(file.connections_per_shard_max)
-            .unwrap_or(4096);
-        if !(1..=1 << 20).contains(&connections_per_shard_max) {
-            return Err("connections_per_shard_max must be between 1 and 1048576".into());
-        }
-        let header_timeout_s = env_num("PERCORE_HEADER_TIMEOUT_S")?
-            .or(file.header_timeout_s)
-            .unwrap_or(10);
-        let idle_timeout_s = env_num("PERCORE_IDLE_TIMEOUT_S")?
-            .or(file.idle_timeout_s)
-            .unwrap_or(60);
-        if !(1..=3600).contains(&header_timeout_s) || !(1..=86400).contains(&idle_timeout_s) {
-            return Err(
-                "header_timeout_s must be 1..=3600 and idle_timeout_s 1..=86400 seconds".into(),
-            );
-        }
-        let body_timeout_s = env_num("PERCORE_BODY_TIMEOUT_S")?
-            .or(file.body_timeout_s)
-            .unwrap_or(30);
-        if !(1..=3600).contains(&body_timeout_s) {
-            return Err("body_timeout_s must be 1..=3600 seconds".into());
-        }
-        let cross_shard_timeout_s = env_num("PERCORE_CROSS_SHARD_TIMEOUT_S")?
-            .or(file.cross_shard_timeout_s)
-            .unwrap_or(60);
-        let session_idle_timeout_s = env_num("PERCORE_SESSION_IDLE_TIMEOUT_S")?
-            .or(file.session_idle_timeout_s)
-            .unwrap_or(300);
-        if !(1..=3600).contains(&cross_shard_timeout_s)
-            || !(1..=86400).contains(&session_idle_timeout_s)
-        {
-            return Err("cross_shard_timeout_s must be 1..=3600 and session_idle_timeout_s 1..=86400 seconds".into());
-        }
-        let native_put_data_timeout_s = env_num("PERCORE_NATIVE_PUT_DATA_TIMEOUT_S")?
-            .or(file.native_put_data_timeout_s)
-            .unwrap_or(30);
-        if !(1..=3600).contains(&native_put_data_timeout_s) {
-            return Err("native_put_data_timeout_s must be 1..=3600 seconds".into());
-        }
+        let (access_key, secret_key, default_credentials) = credentials(env)?;
         Ok(ServerConfig {
-            data: args
-                .data
-                .clone()
-                .or(env("PERCORE_DATA").map(PathBuf::from))
-                .or(file.data)
-                .unwrap_or_else(|| DATA_DIR_DEFAULT.into()),
-            s3,
-            native: args
-                .native
-                .or(file.native)
-                .unwrap_or_else(|| NATIVE_ADDR_DEFAULT.parse().unwrap()),
-            admin: args
-                .admin
-                .or(file.admin)
-                .unwrap_or_else(|| ADMIN_ADDR_DEFAULT.parse().unwrap()),
+            data: l.setting("data", args.data.clone(), f.data, DATA_DIR_DEFAULT.into())?,
+            s3: l.setting("s3", args.s3, f.s3, addr(S3_ADDR_DEFAULT))?,
+            native: l.setting("native", args.native, f.native, addr(NATIVE_ADDR_DEFAULT))?,
+            admin: l.setting("admin", args.admin, f.admin, addr(ADMIN_ADDR_DEFAULT))?,
             shards,
-            cpus,
-            unpinned: args.unpinned || file.unpinned.unwrap_or(false),
-            region: file.region.unwrap_or_else(|| "us-east-1".into()),
-            s3_domain,
-            access_log: args.access_log
-                || env("PERCORE_ACCESS_LOG").is_some_and(|v| v == "1" || v == "true")
-                || file.access_log.unwrap_or(false),
-            data_ring: !args.no_data_ring
-                && !env("PERCORE_DATA_RING").is_some_and(|v| v == "0" || v == "false")
-                && file.data_ring.unwrap_or(true),
-            ring_sqpoll_idle_ms,
-            ring_sqpoll_cpus,
-            ring_submit_batch,
-            ring_send_zc_min_bytes,
+            cpus: cpu_list("cpus", l.get("cpus", args.cpus.clone(), f.cpus)?)?,
+            unpinned: l.setting("unpinned", args.unpinned.then_some(true), f.unpinned, false)?,
+            region: l.setting("region", None, f.region, "us-east-1".into())?,
+            s3_domain: s3_domain(l.get("s3_domain", args.s3_domain.clone(), f.s3_domain)?)?,
+            access_log: l.setting(
+                "access_log",
+                args.access_log.then_some(true),
+                f.access_log,
+                false,
+            )?,
+            data_ring: l.setting(
+                "data_ring",
+                args.no_data_ring.then_some(false),
+                f.data_ring,
+                true,
+            )?,
+            ring_sqpoll_idle_ms: l.get("ring_sqpoll_idle_ms", None, f.ring_sqpoll_idle_ms)?,
+            ring_sqpoll_cpus: cpu_list(
+                "ring_sqpoll_cpus",
+                l.get("ring_sqpoll_cpus", None, f.ring_sqpoll_cpus)?,
+            )?,
+            ring_submit_batch: l.bounded(
+                "ring_submit_batch",
+                (None, f.ring_submit_batch),
+                64,
+                1..=4096,
+            )?,
+            ring_send_zc_min_bytes: l.setting(
+                "ring_send_zc_min_bytes",
+                None,
+                f.ring_send_zc_min_bytes,
+                16 * 1024,
+            )?,
             segment_bytes_max,
-            scrub_interval_s,
+            scrub_interval_s: l.setting("scrub_interval_s", None, f.scrub_interval_s, 24 * 3600)?,
             scrub_mb_per_sec,
-            connections_per_shard_max,
-            header_timeout_s,
-            idle_timeout_s,
-            body_timeout_s,
-            cross_shard_timeout_s,
-            session_idle_timeout_s,
-            native_put_data_timeout_s,
+            connections_per_shard_max: l.bounded(
+                "connections_per_shard_max",
+                (None, f.connections_per_shard_max),
+                4096,
+                1..=1 << 20,
+            )?,
+            header_timeout_s: l.bounded(
+                "header_timeout_s",
+                (None, f.header_timeout_s),
+                10,
+                1..=3600,
+            )?,
+            idle_timeout_s: l.bounded("idle_timeout_s", (None, f.idle_timeout_s), 60, 1..=86400)?,
+            body_timeout_s: l.bounded("body_timeout_s", (None, f.body_timeout_s), 30, 1..=3600)?,
+            cross_shard_timeout_s: l.bounded(
+                "cross_shard_timeout_s",
+                (None, f.cross_shard_timeout_s),
+                60,
+                1..=3600,
+            )?,
+            session_idle_timeout_s: l.bounded(
+                "session_idle_timeout_s",
+                (None, f.session_idle_timeout_s),
+                300,
+                1..=86400,
+            )?,
+            native_put_data_timeout_s: l.bounded(
+                "native_put_data_timeout_s",
+                (None, f.native_put_data_timeout_s),
+                30,
+                1..=3600,
+            )?,
             access_key,
             secret_key,
             default_credentials,
-            admin_open_writes: env("PERCORE_ADMIN_OPEN_WRITES")
-                .map(|v| v == "1" || v == "true")
-                .or(file.admin_open_writes)
-                .unwrap_or(false),
+            admin_open_writes: l.setting("admin_open_writes", None, f.admin_open_writes, false)?,
         })
     }
 }
@@ -532,6 +635,99 @@ idle_timeout_s = 5
                 ServerConfig::resolve(&ServeArgs::default(), &env).is_err(),
                 "{k}=0"
             );
+        }
+    }
+
+    #[test]
+    fn env_beats_file_and_flag_beats_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "ring_submit_batch = 8\naccess_log = true\nregion = \"eu-west-1\"\nnative = \"127.0.0.1:7\"\n",
+        )
+        .unwrap();
+        let mut args = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        let c = ServerConfig::resolve(&args, &no_env).unwrap();
+        assert_eq!((c.ring_submit_batch, c.access_log), (8, true));
+        let env = |k: &str| match k {
+            "PERCORE_RING_SUBMIT_BATCH" => Some("16".to_string()),
+            "PERCORE_ACCESS_LOG" => Some("0".to_string()),
+            "PERCORE_REGION" => Some("ap-south-1".to_string()),
+            "PERCORE_NATIVE" => Some("127.0.0.1:8".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&args, &env).unwrap();
+        assert_eq!((c.ring_submit_batch, c.access_log), (16, false));
+        assert_eq!((c.region.as_str(), c.native.port()), ("ap-south-1", 8));
+        args.access_log = true;
+        args.native = Some("127.0.0.1:9".parse().unwrap());
+        let c = ServerConfig::resolve(&args, &env).unwrap();
+        assert_eq!((c.access_log, c.native.port()), (true, 9));
+    }
+
+    #[test]
+    fn old_env_names_still_work() {
+        for (old, new) in ENV_ALIASES {
+            let env = move |k: &str| (k == *old).then(|| "7".to_string());
+            let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+            let got = match *new {
+                "PERCORE_RING_SQPOLL_IDLE_MS" => c.ring_sqpoll_idle_ms.map(u64::from),
+                "PERCORE_RING_SUBMIT_BATCH" => Some(c.ring_submit_batch as u64),
+                "PERCORE_RING_SEND_ZC_MIN_BYTES" => Some(c.ring_send_zc_min_bytes as u64),
+                "PERCORE_CONNECTIONS_PER_SHARD_MAX" => Some(c.connections_per_shard_max as u64),
+                other => panic!("alias {old} -> {other} not covered"),
+            };
+            assert_eq!(got, Some(7), "{old}");
+        }
+        // The new name wins over the old one.
+        let env = |k: &str| match k {
+            "PERCORE_RING_BATCH" => Some("7".to_string()),
+            "PERCORE_RING_SUBMIT_BATCH" => Some("9".to_string()),
+            _ => None,
+        };
+        let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
+        assert_eq!(c.ring_submit_batch, 9);
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_setting() {
+        for (k, v, setting) in [
+            (
+                "PERCORE_RING_SQPOLL_IDLE_MS",
+                "5000000000",
+                "ring_sqpoll_idle_ms",
+            ),
+            ("PERCORE_RING_SQPOLL_MS", "-1", "ring_sqpoll_idle_ms"),
+            ("PERCORE_RING_SUBMIT_BATCH", "4097", "ring_submit_batch"),
+            ("PERCORE_CONNECTIONS_MAX", "0", "connections_per_shard_max"),
+            ("PERCORE_RING_SQPOLL_CPUS", "4294967296", "ring_sqpoll_cpus"),
+            ("PERCORE_IDLE_TIMEOUT_S", "86401", "idle_timeout_s"),
+            ("PERCORE_ACCESS_LOG", "maybe", "access_log"),
+        ] {
+            let env = move |name: &str| (name == k).then(|| v.to_string());
+            let err = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap_err();
+            assert!(err.contains(setting), "{k}={v}: {err}");
+        }
+    }
+
+    /// Every renamed variable's new name is `PERCORE_` + a real file key.
+    #[test]
+    fn env_names_match_file_keys() {
+        assert_eq!(env_name("ring_submit_batch"), "PERCORE_RING_SUBMIT_BATCH");
+        for (old, new) in ENV_ALIASES {
+            let key = new.strip_prefix("PERCORE_").unwrap().to_ascii_lowercase();
+            assert_eq!(env_name(&key), *new);
+            let parsed = toml::from_str::<FileConfig>(&format!("{key} = 1"));
+            if let Err(e) = parsed {
+                assert!(
+                    !e.to_string().contains("unknown field"),
+                    "{old} -> {new}: {e}"
+                );
+            }
         }
     }
 }

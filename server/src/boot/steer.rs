@@ -42,6 +42,7 @@ fn last_error(what: &str, addr: SocketAddr) -> String {
 }
 
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain integers, valid all-zero.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
         SocketAddr::V4(a) => {
@@ -53,6 +54,8 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin_zero: [0; 8],
             };
+            // SAFETY: sockaddr_storage is large and aligned enough for any
+            // sockaddr, sockaddr_in included.
             unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in, sin) };
             std::mem::size_of::<libc::sockaddr_in>()
         }
@@ -66,6 +69,7 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 },
                 sin6_scope_id: a.scope_id(),
             };
+            // SAFETY: as above, for sockaddr_in6.
             unsafe { std::ptr::write(&mut storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
             std::mem::size_of::<libc::sockaddr_in6>()
         }
@@ -74,8 +78,11 @@ fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
 }
 
 fn bound_port(fd: RawFd) -> Option<u16> {
+    // SAFETY: sockaddr_storage is plain integers, valid all-zero.
     let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `storage` and `len` are writable and `len` is its size, so the
+    // kernel writes at most that many bytes.
     if unsafe { libc::getsockname(fd, &mut storage as *mut _ as *mut libc::sockaddr, &mut len) }
         != 0
     {
@@ -83,9 +90,13 @@ fn bound_port(fd: RawFd) -> Option<u16> {
     }
     let family = storage.ss_family as libc::c_int;
     Some(if family == libc::AF_INET {
+        // SAFETY: the family says the storage holds a sockaddr_in, which
+        // fits in (and is aligned by) sockaddr_storage.
         let sin = unsafe { &*(&storage as *const _ as *const libc::sockaddr_in) };
         u16::from_be(sin.sin_port)
     } else {
+        // SAFETY: not AF_INET: a socket of this module is then AF_INET6,
+        // and a sockaddr_in6 fits in (and is aligned by) sockaddr_storage.
         let sin6 = unsafe { &*(&storage as *const _ as *const libc::sockaddr_in6) };
         u16::from_be(sin6.sin6_port)
     })
@@ -108,10 +119,12 @@ pub fn bind_group(
     };
     let close_all = |fds: &[RawFd]| {
         for &fd in fds {
+            // SAFETY: each fd was created by this call and is not shared yet.
             unsafe { libc::close(fd) };
         }
     };
     for _ in 0..shards {
+        // SAFETY: socket takes no pointers; the result is checked below.
         let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
             close_all(&fds);
@@ -120,6 +133,7 @@ pub fn bind_group(
         fds.push(fd);
         let one: libc::c_int = 1;
         for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+            // SAFETY: `one` is a live c_int and the length is its size.
             unsafe {
                 libc::setsockopt(
                     fd,
@@ -131,11 +145,13 @@ pub fn bind_group(
             };
         }
         let (sa, len) = sockaddr(addr);
+        // SAFETY: `sa` holds a sockaddr of `len` bytes (built by `sockaddr`).
         if unsafe { libc::bind(fd, &sa as *const _ as *const libc::sockaddr, len) } != 0 {
             let e = last_error("cannot listen on", addr);
             close_all(&fds);
             return Err(e);
         }
+        // SAFETY: listen takes no pointers; `fd` is our bound socket.
         if unsafe { libc::listen(fd, 1024) } != 0 {
             let e = last_error("cannot listen on", addr);
             close_all(&fds);
@@ -155,6 +171,8 @@ pub fn bind_group(
                 len: prog.len() as u16,
                 filter: prog.as_ptr() as *mut libc::sock_filter,
             };
+            // SAFETY: `fprog` points at `prog`, which outlives the call (the
+            // kernel copies the program), and the length is its size.
             let rc = unsafe {
                 libc::setsockopt(
                     fds[0],
@@ -205,6 +223,7 @@ mod tests {
         assert!(ports.iter().all(|p| *p == ports[0] && *p != 0), "{ports:?}");
         assert!(steered, "the kernel refused the steering program");
         for fd in fds {
+            // SAFETY: the test owns these fds and closes each once.
             unsafe { libc::close(fd) };
         }
     }

@@ -36,7 +36,7 @@ const _: () = assert!(GET_PIECE_BYTES.is_multiple_of(BLOCK_BYTES));
 // A block-aligned GET piece plus the O_DIRECT alignment slack before it
 // fits one registered buffer; were it larger, `read_fixed` would refuse
 // every piece and all GETs would silently take the copy path.
-const _: () = assert!(GET_PIECE_BYTES + WRITE_ALIGN_BYTES <= crate::boot::RING_BUF_BYTES as u64);
+const _: () = assert!(GET_PIECE_BYTES + WRITE_ALIGN_BYTES <= crate::boot::shard_main::RING_BUF_BYTES as u64);
 
 /// Regroups the bytes of a PUT body, as they arrive in reads or frames of
 /// any size, into `PUT_PIECE_BYTES` pieces written to the sink.

@@ -3,6 +3,8 @@
 //! snapshot over the shard channels and renders the Prometheus text format
 //! with a `shard` label.
 
+pub mod catalogue;
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -161,6 +163,8 @@ pub struct ShardSnapshot {
 }
 
 impl ShardMetrics {
+    /// Requests, latencies and stages; the counters are read by
+    /// `catalogue::own_snapshot`.
     pub fn snapshot_into(&self, out: &mut ShardSnapshot) {
         out.requests = self
             .requests
@@ -186,59 +190,10 @@ impl ShardMetrics {
             .iter()
             .map(|(&op, h)| (op, h.snapshot()))
             .collect();
-        for (name, help, v) in [
-            (
-                "percore_native_bytes_in_total",
-                "Object bytes received by the native endpoint (PUT payloads).",
-                &self.native_bytes_in,
-            ),
-            (
-                "percore_native_bytes_out_total",
-                "Object bytes sent by the native endpoint (Chunk payloads).",
-                &self.native_bytes_out,
-            ),
-            (
-                "percore_native_connections_accepted_total",
-                "Native connections accepted by this shard's listener.",
-                &self.native_connections_accepted,
-            ),
-            (
-                "percore_native_bad_frames_total",
-                "Native frames refused (bad header, unknown kind, failed verification).",
-                &self.native_bad_frames,
-            ),
-            (
-                "percore_native_auth_failures_total",
-                "Native Hello messages with a wrong key or MAC.",
-                &self.native_auth_failures,
-            ),
-        ] {
-            out.counters.push((name, help, v.get()));
-        }
         out.stages = Stage::ALL
             .iter()
             .map(|&s| (s.name(), self.stage(s).snapshot()))
             .collect();
-        out.counters.push((
-            "percore_s3_bytes_in_total",
-            "Request body bytes received by the S3 endpoint.",
-            self.bytes_in.get(),
-        ));
-        out.counters.push((
-            "percore_s3_bytes_out_total",
-            "Response body bytes sent by the S3 endpoint.",
-            self.bytes_out.get(),
-        ));
-        out.counters.push((
-            "percore_connections_accepted_total",
-            "S3 connections accepted by this shard's listener (CPU steering shows here).",
-            self.connections_accepted.get(),
-        ));
-        out.counters.push((
-            "percore_connections_refused_total",
-            "Connections closed at accept because the per-shard limit was reached.",
-            self.connections_refused.get(),
-        ));
     }
 }
 

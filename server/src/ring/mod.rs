@@ -113,6 +113,8 @@ pub struct DataRing {
 
 impl Drop for DataRing {
     fn drop(&mut self) {
+        // SAFETY: `efd` is the eventfd this ring created and owns; nothing
+        // else closes it (the reaper works on its own dup).
         unsafe { libc::close(self.efd) };
     }
 }
@@ -160,12 +162,17 @@ impl DataRing {
             }
         }
         let ring = builder.build(cfg.entries)?;
+        // SAFETY: eventfd takes no pointers; the result is checked below.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if efd < 0 {
             return Err(io::Error::last_os_error());
         }
         ring.submitter().register_eventfd(efd)?;
         if let Some(pool) = &pool {
+            // SAFETY: the iovecs describe the pool's one live mapping. The
+            // ring keeps the pool (`DataRing::pool`), so the mapping outlives
+            // the registration, and a buffer is only handed to the kernel
+            // while a `PoolBuf` loan for it is held by the op's slot.
             unsafe { ring.submitter().register_buffers(&pool.iovecs())? };
         }
         let free_file_slots = match ring.submitter().register_files_sparse(FILE_SLOTS) {
@@ -317,6 +324,9 @@ impl DataRing {
                 let mut sq = ring.submission();
                 let mut n = 0;
                 for e in &queued[pushed..] {
+                    // SAFETY: every queued SQE's memory (pool buffer,
+                    // timespec) is held by its slot until its last
+                    // completion, even if the future is dropped (`orphaned`).
                     if unsafe { sq.push(e) }.is_err() {
                         break;
                     }
@@ -465,6 +475,8 @@ impl DataRing {
         assert!(start <= end && end <= buf.len());
         let wants_zc = end - start >= self.cfg.send_zc_min_bytes && self.zc_supported.get();
         let zc = wants_zc && zc_allowed;
+        // SAFETY: `start <= buf.len() <= capacity` (asserted above), so the
+        // pointer stays inside this buffer of the pool's mapping.
         let ptr = unsafe { buf.as_ptr().add(start) };
         let len = (end - start) as u32;
         let entry = if zc {
@@ -569,9 +581,12 @@ impl Drop for OpFuture<'_> {
 /// eventfd only when operations are in flight and nothing is ready.
 async fn reaper(ring: std::rc::Weak<DataRing>) {
     let efd = match ring.upgrade() {
+        // SAFETY: `r.efd` is open while `r` (the ring) is alive; dup takes
+        // no pointers and its result is owned by the file below.
         Some(r) => unsafe { libc::dup(r.efd) },
         None => return,
     };
+    // SAFETY: `efd` is a fresh dup that nothing else owns or closes.
     let eventfd = unsafe { glommio::io::BufferedFile::from_raw_fd(efd) };
     loop {
         let Some(r) = ring.upgrade() else { break };

@@ -24,6 +24,9 @@ pub struct PoolInner {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
+        // SAFETY: `base`/`map_bytes` are the mapping `map` made; the last
+        // `Rc<PoolInner>` is going (every `PoolBuf` holds one), so no buffer
+        // of it is on loan or registered with a live ring.
         unsafe { libc::munmap(self.base.cast(), self.map_bytes) };
     }
 }
@@ -55,6 +58,7 @@ impl PoolBuf {
         self.len = len;
     }
     pub fn as_ptr(&self) -> *const u8 {
+        // SAFETY: `index < count`, so the offset is inside the mapping.
         unsafe {
             self.pool
                 .base
@@ -62,6 +66,7 @@ impl PoolBuf {
         }
     }
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        // SAFETY: `index < count`, so the offset is inside the mapping.
         unsafe {
             self.pool
                 .base
@@ -69,11 +74,15 @@ impl PoolBuf {
         }
     }
     pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len <= capacity` (`set_len` asserts it); this loan owns
+        // the buffer exclusively, and the mapping lives while `pool` does.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
     }
     /// The whole capacity, for filling.
     pub fn as_mut_capacity(&mut self) -> &mut [u8] {
         let cap = self.capacity();
+        // SAFETY: the buffer's whole capacity is inside the mapping and only
+        // this loan (borrowed mutably here) may touch it.
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), cap) }
     }
 }
@@ -176,6 +185,7 @@ impl BufferPool {
     pub fn iovecs(&self) -> Vec<libc::iovec> {
         (0..self.inner.count)
             .map(|i| libc::iovec {
+                // SAFETY: `i < count`: buffer i starts inside the mapping.
                 iov_base: unsafe { self.inner.base.add(i * self.inner.buf_bytes) }.cast(),
                 iov_len: self.inner.buf_bytes,
             })
@@ -189,6 +199,8 @@ fn map(bytes: usize) -> io::Result<(*mut u8, usize, bool)> {
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
     let huge_bytes = bytes.next_multiple_of(HUGE_PAGE_BYTES);
+    // SAFETY: a new anonymous mapping (no address hint, no file); the
+    // result is checked against MAP_FAILED.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -202,6 +214,7 @@ fn map(bytes: usize) -> io::Result<(*mut u8, usize, bool)> {
     if p != libc::MAP_FAILED {
         return Ok((p.cast(), huge_bytes, true));
     }
+    // SAFETY: as above, without huge pages.
     let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, prot, flags, -1, 0) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());

@@ -33,7 +33,7 @@ use futures::channel::oneshot;
 use glommio::channels::shared_channel::ConnectedSender;
 use percore_protocol::routing;
 
-use crate::metrics::{ShardMetrics, ShardSnapshot, Stage};
+use crate::metrics::{ShardMetrics, ShardSnapshot};
 use crate::store::{Store, StoreError};
 use msg::{Msg, Reply, SessionId, ShardError};
 use sessions::SessionSlot;
@@ -197,213 +197,36 @@ pub struct CrossShardStats {
 impl Shard {
     /// This shard's counters, gauges and histograms, for a scrape.
     pub fn metrics_snapshot(&self) -> ShardSnapshot {
-        let mut out = ShardSnapshot {
-            shard: self.id,
-            ..Default::default()
+        use crate::metrics::catalogue::{CrossShardRaw, PoolRaw, RingRaw, SegmentUsage, ShardRaw};
+        let (device_write, device_read) = self.store.device_latency();
+        let ring = self.ring.borrow().as_ref().map(|ring| RingRaw {
+            stats: ring.stats(),
+            cq_overflow: ring.cq_overflow(),
+            files_registered: ring.files_registered() as u64,
+            pool: ring.pool().map(|pool| PoolRaw {
+                buffers_in_use: (pool.count() - pool.free_count()) as u64,
+                buffer_waits: pool.exhausted_total(),
+            }),
+        });
+        let raw = ShardRaw {
+            device_write,
+            device_read,
+            ring,
+            store: self.store.stats(),
+            segments: SegmentUsage::from_table(&self.store.segment_table()),
+            objects: self.store.objects_total() as u64,
+            connections_open: self.metrics.connections_open.get(),
+            native_connections_open: self.metrics.native_connections_open.get(),
+            requests_in_flight: self.metrics.requests_in_flight.get(),
+            cross_shard: CrossShardRaw {
+                sessions_open: self.sessions.borrow().len() as u64,
+                calls_pending: self.pending.borrow().len() as u64,
+                calls_timed_out: self.calls_timed_out.get(),
+                orphaned_sessions_closed: self.orphans_closed.get(),
+                sessions_expired: self.sessions_expired.get(),
+            },
         };
-        self.metrics.snapshot_into(&mut out);
-        let (write, read) = self.store.device_latency();
-        for (name, h) in out.stages.iter_mut() {
-            if *name == Stage::DeviceWrite.name() {
-                *h = write.clone();
-            } else if *name == Stage::DeviceRead.name() {
-                *h = read.clone();
-            }
-        }
-        if let Some(ring) = self.ring.borrow().as_ref() {
-            let r = ring.stats();
-            out.counters.extend([
-                ("percore_ring_sends_zero_copy_total", "SEND_ZC sends the kernel completed without copying.", r.sends_zero_copy),
-                ("percore_ring_sends_copied_total", "SEND_ZC sends the kernel reported as copied (always so on loopback and veth).", r.sends_copied),
-                ("percore_ring_sends_plain_total", "Plain sends from registered buffers (below the SEND_ZC threshold, SEND_ZC unsupported, or declined).", r.sends_plain),
-                ("percore_ring_sends_zc_declined_total", "Plain sends at SEND_ZC sizes on sockets whose earlier SEND_ZC the kernel copied (loopback, veth).", r.sends_zc_declined),
-                ("percore_ring_reads_fixed_total", "READ_FIXED reads into registered buffers.", r.reads_fixed),
-                ("percore_ring_writes_fixed_total", "WRITE_FIXED batch pieces written from registered buffers.", r.writes_fixed),
-                ("percore_ring_sq_full_total", "Times the submission queue was full and had to be submitted early.", r.sq_full),
-                ("percore_ring_submit_calls_total", "io_uring_enter calls for submission.", r.submit_calls),
-                ("percore_ring_sqes_submitted_total", "SQEs submitted.", r.submitted),
-            ]);
-            out.counters.push((
-                "percore_ring_cq_overflow_total",
-                "Completions the kernel could not post because the completion queue was full.",
-                ring.cq_overflow(),
-            ));
-            out.gauges.push((
-                "percore_ring_files_registered",
-                "Segment files in the ring's registered-file table.",
-                ring.files_registered() as u64,
-            ));
-            if let Some(pool) = ring.pool() {
-                out.gauges.push((
-                    "percore_ring_buffers_in_use",
-                    "Registered buffers held by reads and sends in flight.",
-                    (pool.count() - pool.free_count()) as u64,
-                ));
-                out.counters.push((
-                    "percore_ring_buffer_waits_total",
-                    "Times the pool had no free buffer (a GET waited for one, or a batch write used an unregistered buffer).",
-                    pool.exhausted_total(),
-                ));
-            }
-        }
-        let st = self.store.stats();
-        out.counters.extend([
-            (
-                "percore_store_flushes_total",
-                "Group-commit batches made durable (write + fdatasync).",
-                st.flushes,
-            ),
-            (
-                "percore_store_records_written_total",
-                "Records appended to segments.",
-                st.records_written,
-            ),
-            (
-                "percore_store_bytes_written_total",
-                "Bytes written to segments (records and padding).",
-                st.bytes_written,
-            ),
-            (
-                "percore_store_write_errors_total",
-                "Batches whose write or fdatasync failed (disk errors, ENOSPC).",
-                st.write_errors,
-            ),
-            (
-                "percore_store_corrupt_reads_total",
-                "Reads that failed a CRC check: never served.",
-                st.corrupt_reads,
-            ),
-            (
-                "percore_store_crc_cache_hits_total",
-                "Extent block-CRC lookups answered from the shard's cache (no header read).",
-                st.crc_cache_hits,
-            ),
-            (
-                "percore_store_crc_cache_misses_total",
-                "Extent block-CRC lookups that read the extent's header from disk.",
-                st.crc_cache_misses,
-            ),
-            (
-                "percore_store_header_cache_hits_total",
-                "Opens of extent-stored objects whose header came from the shard's cache.",
-                st.header_cache_hits,
-            ),
-            (
-                "percore_store_header_cache_misses_total",
-                "Opens of extent-stored objects that read the object's header from disk.",
-                st.header_cache_misses,
-            ),
-            (
-                "percore_compaction_segments_total",
-                "Segments compacted and deleted.",
-                st.segments_compacted,
-            ),
-            (
-                "percore_compaction_bytes_copied_total",
-                "Bytes of live records copied by compaction.",
-                st.compaction_bytes_copied,
-            ),
-            (
-                "percore_compaction_bytes_freed_total",
-                "Bytes of segment files deleted by compaction.",
-                st.compaction_bytes_freed,
-            ),
-            (
-                "percore_store_damaged_regions_total",
-                "Ranges of segment bytes that recovery, compaction or the scrubber could not read as records (damaged records; see the error log and percore fsck).",
-                st.damaged_regions,
-            ),
-            (
-                "percore_compaction_skipped_damaged_total",
-                "Compactions refused because the segment holds damage (it is kept for repair).",
-                st.compaction_skipped_damaged,
-            ),
-            (
-                "percore_scrub_passes_total",
-                "Background scrub passes over the sealed segments completed.",
-                st.scrub_passes,
-            ),
-            (
-                "percore_scrub_bytes_total",
-                "Bytes read and checked by the scrubber.",
-                st.scrub_bytes,
-            ),
-            (
-                "percore_scrub_corrupt_records_total",
-                "Records the scrubber found failing their CRC (see the error log for segment, offset and key).",
-                st.scrub_corrupt_records,
-            ),
-        ]);
-        out.gauges.push((
-            "percore_scrub_last_pass_timestamp_seconds",
-            "Unix time the last scrub pass ended (0: none since start).",
-            st.scrub_last_pass_unix_ms / 1000,
-        ));
-        out.gauges.push((
-            "percore_scrub_last_pass_corrupt_records",
-            "Damaged records the last scrub pass found (each pass counts them again).",
-            st.scrub_last_pass_corrupt,
-        ));
-        let segments = self.store.segment_table();
-        let (live, total) = segments
-            .iter()
-            .fold((0u64, 0u64), |(l, t), s| (l + s.2, t + s.1));
-        out.segment_bytes = vec![("live", live), ("garbage", total.saturating_sub(live))];
-        out.gauges.extend([
-            (
-                "percore_objects",
-                "Objects in the shard's index.",
-                self.store.objects_total() as u64,
-            ),
-            (
-                "percore_segments",
-                "Segment files of the shard.",
-                segments.len() as u64,
-            ),
-            (
-                "percore_connections_open",
-                "Open S3 connections accepted by the shard.",
-                self.metrics.connections_open.get(),
-            ),
-            (
-                "percore_native_connections_open",
-                "Open native-protocol connections accepted by the shard.",
-                self.metrics.native_connections_open.get(),
-            ),
-            (
-                "percore_requests_in_flight",
-                "S3 and native requests being served by the shard.",
-                self.metrics.requests_in_flight.get(),
-            ),
-            (
-                "percore_cross_shard_sessions",
-                "Streamed GET/PUT sessions held for other shards.",
-                self.sessions.borrow().len() as u64,
-            ),
-            (
-                "percore_cross_shard_calls_pending",
-                "Calls to other shards awaiting a reply.",
-                self.pending.borrow().len() as u64,
-            ),
-        ]);
-        out.counters.extend([
-            (
-                "percore_cross_shard_calls_timed_out_total",
-                "Calls to other shards that got no reply within cross_shard_timeout_s.",
-                self.calls_timed_out.get(),
-            ),
-            (
-                "percore_cross_shard_orphaned_sessions_closed_total",
-                "Sessions another shard opened for a call that had given up, closed again.",
-                self.orphans_closed.get(),
-            ),
-            (
-                "percore_cross_shard_sessions_expired_total",
-                "Sessions held for other shards closed after session_idle_timeout_s without use.",
-                self.sessions_expired.get(),
-            ),
-        ]);
-        out
+        crate::metrics::catalogue::shard_snapshot(self.id, &self.metrics, &raw)
     }
 }
 

@@ -50,8 +50,12 @@ fn read(path: impl AsRef<Path>) -> Option<String> {
 }
 
 fn kernel() -> Vec<Finding> {
+    // SAFETY: utsname is plain C arrays, valid all-zero.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid, writable utsname. On failure it stays zeroed
+    // and the release reads as "" below.
     unsafe { libc::uname(&mut u) };
+    // SAFETY: `release` is NUL-terminated: by the kernel, or all zeros.
     let release = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
         .to_string_lossy()
         .to_string();
@@ -165,9 +169,11 @@ fn io_uring_features() -> Vec<Finding> {
 fn memory() -> Vec<Finding> {
     let mut out = Vec::new();
     let memlock = crate::boot::checks::memlock_bytes();
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
     out.push(if memlock == u64::MAX {
         finding(Level::Ok, "memlock", "RLIMIT_MEMLOCK unlimited", "")
-    } else if unsafe { libc::geteuid() } == 0 {
+    } else if root {
         finding(
             Level::Info,
             "memlock",
@@ -266,7 +272,9 @@ fn cpu_plan(shards: Option<usize>, cpus: Option<&[usize]>) -> Vec<Finding> {
 }
 
 fn num_cpus_online() -> usize {
-    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
+    // SAFETY: sysconf takes no pointers; -1 (error) becomes 1 below.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(online.max(1)).unwrap_or(1)
 }
 
 /// Parses a hex CPU mask ("00000000,0000000f") into CPU numbers.
@@ -393,7 +401,10 @@ fn data_dir(dir: &Path) -> Vec<Finding> {
         return out;
     }
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    // SAFETY: statfs is plain integers, valid all-zero.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a writable statfs; `st`
+    // is read only when the call succeeded.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 {
         let fs = filesystem_name(st.f_type as i64);
         let free = st.f_bavail as u64 * st.f_bsize as u64;
