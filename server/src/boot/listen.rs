@@ -79,7 +79,7 @@ impl Door {
         let Some(limit) = &self.limit else {
             return true;
         };
-        let m = &limit.shard.metrics;
+        let m = limit.shard.metrics();
         let accepted = (limit.accepted)(m);
         accepted.set(accepted.get() + 1);
         if (limit.open)(m).get() >= limit.conns_max {

@@ -15,7 +15,7 @@ use crate::boot::topology::ShardPlacement;
 use crate::frontend::admin::{self, Admin, AdminWrites};
 use crate::frontend::native::{NativeConfig, NativeFront};
 use crate::frontend::s3::{S3Config, S3Front};
-use crate::shard::{self, Shard, Wiring, BUCKET_OWNER_SHARD};
+use crate::shard::{Shard, Wiring, BUCKET_OWNER_SHARD};
 use crate::store::{Store, StoreConfig};
 
 /// Registered buffers per shard: one 1 MiB extent read plus O_DIRECT
@@ -71,7 +71,7 @@ async fn run_shard_inner(s: ShardSetup, wiring: Wiring) -> Result<(), String> {
     shard.connect(wiring).await;
     if id == BUCKET_OWNER_SHARD {
         shard.publish_buckets().await;
-        shard.call_all(|| shard::msg::Op::Start).await;
+        shard.start_all().await;
     } else {
         shard.wait_started().await;
     }
@@ -170,7 +170,7 @@ fn attach_ring(s: &ShardSetup, store: &Store, shard: &Shard) {
     match ring {
         Ok(ring) => {
             store.attach_ring(ring.clone());
-            *shard.ring.borrow_mut() = Some(ring);
+            shard.set_ring(ring);
         }
         Err(e) => tracing::warn!(
             shard = id,
@@ -246,7 +246,7 @@ impl Fronts {
         self.native.draining.set(true);
         drop(self.accept);
         let deadline = Instant::now() + DRAIN_WAIT;
-        while self.s3.shard.metrics.requests_in_flight.get() > 0 && Instant::now() < deadline {
+        while self.s3.shard.metrics().requests_in_flight.get() > 0 && Instant::now() < deadline {
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
     }

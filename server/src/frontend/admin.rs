@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::frontend::http::{HttpConn, Limits, RequestHead, ResponseHead};
-use crate::shard::{self, Shard};
+use crate::shard::Shard;
 
 /// Installs a new log filter, or says why it is not one.
 pub type LogFilterReload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
@@ -145,12 +145,7 @@ impl Admin {
                 b"starting: no metrics before recovery ends\n".to_vec(),
             );
         };
-        let mut snaps = Vec::with_capacity(shard.count);
-        for reply in shard.call_all(|| shard::msg::Op::Metrics).await {
-            if let shard::msg::Reply::Metrics(s) = reply {
-                snaps.push(*s);
-            }
-        }
+        let snaps = shard.metrics_all().await;
         let mut text = crate::metrics::render(&snaps);
         text.push_str(&process_gauges());
         (200, "text/plain; version=0.0.4", text.into_bytes())

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::frontend::http::within;
 use crate::ring::{DataRing, PoolBuf, SendKind};
 use crate::shard::msg::ShardError;
 use crate::shard::object::{Chunk, ObjectSink, ObjectSource};
@@ -156,11 +157,9 @@ pub async fn send_registered(
 ) -> Result<(), SendError> {
     assert!(start <= end && end <= buf.len());
     while start < end {
-        let send = Box::pin(ring.send(fd, buf, start, end, *zc_allowed));
-        let timer = Box::pin(glommio::timer::sleep(timeout));
-        let (result, back) = match futures::future::select(send, timer).await {
-            futures::future::Either::Left((r, _)) => r,
-            futures::future::Either::Right(_) => {
+        let (result, back) = match within(timeout, ring.send(fd, buf, start, end, *zc_allowed)).await {
+            Some(r) => r,
+            None => {
                 // The send (and its buffer) stays with the kernel until it
                 // completes; shutting the socket down completes it now,
                 // even if the peer keeps the connection open.

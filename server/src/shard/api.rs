@@ -154,6 +154,24 @@ impl Shard {
         }
     }
 
+    /// Every shard's metrics snapshot, in shard order (a shard that does
+    /// not answer is left out).
+    pub async fn metrics_all(self: &Rc<Self>) -> Vec<crate::metrics::ShardSnapshot> {
+        let mut snaps = Vec::with_capacity(self.count);
+        for reply in self.call_all(|| Op::Metrics).await {
+            if let Reply::Metrics(s) = reply {
+                snaps.push(*s);
+            }
+        }
+        snaps
+    }
+
+    /// Tells every shard that start-up is over (the bucket set is
+    /// published): they start serving. Run by the bucket-owner shard.
+    pub async fn start_all(self: &Rc<Self>) {
+        self.call_all(|| Op::Start).await;
+    }
+
     /// Every shard's first `limit` uploads after the markers, in shard
     /// order (the caller merges them).
     pub async fn mpu_list_all(

@@ -89,11 +89,11 @@ pub struct Shard {
     start_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     /// Public to the crate only until the S3 door and boot use `metrics()`
     /// (they are being rewritten); then private.
-    pub(crate) metrics: ShardMetrics,
+    metrics: ShardMetrics,
     /// The shard's own io_uring data ring with its registered buffers (the
     /// zero-copy GET path); None when it could not be set up. Public to the
     /// crate only until the S3 door and boot use `ring()`/`set_ring()`.
-    pub(crate) ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
+    ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
 }
 
 impl Shard {

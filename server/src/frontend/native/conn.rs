@@ -25,6 +25,7 @@ use super::{
     Budget, Held, NativeFront, CONNECTION_BYTES_MAX, HELLO_TIMEOUT, IDLE_TIMEOUT, IO_TIMEOUT,
     OUT_QUEUE, PRE_AUTH_HEADER_BYTES_MAX, PUT_QUEUE,
 };
+use crate::frontend::http::within;
 use crate::frontend::common::PUT_BYTES_MAX;
 
 /// One PutData frame for an upload task: its bytes, the CRC32C it may
@@ -104,18 +105,16 @@ async fn read_full(
     let mut at = 0;
     while at < buf.len() {
         let left = deadline.saturating_duration_since(Instant::now());
-        let read = Box::pin(rd.read(&mut buf[at..]));
-        let timer = Box::pin(glommio::timer::sleep(left));
-        match futures::future::select(read, timer).await {
-            futures::future::Either::Left((Ok(0), _)) => {
+        match within(left, rd.read(&mut buf[at..])).await {
+            Some(Ok(0)) => {
                 if at == 0 && eof_ok {
                     return Ok(false);
                 }
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
-            futures::future::Either::Left((Ok(n), _)) => at += n,
-            futures::future::Either::Left((Err(e), _)) => return Err(e),
-            futures::future::Either::Right(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+            Some(Ok(n)) => at += n,
+            Some(Err(e)) => return Err(e),
+            None => return Err(std::io::ErrorKind::TimedOut.into()),
         }
     }
     debug_assert_eq!(at, buf.len());

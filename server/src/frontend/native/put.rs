@@ -12,6 +12,7 @@ use percore_protocol::native::{self as proto, Reply, Status};
 
 use super::conn::PutFrame;
 use super::{status_of, NativeFront};
+use crate::frontend::http::within;
 use crate::frontend::datapath::PieceBuilder;
 use crate::frontend::common::PUT_BYTES_MAX;
 use crate::shard::object::ObjectSink;
@@ -115,11 +116,10 @@ impl NativeFront {
             // A client that stops sending mid-upload must not hold the
             // upload (its writer, pinned segments, a session on the owner,
             // the bucket's in-flight count) until the connection ends.
-            let next = futures::future::select(data.next(), Box::pin(glommio::timer::sleep(wait)));
-            let (bytes, crc_sent, _held) = match next.await {
-                futures::future::Either::Left((Some(frame), _)) => frame,
-                futures::future::Either::Left((None, _)) => return Ok(()),
-                futures::future::Either::Right(_) => {
+            let (bytes, crc_sent, _held) = match within(wait, data.next()).await {
+                Some(Some(frame)) => frame,
+                Some(None) => return Ok(()),
+                None => {
                     tracing::warn!(
                         shard = self.shard.id,
                         request_id = id,

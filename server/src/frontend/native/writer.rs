@@ -13,6 +13,7 @@ use glommio::net::TcpStream;
 use percore_protocol::native::{self as proto, ItemHead, Kind, Reply, ServerMessage};
 
 use super::{Held, COALESCE_BYTES_MAX, IO_TIMEOUT, WRITE_BATCH_BYTES};
+use crate::frontend::http::within;
 use crate::frontend::datapath::{self, Piece};
 use crate::ring::DataRing;
 
@@ -72,12 +73,7 @@ pub(super) async fn send_head(
 }
 
 async fn write_within(wr: &mut WriteHalf<TcpStream>, bytes: &[u8]) -> bool {
-    let write = Box::pin(wr.write_all(bytes));
-    let timer = Box::pin(glommio::timer::sleep(IO_TIMEOUT));
-    matches!(
-        futures::future::select(write, timer).await,
-        futures::future::Either::Left((Ok(()), _))
-    )
+    matches!(within(IO_TIMEOUT, wr.write_all(bytes)).await, Some(Ok(())))
 }
 
 /// Sends the batch and keeps its allocation.

@@ -2,14 +2,12 @@
 //! GetBucketLocation, GetBucketVersioning, and DeleteObjects (a POST on the
 //! bucket that deletes many keys, each on its owner shard).
 
-use super::{malformed, unexpected, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
+use super::{malformed, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
 use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{self, push_element, push_open_root};
-use crate::shard::msg::{Op, Reply};
-use crate::shard::BUCKET_OWNER_SHARD;
 
 /// DeleteObjects takes at most 1000 keys (S3's limit).
 const DELETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
@@ -47,18 +45,15 @@ impl S3Front {
             .read_small_body(conn, req, SMALL_BODY_BYTES_MAX)
             .await?;
         xml::parse_create_bucket(&body).map_err(|e| S3Error::new(400, "MalformedXML", e))?;
-        match self.shard.call(BUCKET_OWNER_SHARD, Op::BucketCreate { name: req.bucket.clone() }).await {
-            Reply::Created(true) => {
-                let head = ResponseHead::new(200).with_header("Location", format!("/{}", req.bucket));
-                self.respond(conn, req, head, b"").await
-            }
-            Reply::Created(false) => Err(S3Error::new(
+        if self.shard.create_bucket(&req.bucket).await? {
+            let head = ResponseHead::new(200).with_header("Location", format!("/{}", req.bucket));
+            self.respond(conn, req, head, b"").await
+        } else {
+            Err(S3Error::new(
                 409,
                 "BucketAlreadyOwnedByYou",
                 "Your previous request to create the named bucket succeeded and you already own it.",
-            )),
-            Reply::Err(e) => Err(e.into()),
-            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
+            ))
         }
     }
 
@@ -76,20 +71,8 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        match self
-            .shard
-            .call(
-                BUCKET_OWNER_SHARD,
-                Op::BucketDelete {
-                    name: req.bucket.clone(),
-                },
-            )
-            .await
-        {
-            Reply::Ok => self.respond(conn, req, ResponseHead::new(204), b"").await,
-            Reply::Err(e) => Err(e.into()),
-            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
-        }
+        self.shard.delete_bucket(&req.bucket).await?;
+        self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
     /// Buckets are never versioned: the empty configuration.
@@ -149,15 +132,8 @@ impl S3Front {
                 if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
                     return Err(S3Error::invalid_argument("Invalid key"));
                 }
-                let owner = self.shard.owner_of(&req.bucket, key);
-                let op = Op::Delete {
-                    bucket: req.bucket.clone(),
-                    key: key.clone(),
-                };
-                match self.shard.call(owner, op).await {
-                    Reply::Deleted(_) => Ok(()),
-                    other => Err(unexpected(other)),
-                }
+                self.shard.delete_object(&req.bucket, key).await?;
+                Ok(())
             });
             results.extend(futures::future::join_all(calls).await);
         }

@@ -6,7 +6,8 @@ use md5::{Digest, Md5};
 
 use super::conditional::check_conditions_with;
 use super::route::percent_decode;
-use super::{quoted, Conn, Request, S3Front, GET_PIECE_BYTES};
+use super::{quoted, Conn, Request, S3Front};
+use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};

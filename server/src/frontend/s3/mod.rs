@@ -15,7 +15,6 @@ use glommio::net::TcpStream;
 pub use crate::frontend::common::Credentials;
 use crate::frontend::http::{HttpConn, Limits, RequestHead};
 use crate::frontend::s3::error::S3Error;
-use crate::shard::msg::Reply;
 use crate::shard::Shard;
 
 pub mod auth;
@@ -34,10 +33,6 @@ mod serve;
 
 pub use route::S3Op;
 
-/// Bytes handed to the owner shard per message.
-const PUT_PIECE_BYTES: usize = 1 << 20;
-/// Bytes sent per GET read.
-const GET_PIECE_BYTES: u64 = 1 << 20;
 /// S3 allows 2 KiB of user metadata.
 const USER_METADATA_BYTES_MAX: usize = 2048;
 /// Metadata entries (x-amz-meta-* plus STORED_HEADERS) kept with an object:
@@ -126,13 +121,6 @@ impl S3Front {
 
     fn last_request_id(&self) -> String {
         format!("{:04X}{:012X}", self.shard.id, self.requests_total.get())
-    }
-}
-
-fn unexpected(other: Reply) -> S3Error {
-    match other {
-        Reply::Err(e) => e.into(),
-        other => S3Error::internal(format!("unexpected reply {other:?}")),
     }
 }
 

@@ -2,7 +2,7 @@
 //! in `copy`), CompleteMultipartUpload, AbortMultipartUpload, ListParts and
 //! ListMultipartUploads (merged across shards).
 
-use super::{malformed, parse_limit, quoted, unexpected, Conn, Request, S3Front};
+use super::{malformed, parse_limit, quoted, Conn, Request, S3Front};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
@@ -10,7 +10,7 @@ use crate::frontend::s3::xml::{
     self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
     push_open_root, push_owner, OWNER_ID_DEFAULT,
 };
-use crate::shard::msg::{Op, Reply};
+use crate::shard::msg::ShardError;
 use crate::shard::object::ObjectSink;
 use crate::store::mpu::{PartItem, UploadItem, PART_NUMBER_MAX};
 use crate::store::record::ObjectMeta;
@@ -36,10 +36,6 @@ pub(super) fn upload_id(req: &Request) -> String {
 }
 
 impl S3Front {
-    pub(super) fn owner(&self, req: &Request) -> usize {
-        self.shard.owner_of(&req.bucket, &req.key)
-    }
-
     pub(super) async fn create_multipart(
         &self,
         conn: &mut Conn,
@@ -49,15 +45,7 @@ impl S3Front {
             return Err(S3Error::no_such_bucket());
         }
         let meta = self.object_meta_from_request(req)?;
-        let op = Op::MpuCreate {
-            bucket: req.bucket.clone(),
-            key: req.key.clone(),
-            meta,
-        };
-        let id = match self.shard.call(self.owner(req), op).await {
-            Reply::Upload(id) => id,
-            other => return Err(unexpected(other)),
-        };
+        let id = self.shard.mpu_create(&req.bucket, &req.key, meta).await?;
         let mut out = String::with_capacity(256 + req.key.len());
         push_open_root(&mut out, "InitiateMultipartUploadResult");
         push_element(&mut out, "Bucket", &req.bucket);
@@ -102,16 +90,10 @@ impl S3Front {
             .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX)
             .await?;
         let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
-        let op = Op::MpuComplete {
-            bucket: req.bucket.clone(),
-            key: req.key.clone(),
-            upload_id: upload_id(req),
-            parts,
-        };
-        let info = match self.shard.call(self.owner(req), op).await {
-            Reply::Put(info) => info,
-            other => return Err(unexpected(other)),
-        };
+        let info = self
+            .shard
+            .mpu_complete(&req.bucket, &req.key, &upload_id(req), parts)
+            .await?;
         let mut out = String::with_capacity(320 + 2 * req.key.len());
         push_open_root(&mut out, "CompleteMultipartUploadResult");
         push_element(
@@ -134,15 +116,10 @@ impl S3Front {
         if !self.shard.bucket_exists(&req.bucket) {
             return Err(S3Error::no_such_bucket());
         }
-        let op = Op::MpuAbort {
-            bucket: req.bucket.clone(),
-            key: req.key.clone(),
-            upload_id: upload_id(req),
-        };
-        match self.shard.call(self.owner(req), op).await {
-            Reply::Ok => self.respond(conn, req, ResponseHead::new(204), b"").await,
-            other => Err(unexpected(other)),
-        }
+        self.shard
+            .mpu_abort(&req.bucket, &req.key, &upload_id(req))
+            .await?;
+        self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
     pub(super) async fn list_parts(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
@@ -157,17 +134,10 @@ impl S3Front {
                 .map_err(|_| S3Error::invalid_argument("part-number-marker must be an integer"))?,
         };
         let id = upload_id(req);
-        let op = Op::MpuParts {
-            bucket: req.bucket.clone(),
-            key: req.key.clone(),
-            upload_id: id.clone(),
-            after: marker,
-            limit: max_parts + 1,
-        };
-        let mut parts: Vec<PartItem> = match self.shard.call(self.owner(req), op).await {
-            Reply::Parts(p) => p,
-            other => return Err(unexpected(other)),
-        };
+        let mut parts: Vec<PartItem> = self
+            .shard
+            .mpu_parts(&req.bucket, &req.key, &id, marker, max_parts + 1)
+            .await?;
         let truncated = parts.len() > max_parts;
         parts.truncate(max_parts);
         let mut out = String::with_capacity(512 + parts.len() * 200);
@@ -219,13 +189,7 @@ impl S3Front {
         let encoding_url = req.q("encoding-type") == Some("url");
         let replies = self
             .shard
-            .call_all(|| Op::MpuList {
-                bucket: req.bucket.clone(),
-                prefix: prefix.clone(),
-                key_marker: key_marker.clone(),
-                upload_id_marker: id_marker.clone(),
-                limit: max + 1,
-            })
+            .mpu_list_all(&req.bucket, &prefix, &key_marker, &id_marker, max + 1)
             .await;
         let (uploads, cut) = merge_upload_pages(replies, max)?;
         let mut entries = collapse_prefixes(uploads, &prefix, delimiter);
@@ -289,23 +253,22 @@ impl S3Front {
 /// (key, upload id) and cut at the frontier: a shard that filled its page
 /// may hold more uploads after its last one, so nothing beyond the least
 /// such last upload is certain yet. Returns whether a cut was made.
-fn merge_upload_pages(replies: Vec<Reply>, max: usize) -> Result<(Vec<UploadItem>, bool), S3Error> {
+fn merge_upload_pages(
+    replies: Vec<Result<Vec<UploadItem>, ShardError>>,
+    max: usize,
+) -> Result<(Vec<UploadItem>, bool), S3Error> {
     let mut uploads: Vec<UploadItem> = Vec::new();
     let mut frontier: Option<(String, String)> = None;
     for r in replies {
-        match r {
-            Reply::Uploads(mut v) => {
-                if v.len() > max {
-                    let last = v.last().expect("non-empty");
-                    let last = (last.key.clone(), last.upload_id.clone());
-                    if frontier.as_ref().is_none_or(|f| last < *f) {
-                        frontier = Some(last);
-                    }
-                }
-                uploads.append(&mut v);
+        let mut v = r?;
+        if v.len() > max {
+            let last = v.last().expect("non-empty");
+            let last = (last.key.clone(), last.upload_id.clone());
+            if frontier.as_ref().is_none_or(|f| last < *f) {
+                frontier = Some(last);
             }
-            other => return Err(unexpected(other)),
         }
+        uploads.append(&mut v);
     }
     uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
     let cut = frontier.is_some();

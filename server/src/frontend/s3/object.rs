@@ -4,24 +4,25 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use md5::{Digest, Md5};
 use sha2::Sha256;
 
 use super::conditional::{check_conditions, content_md5, put_condition};
 use super::{
-    http_date, Conn, Request, S3Front, GET_PIECE_BYTES, METADATA_HEADERS_MAX, PUT_PIECE_BYTES,
-    STORED_HEADERS, USER_METADATA_BYTES_MAX,
+    http_date, Conn, Request, S3Front, METADATA_HEADERS_MAX, STORED_HEADERS,
+    USER_METADATA_BYTES_MAX,
 };
 use crate::frontend::common::PUT_BYTES_MAX;
+use crate::frontend::datapath::{
+    self, read_piece, Piece, PieceBuilder, SendError, GET_PIECE_BYTES,
+};
 use crate::frontend::http::{
-    content_range, parse_range, within, BodyFraming, RangeSpec, ResponseHead,
+    content_range, parse_range, BodyFraming, RangeSpec, ResponseHead,
 };
 use crate::frontend::s3::auth::{ChunkedDecoder, PayloadMode, Verified};
 use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
-use crate::shard::msg::{Op, Reply};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::store::record::ObjectMeta;
 use crate::store::ObjectInfo;
@@ -127,7 +128,7 @@ impl S3Front {
         let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
         let mut input = vec![0u8; 256 * 1024];
         let mut decoded = Vec::new();
-        let mut piece: Vec<u8> = Vec::with_capacity(PUT_PIECE_BYTES);
+        let mut pieces = PieceBuilder::new();
         let mut total = 0u64;
         loop {
             let n = conn.read_body(&mut input).await?;
@@ -140,16 +141,7 @@ impl S3Front {
                 return Err(entity_too_large());
             }
             digests.update(data);
-            let mut rest = data;
-            while !rest.is_empty() {
-                let take = (PUT_PIECE_BYTES - piece.len()).min(rest.len());
-                piece.extend_from_slice(&rest[..take]);
-                rest = &rest[take..];
-                if piece.len() == PUT_PIECE_BYTES {
-                    let full = std::mem::replace(&mut piece, Vec::with_capacity(PUT_PIECE_BYTES));
-                    sink.write(Bytes::from(full)).await?;
-                }
-            }
+            pieces.push(&mut sink, data).await?;
         }
         // Everything is verified before the object becomes visible.
         if let Some(d) = &decoder {
@@ -160,9 +152,7 @@ impl S3Front {
         }
         let (etag, stored) =
             digests.verify(req, auth, content_md5, expected_checksum, decoder.as_ref())?;
-        if !piece.is_empty() {
-            sink.write(Bytes::from(piece)).await?;
-        }
+        pieces.finish(&mut sink).await?;
         let info = sink.finish_with(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
         Ok(info)
@@ -176,22 +166,8 @@ impl S3Front {
         if !self.shard.bucket_exists(&req.bucket) {
             return Err(S3Error::no_such_bucket());
         }
-        let owner = self.shard.owner_of(&req.bucket, &req.key);
-        match self
-            .shard
-            .call(
-                owner,
-                Op::Delete {
-                    bucket: req.bucket.clone(),
-                    key: req.key.clone(),
-                },
-            )
-            .await
-        {
-            Reply::Deleted(_) => self.respond(conn, req, ResponseHead::new(204), b"").await,
-            Reply::Err(e) => Err(e.into()),
-            other => Err(S3Error::internal(format!("unexpected reply {other:?}"))),
-        }
+        self.shard.delete_object(&req.bucket, &req.key).await?;
+        self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
     pub(super) async fn get_object_attributes(
@@ -361,47 +337,37 @@ impl S3Front {
         let send_started = Instant::now();
         let mut offset = start;
 
-        let ring = self.shard.ring.borrow().clone();
+        let ring = self.shard.ring();
         while offset < end {
             // The data path: DMA into a registered buffer, CRC check there,
-            // send from that buffer (SEND_ZC above the threshold).
-            if let Some(ring) = ring.as_deref() {
-                let want = (end - offset).min(GET_PIECE_BYTES);
-                if let Some(r) = source.read_fixed(ring, offset, want).await {
-                    let (buf, a, b) = match r {
-                        Ok(x) => x,
-                        Err(e) => {
-                            tracing::error!(shard = self.shard.id, request_id = %req.request_id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
-                            return Err(S3Error::internal("read failed mid-body"));
-                        }
-                    };
+            // send from that buffer (SEND_ZC above the threshold); else a
+            // verified copy.
+            let want = (end - offset).min(GET_PIECE_BYTES);
+            match read_piece(source, ring.as_deref(), offset, want).await {
+                Ok(Piece::Registered { buf, start, end: stop }) => {
                     conn.flush().await?;
-                    self.send_registered(conn, ring, buf, a, b).await?;
-                    offset += (b - a) as u64;
-                    continue;
+                    let ring = ring.as_deref().expect("a registered piece comes from the ring");
+                    self.send_registered(conn, ring, buf, start, stop).await?;
+                    offset += (stop - start) as u64;
                 }
-            }
-            let chunk = match source
-                .read(offset, (end - offset).min(GET_PIECE_BYTES))
-                .await
-            {
-                Ok(c) => c,
+                Ok(Piece::Copied(chunk)) => {
+                    if chunk.is_empty() {
+                        return Err(S3Error::internal("object shorter than its metadata"));
+                    }
+                    conn.write_body(&chunk).await?;
+                    offset += chunk.len() as u64;
+                }
                 Err(e) => {
-                    // The status line is gone: cut the connection so the client
-                    // sees a short body, never wrong bytes.
-                    tracing::error!(shard = self.shard.id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
+                    // The status line is gone: cut the connection so the
+                    // client sees a short body, never wrong bytes.
+                    tracing::error!(shard = self.shard.id, request_id = %req.request_id, bucket = %req.bucket, key = %req.key, "GET failed mid-body: {e:?}");
                     return Err(S3Error::internal("read failed mid-body"));
                 }
-            };
-            if chunk.is_empty() {
-                return Err(S3Error::internal("object shorter than its metadata"));
             }
-            conn.write_body(&chunk).await?;
-            offset += chunk.len() as u64;
         }
         conn.flush().await?;
         self.shard
-            .metrics
+            .metrics()
             .stage(crate::metrics::Stage::Send)
             .record(send_started.elapsed());
         Ok(())
@@ -414,48 +380,33 @@ impl S3Front {
         &self,
         conn: &mut Conn,
         ring: &crate::ring::DataRing,
-        mut buf: crate::ring::PoolBuf,
-        mut a: usize,
+        buf: crate::ring::PoolBuf,
+        a: usize,
         b: usize,
     ) -> Result<(), S3Error> {
         use std::os::fd::AsRawFd;
         let fd = conn.get_ref().as_raw_fd();
         let limit = Duration::from_millis(conn.limits().body_timeout_ms.max(1));
-        while a < b {
-            let (result, back) = match within(limit, ring.send(fd, buf, a, b, conn.send_zc)).await {
-                Some(r) => r,
-                None => {
-                    // The send (and its buffer) stays with the kernel until
-                    // it completes; shutting the socket down completes it
-                    // now, even if the client keeps the connection open.
-                    // SAFETY: `fd` is the connection's socket, open for as
-                    // long as `conn` (borrowed here) lives; shutdown takes
-                    // no pointers and only ends its traffic.
-                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-                    return Err(S3Error::new(
-                        408,
-                        "RequestTimeout",
-                        "The client stopped reading the response",
-                    ));
-                }
-            };
-            buf = back;
-            match result {
-                Ok((0, _)) => return Err(S3Error::internal("connection closed mid-body")),
-                Ok((n, kind)) => {
-                    a += n;
-                    conn.body_bytes_written += n as u64;
-                    if kind == crate::ring::SendKind::Copied {
-                        conn.send_zc = false;
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(shard = self.shard.id, "send failed: {e}");
-                    return Err(S3Error::internal(format!("send failed: {e}")));
-                }
+        let mut zc = conn.send_zc;
+        let mut sent = 0u64;
+        let r = datapath::send_registered(ring, fd, buf, a, b, limit, &mut zc, &mut sent).await;
+        conn.send_zc = zc;
+        conn.body_bytes_written += sent;
+        match r {
+            Ok(()) => Ok(()),
+            // The socket is shut down already (which also hands the buffer
+            // back from the kernel).
+            Err(SendError::TimedOut) => Err(S3Error::new(
+                408,
+                "RequestTimeout",
+                "The client stopped reading the response",
+            )),
+            Err(SendError::Closed) => Err(S3Error::internal("connection closed mid-body")),
+            Err(SendError::Io(e)) => {
+                tracing::debug!(shard = self.shard.id, "send failed: {e}");
+                Err(S3Error::internal(format!("send failed: {e}")))
             }
         }
-        Ok(())
     }
 
     /// Several ranges in one answer: `206 multipart/byteranges` (RFC 9110

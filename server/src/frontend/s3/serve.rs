@@ -23,7 +23,7 @@ const CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
 impl S3Front {
     /// Serves one connection until it closes, errs or the server drains.
     pub async fn serve_connection(self: Rc<Self>, stream: TcpStream) {
-        let m = &self.shard.metrics;
+        let m = self.shard.metrics();
         m.connections_open.set(m.connections_open.get() + 1);
         self.serve_connection_inner(stream).await;
         m.connections_open.set(m.connections_open.get() - 1);
@@ -47,7 +47,7 @@ impl S3Front {
                     break;
                 }
             };
-            let m = &self.shard.metrics;
+            let m = self.shard.metrics();
             m.requests_in_flight.set(m.requests_in_flight.get() + 1);
             let started = Instant::now();
             let (read0, written0) = (conn.body_bytes_read, conn.body_bytes_written);
