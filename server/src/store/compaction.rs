@@ -15,9 +15,10 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 
 use super::file::SegFile;
+use super::index::{Entry, State};
 use super::record::{self, Body, ExtentRef, Kind};
 use super::recovery::{scan_segment, verify_payload, Scanned};
-use super::{Entry, Loc, Result, State, Store, StoreError};
+use super::{Loc, Result, Store, StoreError};
 
 #[derive(Debug, Clone, Default)]
 pub struct CompactionReport {
@@ -341,7 +342,10 @@ impl Store {
             .borrow_mut()
             .forget_segment(segment_id);
         let disk = &self.inner.cfg.disk;
-        disk.remove_file(&super::segment_path(&self.inner.cfg.dir, segment_id))?;
+        disk.remove_file(&super::segments::segment_path(
+            &self.inner.cfg.dir,
+            segment_id,
+        ))?;
         disk.sync_dir(&self.inner.cfg.dir)?;
         {
             let mut index = self.inner.index.borrow_mut();

@@ -22,8 +22,9 @@ use super::record::{self, Body, Header, Kind, SegKey};
 pub(super) use super::scan::{ScanResult, Scanned};
 use super::scan::{Scanner, Step};
 use super::{
-    parse_segment_name, Entry, Loc, ObjectInfo, RecoveryReport, Result, Segment, State, Store,
-    StoreError,
+    index::{Entry, State},
+    segments::{parse_segment_name, Segment},
+    Loc, ObjectInfo, RecoveryReport, Result, Store, StoreError,
 };
 
 /// Reads a segment's records in order (see `scan` for the rules).
@@ -155,7 +156,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     let mut files = Vec::with_capacity(ids.len());
     let mut heads = Vec::with_capacity(ids.len());
     for &segment_id in &ids {
-        let path = super::segment_path(&cfg.dir, segment_id);
+        let path = super::segments::segment_path(&cfg.dir, segment_id);
         let file = cfg.disk.open(&path, cfg.direct_io).await?;
         let size_bytes = file.size_bytes().await?;
         let head = match size_bytes.min(WRITE_ALIGN_BYTES) as usize {
@@ -214,7 +215,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             // Created, never written (a crash before its header was
             // durable): nothing to keep.
             drop(file);
-            let path = super::segment_path(&cfg.dir, segment_id);
+            let path = super::segments::segment_path(&cfg.dir, segment_id);
             cfg.disk.remove_file(&path)?;
             cfg.disk.sync_dir(&cfg.dir)?;
             tracing::warn!(

@@ -22,7 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::store::record::{self, Body, Kind};
-use crate::store::scan;
+use crate::store::{scan, segments};
 
 const ALIGN: u64 = crate::store::file::WRITE_ALIGN_BYTES;
 const VERIFY_PIECE_BYTES: u64 = 16 * record::BLOCK_BYTES;
@@ -91,12 +91,7 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
     for e in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
         let e = e.map_err(|e| e.to_string())?;
         let name = e.file_name().to_string_lossy().into_owned();
-        let id = name
-            .strip_prefix("seg-")
-            .and_then(|h| h.strip_suffix(".pcs"))
-            .filter(|h| h.len() == 16)
-            .and_then(|h| u64::from_str_radix(h, 16).ok());
-        if let Some(id) = id {
+        if let Some(id) = segments::parse_segment_name(&name) {
             out.push((id, e.path()));
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod checksum;
 pub mod error;
+pub mod etag;
 pub mod handler;
 pub mod sigv4;
 pub mod xml;
