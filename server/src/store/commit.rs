@@ -4,17 +4,51 @@
 //! batches strictly in order (`batch_durable`); a failed batch is cut off
 //! its segment (`cut_failed_batch`) and its waiters get the error.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
+use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 
 use super::file::{self, FaultPoint, WRITE_ALIGN_BYTES};
 use super::record::{self, Kind};
 use super::{Loc, Result, Store, StoreError};
 
 /// Batches being written at once (pipelined group commit).
+/// Records waiting to be written, and the batches being written.
+pub(super) struct CommitQueue {
+    pub(super) queue: RefCell<VecDeque<Pending>>,
+    pub(super) queue_bytes: Cell<u64>,
+    /// Wakes the flusher; capacity 1, a full doorbell means "already rung".
+    pub(super) doorbell: LocalSender<()>,
+    pub(super) doorbell_rx: RefCell<Option<LocalReceiver<()>>>,
+    /// Woken when the queue shrinks, for appenders waiting on back-pressure.
+    pub(super) space_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    pub(super) flushes_in_flight: Cell<usize>,
+    pub(super) flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// Completion of the last batch started (true: durable).
+    pub(super) previous_flush: RefCell<Option<oneshot::Receiver<bool>>>,
+}
+
+impl CommitQueue {
+    pub(super) fn new() -> CommitQueue {
+        let (doorbell, doorbell_rx) = glommio::channels::local_channel::new_bounded(1);
+        CommitQueue {
+            queue: RefCell::new(VecDeque::new()),
+            queue_bytes: Cell::new(0),
+            doorbell,
+            doorbell_rx: RefCell::new(Some(doorbell_rx)),
+            space_waiters: RefCell::new(Vec::new()),
+            flushes_in_flight: Cell::new(0),
+            flush_waiters: RefCell::new(Vec::new()),
+            previous_flush: RefCell::new(None),
+        }
+    }
+}
+
 pub(super) const FLUSHES_IN_FLIGHT_MAX: usize = 2;
 
 /// Record locations of a batch written at `start`, and the end of its data.
@@ -87,14 +121,14 @@ impl Store {
                 .max(self.inner.cfg.chunk_bytes * 2)
         );
         // Back-pressure: wait while the queue is over its bound.
-        while self.inner.queue_bytes.get() + span > self.inner.cfg.queue_bytes_max
-            && !self.inner.queue.borrow().is_empty()
+        while self.inner.commit.queue_bytes.get() + span > self.inner.cfg.queue_bytes_max
+            && !self.inner.commit.queue.borrow().is_empty()
         {
             if self.inner.shutting_down.get() {
                 return Err(StoreError::ShuttingDown);
             }
             let (tx, rx) = oneshot::channel();
-            self.inner.space_waiters.borrow_mut().push(tx);
+            self.inner.commit.space_waiters.borrow_mut().push(tx);
             let _ = rx.await;
         }
         if self.inner.shutting_down.get() {
@@ -102,14 +136,15 @@ impl Store {
         }
         let (done, rx) = oneshot::channel();
         self.inner
+            .commit
             .queue_bytes
-            .set(self.inner.queue_bytes.get() + span);
-        self.inner.queue.borrow_mut().push_back(Pending {
+            .set(self.inner.commit.queue_bytes.get() + span);
+        self.inner.commit.queue.borrow_mut().push_back(Pending {
             header,
             payload,
             done,
         });
-        let _ = self.inner.doorbell.try_send(());
+        let _ = self.inner.commit.doorbell.try_send(());
         Ok(rx)
     }
 
@@ -120,7 +155,7 @@ impl Store {
 
     pub(super) async fn flush_loop(self, rx: glommio::channels::local_channel::LocalReceiver<()>) {
         loop {
-            if self.inner.queue.borrow().is_empty() {
+            if self.inner.commit.queue.borrow().is_empty() {
                 if self.inner.shutting_down.get() {
                     self.wait_flushes_below(1).await;
                     return;
@@ -133,7 +168,7 @@ impl Store {
             // A second batch goes out while one is in flight only when enough
             // is queued to fill it; otherwise waiting packs more into it
             // (each batch wastes up to 4 KiB of padding).
-            if self.inner.queue_bytes.get() < self.inner.cfg.batch_bytes_max / 2 {
+            if self.inner.commit.queue_bytes.get() < self.inner.cfg.batch_bytes_max / 2 {
                 self.wait_flushes_below(1).await;
             } else {
                 self.wait_flushes_below(FLUSHES_IN_FLIGHT_MAX).await;
@@ -144,9 +179,9 @@ impl Store {
 
     /// Waits until fewer than `n` batches are being written.
     pub(super) async fn wait_flushes_below(&self, n: usize) {
-        while self.inner.flushes_in_flight.get() >= n {
+        while self.inner.commit.flushes_in_flight.get() >= n {
             let (tx, rx) = oneshot::channel();
-            self.inner.flush_waiters.borrow_mut().push(tx);
+            self.inner.commit.flush_waiters.borrow_mut().push(tx);
             let _ = rx.await;
         }
     }
@@ -162,8 +197,8 @@ impl Store {
             self.fail_queue_front(e);
             return;
         }
-        let segment_id = self.inner.active.get().expect("active segment");
-        let start = self.inner.write_offset.get();
+        let segment_id = self.inner.segs.active.get().expect("active segment");
+        let start = self.inner.segs.write_offset.get();
         debug_assert_eq!(start % WRITE_ALIGN_BYTES, 0);
         let room = self
             .inner
@@ -184,13 +219,14 @@ impl Store {
             record::bind_header(&mut p.header, &key, loc.offset);
         }
         let len = (end - start).next_multiple_of(WRITE_ALIGN_BYTES);
-        self.inner.write_offset.set(start + len);
-        let previous = self.inner.previous_flush.borrow_mut().take();
+        self.inner.segs.write_offset.set(start + len);
+        let previous = self.inner.commit.previous_flush.borrow_mut().take();
         let (done_tx, done_rx) = oneshot::channel();
-        *self.inner.previous_flush.borrow_mut() = Some(done_rx);
+        *self.inner.commit.previous_flush.borrow_mut() = Some(done_rx);
         self.inner
+            .commit
             .flushes_in_flight
-            .set(self.inner.flushes_in_flight.get() + 1);
+            .set(self.inner.commit.flushes_in_flight.get() + 1);
         let store = self.clone();
         glommio::spawn_local(async move {
             let written = store
@@ -213,9 +249,10 @@ impl Store {
             let _ = done_tx.send(ok);
             store
                 .inner
+                .commit
                 .flushes_in_flight
-                .set(store.inner.flushes_in_flight.get() - 1);
-            for w in store.inner.flush_waiters.borrow_mut().drain(..) {
+                .set(store.inner.commit.flushes_in_flight.get() - 1);
+            for w in store.inner.commit.flush_waiters.borrow_mut().drain(..) {
                 let _ = w.send(());
             }
         })
@@ -230,7 +267,7 @@ impl Store {
         batch: Vec<Pending>,
         locs: Vec<Loc>,
     ) {
-        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+        if let Some(seg) = self.inner.segs.table.borrow_mut().get_mut(&segment_id) {
             seg.end_bytes = seg.end_bytes.max(end);
         }
         {
@@ -274,7 +311,7 @@ impl Store {
                 start,
                 "cannot cut a failed batch off its segment ({e}); its keys keep tombstones until restart"
             );
-            let mut uncertain = self.inner.uncertain.borrow_mut();
+            let mut uncertain = self.inner.marks.uncertain.borrow_mut();
             for p in batch {
                 if let Ok((h, _)) = record::parse_header(&p.header) {
                     if matches!(h.kind(), Kind::Object | Kind::Tombstone) {
@@ -286,7 +323,7 @@ impl Store {
     }
 
     pub(crate) fn is_uncertain(&self, bucket: &str, key: &str) -> bool {
-        let u = self.inner.uncertain.borrow();
+        let u = self.inner.marks.uncertain.borrow();
         !u.is_empty() && u.contains(&(bucket.to_string(), key.to_string()))
     }
 
@@ -299,8 +336,8 @@ impl Store {
         );
         // Abandon this segment: later writes go to a fresh one, so a partial
         // write never sits in front of acknowledged data.
-        if self.inner.active.get() == Some(segment_id) {
-            self.inner.active.set(None);
+        if self.inner.segs.active.get() == Some(segment_id) {
+            self.inner.segs.active.set(None);
         }
         for p in batch {
             let _ = p.done.send(Err(e.clone_for_waiter()));
@@ -308,7 +345,7 @@ impl Store {
     }
 
     pub(super) fn take_batch(&self, room_bytes: u64) -> Vec<Pending> {
-        let mut queue = self.inner.queue.borrow_mut();
+        let mut queue = self.inner.commit.queue.borrow_mut();
         let mut batch = Vec::new();
         let mut bytes = 0u64;
         while let Some(p) = queue.front() {
@@ -323,9 +360,10 @@ impl Store {
         }
         drop(queue);
         self.inner
+            .commit
             .queue_bytes
-            .set(self.inner.queue_bytes.get() - bytes);
-        for w in self.inner.space_waiters.borrow_mut().drain(..) {
+            .set(self.inner.commit.queue_bytes.get() - bytes);
+        for w in self.inner.commit.space_waiters.borrow_mut().drain(..) {
             let _ = w.send(());
         }
         batch
@@ -468,12 +506,12 @@ impl Store {
 
     /// Flushes everything queued and stops the background tasks.
     pub async fn shutdown(&self) {
-        while !self.inner.queue.borrow().is_empty() {
-            let _ = self.inner.doorbell.try_send(());
+        while !self.inner.commit.queue.borrow().is_empty() {
+            let _ = self.inner.commit.doorbell.try_send(());
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         self.inner.shutting_down.set(true);
-        let _ = self.inner.doorbell.try_send(());
+        let _ = self.inner.commit.doorbell.try_send(());
         // A sealed segment needs no payload verification at the next start.
         self.seal_active().await;
     }

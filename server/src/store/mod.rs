@@ -60,21 +60,16 @@ pub use put::PutWriter;
 pub use read::ObjectReader;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures::channel::oneshot;
 use thiserror::Error;
 
-use commit::Pending;
 use file::{FaultHook, FaultPoint};
 use index::{Entry, State};
-use read::CachedHeader;
 use record::ExtentRef;
-use segments::Segment;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -214,49 +209,26 @@ pub struct ObjectInfo {
     pub extents: Box<[ExtentRef]>,
 }
 
+/// Everything a shard's store holds, grouped by concern; each group's
+/// fields are documented where the group is defined.
 struct Inner {
     cfg: StoreConfig,
-    index: RefCell<BTreeMap<String, BTreeMap<String, Entry>>>,
-    segments: RefCell<BTreeMap<u64, Segment>>,
-    /// Segment receiving appends; None until the first write (or after an
-    /// error, so that the next write starts a fresh segment).
-    active: Cell<Option<u64>>,
-    write_offset: Cell<u64>,
-    next_segment_id: Cell<u64>,
+    /// The index and its counts (see `index`).
+    index: RefCell<index::Index>,
+    /// Marks on keys kept beside the index (writes in progress, uploads
+    /// ending, keys whose failed records may come back).
+    marks: index::KeyMarks,
+    /// Open segments, the active one, pins (see `segments`).
+    segs: segments::SegmentState,
+    /// The append queue and the batches in flight (see `commit`).
+    commit: commit::CommitQueue,
+    /// Extent block CRCs and object headers (see `read`).
+    caches: read::ReadCaches,
     /// None once every sequence number is used (never, short of a u64's
     /// worth of writes): writes then fail instead of wrapping to 0.
     next_seq: Cell<Option<u64>>,
-    /// Random, per shard, in every version-2 segment header: binds record
-    /// headers to their place (see `record`). Set by recovery.
-    shard_secret: Cell<u64>,
-    queue: RefCell<VecDeque<Pending>>,
-    queue_bytes: Cell<u64>,
-    /// Wakes the flusher; capacity 1, a full doorbell means "already rung".
-    doorbell: glommio::channels::local_channel::LocalSender<()>,
-    doorbell_rx: RefCell<Option<glommio::channels::local_channel::LocalReceiver<()>>>,
-    /// Woken when the queue shrinks, for appenders waiting on back-pressure.
-    space_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     shutting_down: Cell<bool>,
-    /// Keys with records of a failed batch that could not be cut off the
-    /// file (see `cut_failed_batch`): such a record may come back at
-    /// recovery, so a DELETE of the key writes a tombstone even when the key
-    /// looks absent, and compaction keeps the key's tombstones. Until restart.
-    uncertain: RefCell<std::collections::HashSet<(String, String)>>,
     stats: RefCell<StoreStats>,
-    /// Segments holding extents of PUTs in progress: not compacted.
-    pins: RefCell<std::collections::HashMap<u64, u32>>,
-    flushes_in_flight: Cell<usize>,
-    flush_waiters: RefCell<Vec<oneshot::Sender<()>>>,
-    /// Completion of the last batch started (true: durable).
-    previous_flush: RefCell<Option<oneshot::Receiver<bool>>>,
-    /// Keys with a new version between taking its seq and installing it.
-    /// A conditional write may only start when its key has none: then no
-    /// refused conditional record can carry a higher seq than the version
-    /// that won (recovery picks the highest seq).
-    keys_writing: RefCell<std::collections::HashMap<(String, String), u32>>,
-    /// Multipart uploads being completed or aborted: no part may be
-    /// installed for them any more (bucket, upload index key).
-    uploads_ending: RefCell<std::collections::HashSet<(String, String)>>,
     /// Completions under way and recently completed uploads (see `mpu`).
     mpu: mpu::MpuState,
     /// Batch write + fdatasync, and request-path segment reads.
@@ -265,8 +237,6 @@ struct Inner {
     /// The shard's data ring: batches are written with WRITE_FIXED from its
     /// registered buffers when attached (O_DIRECT files only).
     ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
-    crc_cache: RefCell<record_cache::RecordCache<Rc<[u32]>>>,
-    header_cache: RefCell<record_cache::RecordCache<Rc<CachedHeader>>>,
 }
 
 /// Counters, read by tests, benchmarks and (later) /metrics.
@@ -359,44 +329,20 @@ impl Store {
         if cfg.direct_io {
             file::prime_iopoll_probe(&cfg.dir).await?;
         }
-        let (doorbell, doorbell_rx) = glommio::channels::local_channel::new_bounded(1);
-        let crc_cache = RefCell::new(record_cache::RecordCache::new(
-            cfg.crc_cache_bytes_max,
-            |c: &Rc<[u32]>| std::mem::size_of_val(&c[..]),
-        ));
-        let header_cache = RefCell::new(record_cache::RecordCache::new(
-            cfg.header_cache_bytes_max,
-            CachedHeader::heap_bytes,
-        ));
         let inner = Rc::new(Inner {
-            cfg,
-            index: RefCell::new(BTreeMap::new()),
-            segments: RefCell::new(BTreeMap::new()),
-            active: Cell::new(None),
-            write_offset: Cell::new(0),
-            next_segment_id: Cell::new(1),
+            index: Default::default(),
+            marks: Default::default(),
+            segs: Default::default(),
+            commit: commit::CommitQueue::new(),
+            caches: read::ReadCaches::new(&cfg),
             next_seq: Cell::new(Some(1)),
-            shard_secret: Cell::new(0),
-            queue: RefCell::new(VecDeque::new()),
-            queue_bytes: Cell::new(0),
-            doorbell,
-            doorbell_rx: RefCell::new(Some(doorbell_rx)),
-            space_waiters: RefCell::new(Vec::new()),
             shutting_down: Cell::new(false),
-            uncertain: RefCell::new(Default::default()),
             stats: RefCell::new(StoreStats::default()),
-            pins: RefCell::new(std::collections::HashMap::new()),
-            flushes_in_flight: Cell::new(0),
-            flush_waiters: RefCell::new(Vec::new()),
-            previous_flush: RefCell::new(None),
-            keys_writing: RefCell::new(std::collections::HashMap::new()),
-            uploads_ending: RefCell::new(std::collections::HashSet::new()),
             mpu: Default::default(),
             device_write: Default::default(),
             device_read: Default::default(),
             ring: RefCell::new(None),
-            crc_cache,
-            header_cache,
+            cfg,
         });
         let store = Store { inner };
         let report = recovery::recover(&store).await?;
@@ -421,6 +367,7 @@ impl Store {
     fn spawn_tasks(&self) {
         let rx = self
             .inner
+            .commit
             .doorbell_rx
             .borrow_mut()
             .take()
@@ -482,8 +429,8 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         let (crcs, headers) = (
-            self.inner.crc_cache.borrow(),
-            self.inner.header_cache.borrow(),
+            self.inner.caches.crc.borrow(),
+            self.inner.caches.header.borrow(),
         );
         StoreStats {
             crc_cache_hits: crcs.hits,

@@ -256,6 +256,7 @@ impl Store {
 
     pub(super) fn upload_ending(&self, bucket: &str, upload: &str) -> bool {
         self.inner
+            .marks
             .uploads_ending
             .borrow()
             .contains(&(bucket.to_string(), upload.to_string()))
@@ -581,9 +582,10 @@ impl Store {
         let ending: Vec<(String, String)> = uploads
             .iter()
             .map(|u| (bucket.to_string(), u.clone()))
-            .filter(|e| !self.inner.uploads_ending.borrow().contains(e))
+            .filter(|e| !self.inner.marks.uploads_ending.borrow().contains(e))
             .collect();
         self.inner
+            .marks
             .uploads_ending
             .borrow_mut()
             .extend(ending.iter().cloned());
@@ -591,7 +593,7 @@ impl Store {
         let mut keys = uploads;
         keys.extend(parts);
         let result = self.write_tombstones(bucket, keys).await;
-        let mut ends = self.inner.uploads_ending.borrow_mut();
+        let mut ends = self.inner.marks.uploads_ending.borrow_mut();
         for e in &ending {
             ends.remove(e);
         }
@@ -627,6 +629,7 @@ impl Store {
         // checks), so the parts listed below are all there will be.
         let ending = (bucket.to_string(), upload.clone());
         self.inner
+            .marks
             .uploads_ending
             .borrow_mut()
             .insert(ending.clone());
@@ -638,7 +641,7 @@ impl Store {
             keys.push(upload);
         }
         let result = self.write_tombstones(bucket, keys).await;
-        self.inner.uploads_ending.borrow_mut().remove(&ending);
+        self.inner.marks.uploads_ending.borrow_mut().remove(&ending);
         result
     }
 

@@ -20,7 +20,7 @@ pub(super) struct WritingKey {
 
 impl Drop for WritingKey {
     fn drop(&mut self) {
-        let mut writing = self.store.inner.keys_writing.borrow_mut();
+        let mut writing = self.store.inner.marks.writing.borrow_mut();
         if let Some(n) = writing.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -245,7 +245,8 @@ impl Store {
         let k = (bucket.to_string(), key.to_string());
         *self
             .inner
-            .keys_writing
+            .marks
+            .writing
             .borrow_mut()
             .entry(k.clone())
             .or_default() += 1;
@@ -257,7 +258,8 @@ impl Store {
 
     pub(super) fn is_writing(&self, bucket: &str, key: &str) -> bool {
         self.inner
-            .keys_writing
+            .marks
+            .writing
             .borrow()
             .contains_key(&(bucket.to_string(), key.to_string()))
     }

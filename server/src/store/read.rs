@@ -4,6 +4,7 @@
 //! its CRC (copying, or by DMA into a registered buffer: `read_fixed`).
 //! Headers of objects not read whole are kept in the shard's header cache.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use glommio::io::ReadResult;
@@ -11,10 +12,40 @@ use glommio::io::ReadResult;
 use super::file::{FaultPoint, SegFile};
 use super::index::{Entry, State};
 use super::record::{self, Body, Header, Kind, ObjectMeta};
-use super::{ObjectInfo, Result, Store, StoreError};
+use super::record_cache::RecordCache;
+use super::{ObjectInfo, Result, Store, StoreConfig, StoreError};
 
 /// What a read needs of an object's record header when the object is not
 /// read whole with it (stored in extents, or inline but large).
+/// The shard's read caches, keyed by record place (segment, offset).
+pub(super) struct ReadCaches {
+    /// Extent block CRCs.
+    pub(super) crc: RefCell<RecordCache<Rc<[u32]>>>,
+    /// Headers of objects not read whole with them.
+    pub(super) header: RefCell<RecordCache<Rc<CachedHeader>>>,
+}
+
+impl ReadCaches {
+    pub(super) fn new(cfg: &StoreConfig) -> ReadCaches {
+        ReadCaches {
+            crc: RefCell::new(RecordCache::new(
+                cfg.crc_cache_bytes_max,
+                |c: &Rc<[u32]>| std::mem::size_of_val(&c[..]),
+            )),
+            header: RefCell::new(RecordCache::new(
+                cfg.header_cache_bytes_max,
+                CachedHeader::heap_bytes,
+            )),
+        }
+    }
+
+    /// A segment is gone: forget what was cached of its records.
+    pub(super) fn forget_segment(&self, segment_id: u64) {
+        self.crc.borrow_mut().forget_segment(segment_id);
+        self.header.borrow_mut().forget_segment(segment_id);
+    }
+}
+
 pub(super) struct CachedHeader {
     pub(super) seq: u64,
     pub(super) meta: ObjectMeta,
@@ -64,7 +95,8 @@ impl Part {
         }
         let cached = store
             .inner
-            .crc_cache
+            .caches
+            .crc
             .borrow_mut()
             .get(self.segment_id, self.record_offset);
         let crcs = match cached {
@@ -93,7 +125,7 @@ impl Part {
                     }
                 };
                 let crcs: Rc<[u32]> = header.block_crcs.into();
-                store.inner.crc_cache.borrow_mut().insert(
+                store.inner.caches.crc.borrow_mut().insert(
                     self.segment_id,
                     self.record_offset,
                     crcs.clone(),
@@ -357,7 +389,7 @@ impl Store {
         entry: &Entry,
     ) -> Result<ObjectReader> {
         let (seg, off) = (entry.loc.segment_id, entry.loc.offset);
-        let cached = self.inner.header_cache.borrow_mut().get(seg, off);
+        let cached = self.inner.caches.header.borrow_mut().get(seg, off);
         let header = match cached {
             // (segment, offset) names one record for the life of the
             // process; the seq check is belt and braces.
@@ -381,7 +413,8 @@ impl Store {
                     block_crcs,
                 });
                 self.inner
-                    .header_cache
+                    .caches
+                    .header
                     .borrow_mut()
                     .insert(seg, off, h.clone());
                 h

@@ -193,7 +193,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     if secret_file != Some(secret) {
         write_secret_file(&cfg.disk, &cfg.dir, secret)?;
     }
-    store.inner.shard_secret.set(secret);
+    store.inner.segs.shard_secret.set(secret);
     let newest = ids.last().copied();
     let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
     // Extents known good: (segment, offset) -> span bytes.
@@ -407,13 +407,12 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 }
             }
         }
-        store.inner.segments.borrow_mut().insert(
+        store.add_segment(
             segment_id,
             Segment {
                 file: Rc::new(file),
                 key,
                 end_bytes,
-                live_bytes: 0,
                 sealed,
                 damaged,
             },
@@ -437,7 +436,8 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     }
     store
         .inner
-        .next_segment_id
+        .segs
+        .next_id
         .set(ids.last().map_or(1, |id| id + 1));
     store.inner.stats.borrow_mut().damaged_regions += report.damaged_regions;
     report.elapsed_ms = started.elapsed().as_millis() as u64;
