@@ -7,13 +7,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
+use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 
-use super::file::{self, FaultPoint, WRITE_ALIGN_BYTES};
+use super::file::{self, FaultPoint, SegFile, WRITE_ALIGN_BYTES};
 use super::record::{self, Kind};
 use super::{Loc, Result, Store, StoreError};
 
@@ -81,6 +82,65 @@ pub(super) fn copy_into_pieces(pieces: &mut [file::WriteBuf], mut at: u64, mut d
         data = &data[take..];
         at += take as u64;
     }
+}
+
+/// Buffers for a batch of `len` bytes: pieces of at most
+/// `WRITE_PIECE_BYTES`, so that several concurrent writes give the device
+/// queue depth. Registered buffers of `ring` when one is free, else plain
+/// (aligned) ones.
+fn batch_pieces(
+    file: &SegFile,
+    ring: Option<&crate::ring::DataRing>,
+    len: u64,
+) -> Vec<file::WriteBuf> {
+    let piece_len = |i: u64| (len - i * WRITE_PIECE_BYTES).min(WRITE_PIECE_BYTES) as usize;
+    let count = len.div_ceil(WRITE_PIECE_BYTES);
+    let mut pieces: Vec<file::WriteBuf> = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        // Never wait for a registered buffer here: GETs to slow clients
+        // may hold them all, and durable writes must not wait on reads.
+        let registered = ring.and_then(|r| r.pool().expect("checked").try_acquire());
+        pieces.push(match registered {
+            Some(buf) => file::WriteBuf::pool(buf, piece_len(i)),
+            None => file.alloc_write_buf(piece_len(i)),
+        });
+    }
+    pieces
+}
+
+/// Writes consecutive `pieces` from `start` concurrently: registered
+/// buffers with WRITE_FIXED on the data ring, others through the file.
+async fn write_pieces(
+    file: &Rc<SegFile>,
+    ring: Option<Rc<crate::ring::DataRing>>,
+    start: u64,
+    pieces: Vec<file::WriteBuf>,
+) -> Result<()> {
+    let fd = ring.as_ref().and_then(|r| file.ring_target(r));
+    let writes = pieces.into_iter().enumerate().map(|(i, piece)| {
+        let (file, ring) = (file.clone(), ring.clone());
+        async move {
+            let offset = start + i as u64 * WRITE_PIECE_BYTES;
+            match (piece, ring, fd) {
+                (file::WriteBuf::Pool(buf), Some(ring), Some(fd)) => {
+                    let expected = buf.len();
+                    let (result, _buf) = ring.write_fixed(fd, buf, offset).await;
+                    match result? {
+                        n if n == expected => Ok(()),
+                        n => Err(io::Error::new(
+                            io::ErrorKind::WriteZero,
+                            format!("short write: {n} of {expected} bytes"),
+                        )),
+                    }
+                }
+                (piece, _, _) => file.write_at(piece, offset).await,
+            }
+        }
+    });
+    for result in futures::future::join_all(writes).await {
+        result.map_err(StoreError::from_io)?;
+    }
+    Ok(())
 }
 
 /// A record waiting to be written.
@@ -394,6 +454,8 @@ impl Store {
         result
     }
 
+    /// Fills the batch's pieces, writes them concurrently (faults
+    /// injected), then makes them durable with one fdatasync.
     pub(super) async fn write_batch_inner(
         &self,
         segment_id: u64,
@@ -405,88 +467,19 @@ impl Store {
         let file = self
             .segment_file(segment_id)
             .expect("segment with batches in flight is open");
-        // Several concurrent writes of at most WRITE_PIECE_BYTES give the
-        // device queue depth; then one fdatasync.
-        let piece_len = |i: u64| (len - i * WRITE_PIECE_BYTES).min(WRITE_PIECE_BYTES) as usize;
-        let count = len.div_ceil(WRITE_PIECE_BYTES);
         let ring = self.inner.ring.borrow().clone().filter(|r| {
             file.direct_fd().is_some()
                 && r.pool()
                     .is_some_and(|p| p.buf_bytes() as u64 >= WRITE_PIECE_BYTES)
         });
-        let mut pieces: Vec<file::WriteBuf> = Vec::with_capacity(count as usize);
-        for i in 0..count {
-            // Never wait for a registered buffer here: GETs to slow clients
-            // may hold them all, and durable writes must not wait on reads.
-            let registered = ring
-                .as_ref()
-                .and_then(|r| r.pool().expect("checked").try_acquire());
-            pieces.push(match registered {
-                Some(buf) => file::WriteBuf::pool(buf, piece_len(i)),
-                None => file.alloc_write_buf(piece_len(i)),
-            });
-        }
+        let mut pieces = batch_pieces(&file, ring.as_deref(), len);
         for (p, loc) in batch.iter().zip(locs) {
             let at = loc.offset - start;
             copy_into_pieces(&mut pieces, at, &p.header);
             copy_into_pieces(&mut pieces, at + p.header.len() as u64, &p.payload);
         }
-        let mut torn = None;
-        if let Err(e) = self.fault(FaultPoint::Write {
-            segment_id,
-            offset: start,
-            len_bytes: len,
-        }) {
-            // A torn write goes to the file (damaged) and then fails; a
-            // short one stops early, leaving nothing beyond its end.
-            let t = file::TornWrite::of(&e).ok_or_else(|| StoreError::from_io(e))?;
-            let fill = if t.garbage { 0xA5 } else { 0 };
-            let keep_bytes = if t.short {
-                t.bytes / WRITE_ALIGN_BYTES * WRITE_ALIGN_BYTES
-            } else {
-                t.bytes
-            };
-            for (i, piece) in pieces.iter_mut().enumerate() {
-                let piece_start = i as u64 * WRITE_PIECE_BYTES;
-                let keep = keep_bytes.saturating_sub(piece_start) as usize;
-                if t.short {
-                    piece.truncate(keep);
-                    continue;
-                }
-                let out = piece.as_mut_slice();
-                if keep < out.len() {
-                    out[keep..].fill(fill);
-                }
-            }
-            if t.short {
-                pieces.retain_mut(|p| !p.as_mut_slice().is_empty());
-            }
-            torn = Some(t);
-        }
-        let fd = ring.as_ref().and_then(|r| file.ring_target(r));
-        let writes = pieces.into_iter().enumerate().map(|(i, piece)| {
-            let (file, ring) = (file.clone(), ring.clone());
-            async move {
-                let offset = start + i as u64 * WRITE_PIECE_BYTES;
-                match (piece, ring, fd) {
-                    (file::WriteBuf::Pool(buf), Some(ring), Some(fd)) => {
-                        let expected = buf.len();
-                        let (result, _buf) = ring.write_fixed(fd, buf, offset).await;
-                        match result? {
-                            n if n == expected => Ok(()),
-                            n => Err(io::Error::new(
-                                io::ErrorKind::WriteZero,
-                                format!("short write: {n} of {expected} bytes"),
-                            )),
-                        }
-                    }
-                    (piece, _, _) => file.write_at(piece, offset).await,
-                }
-            }
-        });
-        for result in futures::future::join_all(writes).await {
-            result.map_err(StoreError::from_io)?;
-        }
+        let torn = self.inject_write_fault(segment_id, start, len, &mut pieces)?;
+        write_pieces(&file, ring, start, pieces).await?;
         if let Some(t) = torn {
             let kind = if t.short {
                 io::ErrorKind::WriteZero
@@ -502,6 +495,50 @@ impl Store {
             .map_err(StoreError::from_io)?;
         file.sync().await.map_err(StoreError::from_io)?;
         Ok(())
+    }
+
+    /// The write fault point of a batch. A torn write goes to the file
+    /// (damaged) and then fails; a short one stops early, leaving nothing
+    /// beyond its end: `pieces` are changed to what reaches the file, and
+    /// the fault is returned to fail the batch once they are written. Any
+    /// other injected error fails the batch before anything is written.
+    fn inject_write_fault(
+        &self,
+        segment_id: u64,
+        start: u64,
+        len: u64,
+        pieces: &mut Vec<file::WriteBuf>,
+    ) -> Result<Option<file::TornWrite>> {
+        let Err(e) = self.fault(FaultPoint::Write {
+            segment_id,
+            offset: start,
+            len_bytes: len,
+        }) else {
+            return Ok(None);
+        };
+        let t = file::TornWrite::of(&e).ok_or_else(|| StoreError::from_io(e))?;
+        let fill = if t.garbage { 0xA5 } else { 0 };
+        let keep_bytes = if t.short {
+            t.bytes / WRITE_ALIGN_BYTES * WRITE_ALIGN_BYTES
+        } else {
+            t.bytes
+        };
+        for (i, piece) in pieces.iter_mut().enumerate() {
+            let piece_start = i as u64 * WRITE_PIECE_BYTES;
+            let keep = keep_bytes.saturating_sub(piece_start) as usize;
+            if t.short {
+                piece.truncate(keep);
+                continue;
+            }
+            let out = piece.as_mut_slice();
+            if keep < out.len() {
+                out[keep..].fill(fill);
+            }
+        }
+        if t.short {
+            pieces.retain_mut(|p| !p.as_mut_slice().is_empty());
+        }
+        Ok(Some(t))
     }
 
     /// Flushes everything queued and stops the background tasks.

@@ -12,7 +12,7 @@ use super::index::{Entry, State};
 use super::record::{self, Body, ExtentRef, Header, ObjectMeta};
 use super::{mpu, now_ms, Loc, ObjectInfo, PutCondition, Result, Store, StoreError};
 
-/// See `Inner::keys_writing`.
+/// Marks a key as being written until dropped (see `KeyMarks::writing`).
 pub(super) struct WritingKey {
     pub(super) store: Store,
     pub(super) key: (String, String),
@@ -141,26 +141,8 @@ impl PutWriter {
     /// Makes the object durable and visible. `meta.size_bytes` is set here;
     /// `meta.etag` must be set by the caller.
     pub async fn finish(mut self) -> Result<ObjectInfo> {
-        let inline = self.extents.is_empty() && self.in_flight.is_empty() && self.part_of.is_none();
-        let payload = if inline {
-            Bytes::from(std::mem::take(&mut self.buffer))
-        } else {
-            if !self.buffer.is_empty() {
-                let piece = Bytes::from(std::mem::take(&mut self.buffer));
-                self.write_extent(piece).await?;
-            }
-            while !self.in_flight.is_empty() {
-                self.collect_one().await?;
-            }
-            Bytes::new()
-        };
+        let (payload, size_bytes) = self.finish_body().await?;
         let store = self.store.clone();
-        let size_bytes = if inline {
-            payload.len() as u64
-        } else {
-            self.written_bytes
-        };
-
         self.meta.size_bytes = size_bytes;
         if self.meta.mtime_ms == 0 {
             self.meta.mtime_ms = now_ms();
@@ -194,36 +176,10 @@ impl PutWriter {
         let header =
             record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = store.append_durable(header, payload).await?;
-        // An extent made durable just before its segment was pinned could
-        // have been compacted away: then this version must not become visible
-        // (recovery drops it too, its extents being gone).
-        if let Some(missing) = store.missing_segment(&self.extents) {
+        if let Err(e) = self.still_installable(seen) {
             // The record is on disk all the same: count it for the key.
             store.count_stale(&self.bucket, &self.key);
-            return Err(StoreError::Invalid(format!(
-                "extent segment {missing} vanished during the PUT; retry"
-            )));
-        }
-        // Another write won the race since the condition was checked.
-        if let Some(seen) = seen {
-            let now = store
-                .lookup(&self.bucket, &self.key)
-                .filter(|e| matches!(e.state, State::Live(_)))
-                .map(|e| e.seq);
-            if now != seen {
-                store.count_stale(&self.bucket, &self.key);
-                return Err(StoreError::PreconditionFailed);
-            }
-        }
-        // A part whose upload was aborted or completed meanwhile stays
-        // invisible (start-up sweeps such records, see `mpu`).
-        if let Some(upload) = &self.part_of {
-            if store.head(&self.bucket, upload).is_none()
-                || store.upload_ending(&self.bucket, upload)
-            {
-                store.count_stale(&self.bucket, &self.key);
-                return Err(mpu::UploadError::NoSuchUpload.into());
-            }
+            return Err(e);
         }
         store.install(
             &self.bucket,
@@ -236,6 +192,62 @@ impl PutWriter {
             },
         );
         Ok(info)
+    }
+
+    /// Ends the body: an object that fits one chunk (and is no multipart
+    /// part) is returned whole, to go inline in its record; otherwise the
+    /// rest is written as an extent and every extent write is awaited.
+    /// Returns (inline payload, object size).
+    async fn finish_body(&mut self) -> Result<(Bytes, u64)> {
+        let inline = self.extents.is_empty() && self.in_flight.is_empty() && self.part_of.is_none();
+        if inline {
+            let payload = Bytes::from(std::mem::take(&mut self.buffer));
+            let size_bytes = payload.len() as u64;
+            return Ok((payload, size_bytes));
+        }
+        if !self.buffer.is_empty() {
+            let piece = Bytes::from(std::mem::take(&mut self.buffer));
+            self.write_extent(piece).await?;
+        }
+        while !self.in_flight.is_empty() {
+            self.collect_one().await?;
+        }
+        Ok((Bytes::new(), self.written_bytes))
+    }
+
+    /// Once the object's record is durable: whether it may still become
+    /// the current version. `seen` is the version the PUT's condition was
+    /// checked against, if it had one.
+    fn still_installable(&self, seen: Option<Option<u64>>) -> Result<()> {
+        let store = &self.store;
+        // An extent made durable just before its segment was pinned could
+        // have been compacted away: then this version must not become visible
+        // (recovery drops it too, its extents being gone).
+        if let Some(missing) = store.missing_segment(&self.extents) {
+            return Err(StoreError::Invalid(format!(
+                "extent segment {missing} vanished during the PUT; retry"
+            )));
+        }
+        // Another write won the race since the condition was checked.
+        if let Some(seen) = seen {
+            let now = store
+                .lookup(&self.bucket, &self.key)
+                .filter(|e| matches!(e.state, State::Live(_)))
+                .map(|e| e.seq);
+            if now != seen {
+                return Err(StoreError::PreconditionFailed);
+            }
+        }
+        // A part whose upload was aborted or completed meanwhile stays
+        // invisible (start-up sweeps such records, see `mpu`).
+        if let Some(upload) = &self.part_of {
+            if store.head(&self.bucket, upload).is_none()
+                || store.upload_ending(&self.bucket, upload)
+            {
+                return Err(mpu::UploadError::NoSuchUpload.into());
+            }
+        }
+        Ok(())
     }
 }
 
