@@ -412,8 +412,32 @@ impl Store {
         // From here to the append nothing awaits: the parts read are the
         // parts written, and their segments are pinned against compaction.
         let extents = self.completion_extents(bucket, key, upload_id, parts, &mut meta)?;
-        let size_bytes = meta.size_bytes;
         let _writing = self.start_writing(bucket, key);
+        let (seq, info) = self.write_completed(bucket, key, meta, extents).await?;
+        // Before the upload ends: from then on a retry is answered from here.
+        self.inner.mpu.completed.borrow_mut().remember(
+            bucket,
+            &upload_key(key, upload_id),
+            Completed {
+                parts_digest: parts_digest(parts),
+                seq,
+            },
+        );
+        self.end_upload(bucket, key, upload_id, false).await?;
+        Ok(info)
+    }
+
+    /// Appends the completed object's record (a new seq, the parts'
+    /// extents) with their segments pinned, and installs it unless a part
+    /// moved meanwhile. Returns its seq and what the index holds.
+    async fn write_completed(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        extents: Vec<ExtentRef>,
+    ) -> Result<(u64, ObjectInfo)> {
+        let size_bytes = meta.size_bytes;
         let seq = self.take_seq()?;
         let header = Header {
             seq,
@@ -471,17 +495,7 @@ impl Store {
         // Installed: compaction now sees the object as an owner of these
         // extents; only now may the segments be compacted.
         unpin(self);
-        // Before the upload ends: from then on a retry is answered from here.
-        self.inner.mpu.completed.borrow_mut().remember(
-            bucket,
-            &upload_key(key, upload_id),
-            Completed {
-                parts_digest: parts_digest(parts),
-                seq,
-            },
-        );
-        self.end_upload(bucket, key, upload_id, false).await?;
-        Ok(info)
+        Ok((seq, info))
     }
 
     /// Pins every segment holding one of `extents` (once each); returns
