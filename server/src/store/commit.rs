@@ -18,7 +18,6 @@ use super::file::{self, FaultPoint, SegFile, WRITE_ALIGN_BYTES};
 use super::record::{self, Kind};
 use super::{Loc, Result, Store, StoreError};
 
-/// Batches being written at once (pipelined group commit).
 /// Records waiting to be written, and the batches being written.
 pub(super) struct CommitQueue {
     pub(super) queue: RefCell<VecDeque<Pending>>,
@@ -50,6 +49,7 @@ impl CommitQueue {
     }
 }
 
+/// Batches being written at once (pipelined group commit).
 pub(super) const FLUSHES_IN_FLIGHT_MAX: usize = 2;
 
 /// Record locations of a batch written at `start`, and the end of its data.

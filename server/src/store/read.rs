@@ -15,8 +15,6 @@ use super::record::{self, Body, Header, Kind, ObjectMeta};
 use super::record_cache::RecordCache;
 use super::{ObjectInfo, Result, Store, StoreConfig, StoreError};
 
-/// What a read needs of an object's record header when the object is not
-/// read whole with it (stored in extents, or inline but large).
 /// The shard's read caches, keyed by record place (segment, offset).
 pub(super) struct ReadCaches {
     /// Extent block CRCs.
@@ -46,6 +44,8 @@ impl ReadCaches {
     }
 }
 
+/// What a read needs of an object's record header when the object is not
+/// read whole with it (stored in extents, or inline but large).
 pub(super) struct CachedHeader {
     pub(super) seq: u64,
     pub(super) meta: ObjectMeta,
