@@ -9,15 +9,17 @@
 //! tombstone is never dropped while something it hides is still on disk.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::channel::oneshot;
 
 use super::file::SegFile;
+use super::index::{Entry, Key, State};
 use super::record::{self, Body, ExtentRef, Kind};
-use super::recovery::{scan_segment, verify_payload, Scanned};
-use super::{Entry, Loc, Result, State, Store, StoreError};
+use super::recovery::{scan_segment, verify_payload, ScanResult, Scanned};
+use super::{Loc, ObjectInfo, Result, Store, StoreError};
 
 #[derive(Debug, Clone, Default)]
 pub struct CompactionReport {
@@ -29,7 +31,42 @@ pub struct CompactionReport {
     pub bytes_copied: u64,
 }
 
-type Key = (String, String);
+/// The segment being compacted, as the table had it when compaction began.
+struct Victim {
+    segment_id: u64,
+    file: Rc<SegFile>,
+    key: record::SegKey,
+    end_bytes: u64,
+    live_bytes: u64,
+    sealed: bool,
+}
+
+/// What the victim holds, sorted (borrowed from its scan).
+struct Plan<'a> {
+    /// Current keyed records (objects, tombstones, buckets).
+    current: Vec<&'a Scanned>,
+    /// Records of keys that are not current: each key loses as many older
+    /// records once the file is gone.
+    stale: HashMap<Key, u32>,
+    /// Per key, the extents in the victim its current version lists.
+    moved_extents: HashMap<Key, Vec<&'a Scanned>>,
+}
+
+/// An object whose extents moved: (key, its entry before, the place of its
+/// rewritten record, what the index will hold).
+type Rewritten = (Key, Entry, Loc, ObjectInfo);
+
+/// Phase A's results, not yet in the index.
+#[derive(Default)]
+struct Copies {
+    /// Copies of current records: (key, seq, new place).
+    relocated: Vec<(Key, u64, Loc)>,
+    rewritten: Vec<Rewritten>,
+    /// Tombstones that hide nothing else: dropped once the file is gone.
+    drop_tombstones: Vec<(Key, u64)>,
+    /// Some record could not be copied: the victim stays.
+    keep_victim: bool,
+}
 
 impl Store {
     /// Compacts the sealed segment with the most garbage if it passes the
@@ -45,15 +82,19 @@ impl Store {
     /// oldest sealed version-1 segment, so that data written before record
     /// version 2 is rewritten in it over time. Never a damaged segment.
     fn pick_victim(&self) -> Option<u64> {
-        let active = self.inner.active.get();
-        let segments = self.inner.segments.borrow();
+        let active = self.inner.segs.active.get();
+        let segments = self.inner.segs.table.borrow();
+        let index = self.inner.index.borrow();
         let candidates = || {
             segments.iter().filter(|(id, s)| {
                 Some(**id) != active && s.end_bytes > 0 && !s.damaged && !self.is_pinned(**id)
             })
         };
         candidates()
-            .map(|(id, s)| (*id, s.end_bytes.saturating_sub(s.live_bytes), s.end_bytes))
+            .map(|(id, s)| {
+                let garbage = s.end_bytes.saturating_sub(index.live_bytes(*id));
+                (*id, garbage, s.end_bytes)
+            })
             .filter(|(_, garbage, end)| {
                 *garbage > 0
                     && (*garbage as f64)
@@ -70,7 +111,7 @@ impl Store {
 
     /// Leaves a segment that a scan found damaged where it is, for good.
     fn keep_damaged(&self, segment_id: u64, at: u64, why: &str) -> StoreError {
-        if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+        if let Some(seg) = self.inner.segs.table.borrow_mut().get_mut(&segment_id) {
             seg.damaged = true;
         }
         let mut stats = self.inner.stats.borrow_mut();
@@ -101,7 +142,43 @@ impl Store {
     /// stays, nothing is installed, and each durable copy counts as one more
     /// older record of its key (so no tombstone is dropped too early).
     pub async fn compact_segment(&self, segment_id: u64) -> Result<CompactionReport> {
-        if self.inner.active.get() == Some(segment_id) {
+        let victim = self.victim(segment_id)?;
+        let scan = self.scan_victim(&victim).await?;
+        let mut report = CompactionReport {
+            segment_id,
+            segment_bytes: victim.end_bytes,
+            live_bytes_before: victim.live_bytes,
+            ..Default::default()
+        };
+        let plan = self.plan(&victim, &scan);
+        // Phase A.
+        let mut copies = Copies::default();
+        self.copy_current(&victim, &plan, &mut copies, &mut report)
+            .await;
+        self.copy_extents(&victim, &plan, &mut copies, &mut report)
+            .await;
+        self.check_uncontended(segment_id, &plan, &copies)?;
+        // Phase B: point the index at the copies, delete the victim, then
+        // settle counts and drop tombstones.
+        self.switch_index(segment_id, copies.relocated, copies.rewritten);
+        self.unlink_victim(segment_id)?;
+        self.settle_counts(segment_id, plan.stale, copies.drop_tombstones, &mut report);
+        let mut stats = self.inner.stats.borrow_mut();
+        stats.segments_compacted += 1;
+        stats.compaction_bytes_copied += report.bytes_copied;
+        stats.compaction_bytes_freed += victim.end_bytes;
+        tracing::info!(
+            shard = self.inner.cfg.shard_id,
+            segment_id,
+            copied = report.bytes_copied,
+            "compacted segment"
+        );
+        Ok(report)
+    }
+
+    /// The segment as the table has it, if it may be compacted at all.
+    fn victim(&self, segment_id: u64) -> Result<Victim> {
+        if self.inner.segs.active.get() == Some(segment_id) {
             return Err(StoreError::Invalid(
                 "cannot compact the active segment".into(),
             ));
@@ -111,22 +188,27 @@ impl Store {
                 "segment holds extents of a PUT in progress".into(),
             ));
         }
-        let (file, end_bytes, live_bytes, seg_key, sealed) = {
-            let segments = self.inner.segments.borrow();
-            let seg = segments.get(&segment_id).ok_or(StoreError::NotFound)?;
-            (
-                seg.file.clone(),
-                seg.end_bytes,
-                seg.live_bytes,
-                seg.key,
-                seg.sealed,
-            )
-        };
-        let size_bytes = file.size_bytes().await?;
-        let scan = scan_segment(self, &file, size_bytes, seg_key).await?;
+        let segments = self.inner.segs.table.borrow();
+        let seg = segments.get(&segment_id).ok_or(StoreError::NotFound)?;
+        Ok(Victim {
+            segment_id,
+            file: seg.file.clone(),
+            key: seg.key,
+            end_bytes: seg.end_bytes,
+            live_bytes: self.inner.index.borrow().live_bytes(segment_id),
+            sealed: seg.sealed,
+        })
+    }
+
+    /// Scans the victim; an error (and the segment kept for good) if it
+    /// could not be read whole or misses a record the index points to.
+    async fn scan_victim(&self, victim: &Victim) -> Result<ScanResult> {
+        let segment_id = victim.segment_id;
+        let size_bytes = victim.file.size_bytes().await?;
+        let scan = scan_segment(self, &victim.file, size_bytes, victim.key).await?;
         // Never delete what could not be read to its end: records after
         // damage that the scan could not find would go with the file.
-        if scan.is_damaged(seg_key.version) || (sealed && !scan.sealed) {
+        if scan.is_damaged(victim.key.version) || (victim.sealed && !scan.sealed) {
             let at = scan
                 .damaged
                 .first()
@@ -140,38 +222,30 @@ impl Store {
         // found by the scan (else it would be lost with the file). Nothing
         // is appended to a sealed segment, so this holds for the whole run.
         let seen: std::collections::HashSet<u64> = scan.records.iter().map(|r| r.offset).collect();
-        if let Some(offset) = self
-            .index_offsets_in(segment_id)
-            .into_iter()
-            .find(|o| !seen.contains(o))
-        {
+        let offsets = self.inner.index.borrow().offsets_in(segment_id);
+        if let Some(offset) = offsets.into_iter().find(|o| !seen.contains(o)) {
             return Err(self.keep_damaged(
                 segment_id,
                 offset,
                 "a record the index points to was not found by the scan",
             ));
         }
-        let mut report = CompactionReport {
-            segment_id,
-            segment_bytes: end_bytes,
-            live_bytes_before: live_bytes,
-            ..Default::default()
-        };
+        Ok(scan)
+    }
 
+    /// Sorts the victim's records: current keyed records, stale ones, and
+    /// extents by the keys whose current version lists them.
+    fn plan<'a>(&self, victim: &Victim, scan: &'a ScanResult) -> Plan<'a> {
+        let segment_id = victim.segment_id;
+        let mut plan = Plan {
+            current: Vec::new(),
+            stale: HashMap::new(),
+            moved_extents: HashMap::new(),
+        };
+        let owners = self.inner.index.borrow().extent_owners(segment_id);
         // Records past `end_bytes` belong to batches that failed: never
         // acknowledged, never counted; they vanish with the file.
-        let records: Vec<&Scanned> = scan
-            .records
-            .iter()
-            .filter(|r| r.offset < end_bytes)
-            .collect();
-        // Records in the victim that are not current: their keys lose one
-        // older record once the file is gone.
-        let mut stale: HashMap<Key, u32> = HashMap::new();
-        let mut current: Vec<&Scanned> = Vec::new();
-        let mut moved_extents: HashMap<Key, Vec<&Scanned>> = HashMap::new();
-        let owners = self.extent_owners(segment_id);
-        for r in records {
+        for r in scan.records.iter().filter(|r| r.offset < victim.end_bytes) {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             match r.header.kind() {
                 Kind::SegmentHeader | Kind::Seal => {}
@@ -180,44 +254,52 @@ impl Store {
                     // multipart part's extents belong to the completed
                     // object, under another key).
                     for owner in owners.get(&r.offset).into_iter().flatten() {
-                        moved_extents.entry(owner.clone()).or_default().push(r);
+                        plan.moved_extents.entry(owner.clone()).or_default().push(r);
                     }
                 }
                 _ => {
                     if self.is_current(&key, segment_id, r.offset).is_some() {
-                        current.push(r);
+                        plan.current.push(r);
                     } else {
-                        *stale.entry(key).or_default() += 1;
+                        *plan.stale.entry(key).or_default() += 1;
                     }
                 }
             }
         }
+        plan
+    }
 
-        // Phase A, step 1: copy current keyed records (tombstones only while
-        // they still hide something), except objects whose extents move.
-        let mut keep_victim = false;
-        let mut drop_tombstones: Vec<(Key, u64)> = Vec::new();
+    /// Phase A, step 1: copies current keyed records (tombstones only while
+    /// they still hide something), except objects whose extents move.
+    async fn copy_current(
+        &self,
+        victim: &Victim,
+        plan: &Plan<'_>,
+        copies: &mut Copies,
+        report: &mut CompactionReport,
+    ) {
+        let segment_id = victim.segment_id;
         let mut pending = Vec::new();
         let mut staged = Vec::new();
         let mut staged_bytes = 0u64;
-        for r in current {
+        for r in &plan.current {
             let key = (r.header.bucket.clone(), r.header.key.clone());
             let Some(entry) = self.is_current(&key, segment_id, r.offset) else {
                 continue;
             };
-            if moved_extents.contains_key(&key) {
+            if plan.moved_extents.contains_key(&key) {
                 continue;
             }
             if entry.state == State::Deleted {
                 let remaining = entry
                     .older_on_disk
-                    .saturating_sub(*stale.get(&key).unwrap_or(&0));
+                    .saturating_sub(*plan.stale.get(&key).unwrap_or(&0));
                 if remaining == 0 && !self.is_uncertain(&key.0, &key.1) {
-                    drop_tombstones.push((key, entry.seq));
+                    copies.drop_tombstones.push((key, entry.seq));
                     continue;
                 }
             }
-            match self.read_for_copy(&file, segment_id, r).await {
+            match self.read_for_copy(&victim.file, segment_id, r).await {
                 Ok((header, payload)) => {
                     staged_bytes += (header.len() + payload.len()) as u64;
                     staged.push(((key, entry.seq), header, payload));
@@ -229,38 +311,45 @@ impl Store {
                         offset = r.offset,
                         "compaction keeps the segment: {e}"
                     );
-                    keep_victim = true;
+                    copies.keep_victim = true;
                 }
             }
             if staged_bytes >= self.inner.cfg.batch_bytes_max {
                 pending.extend(
-                    self.append_copies(std::mem::take(&mut staged), &mut report)
+                    self.append_copies(std::mem::take(&mut staged), report)
                         .await,
                 );
                 staged_bytes = 0;
             }
         }
-        pending.extend(self.append_copies(staged, &mut report).await);
-        let mut relocated: Vec<(Key, u64, Loc)> = Vec::new();
+        pending.extend(self.append_copies(staged, report).await);
         for ((key, seq), rx) in pending {
             match rx {
                 Some(rx) => match rx.await {
-                    Ok(Ok(loc)) => relocated.push((key, seq, loc)),
-                    _ => keep_victim = true, // a failed batch: invisible, uncounted
+                    Ok(Ok(loc)) => copies.relocated.push((key, seq, loc)),
+                    _ => copies.keep_victim = true, // a failed batch: invisible, uncounted
                 },
-                None => keep_victim = true,
+                None => copies.keep_victim = true,
             }
         }
+    }
 
-        // Phase A, step 2: copy live extents, then write each affected
-        // object's record again (same seq, new extent list).
-        let mut rewritten: Vec<(Key, Entry, Loc, super::ObjectInfo)> = Vec::new();
-        for (key, rs) in &moved_extents {
+    /// Phase A, step 2: copies live extents, then writes each affected
+    /// object's record again (same seq, new extent list).
+    async fn copy_extents(
+        &self,
+        victim: &Victim,
+        plan: &Plan<'_>,
+        copies: &mut Copies,
+        report: &mut CompactionReport,
+    ) {
+        let segment_id = victim.segment_id;
+        for (key, rs) in &plan.moved_extents {
             match self
-                .relocate_extents(&file, segment_id, key, rs, &mut report)
+                .relocate_extents(&victim.file, segment_id, key, rs, report)
                 .await
             {
-                Ok(Some(r)) => rewritten.push(r),
+                Ok(Some(r)) => copies.rewritten.push(r),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::error!(
@@ -268,47 +357,59 @@ impl Store {
                         segment_id,
                         "compaction keeps the segment: {e}"
                     );
-                    keep_victim = true;
+                    copies.keep_victim = true;
                 }
             }
         }
+    }
 
-        // A multipart completion may have started listing this segment's
-        // extents while the copies were made (it pins the segment first), or
-        // a new owner of an extent may have appeared: keep the victim then.
-        let contended = !keep_victim
+    /// Ends phase A. A multipart completion may have started listing the
+    /// victim's extents while the copies were made (it pins the segment
+    /// first), or a new owner of an extent may have appeared: the victim
+    /// stays then, as it does when a copy failed. Nothing is installed, and
+    /// every durable keyed copy is one more older record of its key.
+    fn check_uncontended(&self, segment_id: u64, plan: &Plan<'_>, copies: &Copies) -> Result<()> {
+        let contended = !copies.keep_victim
             && (self.is_pinned(segment_id)
                 || self
+                    .inner
+                    .index
+                    .borrow()
                     .extent_owners(segment_id)
                     .values()
                     .flatten()
-                    .any(|owner| !moved_extents.contains_key(owner)));
-        if keep_victim || contended {
-            // Nothing installed: every durable keyed copy is one more older
-            // record of its key.
-            let mut index = self.inner.index.borrow_mut();
-            let keys = relocated
-                .iter()
-                .map(|(k, _, _)| k)
-                .chain(rewritten.iter().map(|(k, _, _, _)| k));
-            for (bucket, key) in keys {
-                if let Some(e) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) {
-                    e.older_on_disk += 1;
-                }
-            }
-            if contended {
-                return Err(StoreError::Invalid(format!(
-                    "segment {segment_id} gained a new reference during compaction; kept for a later round"
-                )));
-            }
-            return Err(StoreError::Corrupt {
-                segment_id,
-                offset: 0,
-            });
+                    .any(|owner| !plan.moved_extents.contains_key(owner)));
+        if !copies.keep_victim && !contended {
+            return Ok(());
         }
+        let mut index = self.inner.index.borrow_mut();
+        let keys = copies
+            .relocated
+            .iter()
+            .map(|(k, _, _)| k)
+            .chain(copies.rewritten.iter().map(|(k, _, _, _)| k));
+        for (bucket, key) in keys {
+            index.count_stale(bucket, key);
+        }
+        if contended {
+            return Err(StoreError::Invalid(format!(
+                "segment {segment_id} gained a new reference during compaction; kept for a later round"
+            )));
+        }
+        Err(StoreError::Corrupt {
+            segment_id,
+            offset: 0,
+        })
+    }
 
-        // Phase B: point the index at the copies, delete the victim, then
-        // settle counts and drop tombstones.
+    /// Phase B, step 1: points the index at the copies of records that are
+    /// still current; a copy whose key moved on is one more stale record.
+    fn switch_index(
+        &self,
+        segment_id: u64,
+        relocated: Vec<(Key, u64, Loc)>,
+        rewritten: Vec<Rewritten>,
+    ) {
         for ((bucket, key), seq, loc) in relocated {
             self.relocate_entry(&bucket, &key, seq, segment_id, loc);
         }
@@ -316,6 +417,7 @@ impl Store {
             let still = self
                 .lookup(&bucket, &key)
                 .is_some_and(|e| e.seq == old.seq && e.loc == old.loc);
+            let mut index = self.inner.index.borrow_mut();
             if still {
                 let new = Entry {
                     seq: old.seq,
@@ -323,98 +425,46 @@ impl Store {
                     state: State::Live(info),
                     older_on_disk: 0,
                 };
-                self.replace_entry(&bucket, &key, old.loc, new, segment_id);
-            } else if let Some(e) = self
-                .inner
-                .index
-                .borrow_mut()
-                .get_mut(&bucket)
-                .and_then(|k| k.get_mut(&key))
-            {
-                e.older_on_disk += 1;
+                let old_in_victim = old.loc.segment_id == segment_id;
+                index.relocate(&bucket, &key, old.loc, new, old_in_victim);
+            } else {
+                index.count_stale(&bucket, &key);
             }
         }
-        self.inner.segments.borrow_mut().remove(&segment_id);
-        self.inner.crc_cache.borrow_mut().forget_segment(segment_id);
-        self.inner
-            .header_cache
-            .borrow_mut()
-            .forget_segment(segment_id);
+    }
+
+    /// Phase B, step 2: the victim leaves the table and its file is deleted
+    /// (durably: the directory is synced).
+    fn unlink_victim(&self, segment_id: u64) -> Result<()> {
+        self.remove_segment(segment_id);
         let disk = &self.inner.cfg.disk;
-        disk.remove_file(&super::segment_path(&self.inner.cfg.dir, segment_id))?;
-        disk.sync_dir(&self.inner.cfg.dir)?;
-        {
-            let mut index = self.inner.index.borrow_mut();
-            for ((bucket, key), n) in stale {
-                if let Some(e) = index.get_mut(&bucket).and_then(|keys| keys.get_mut(&key)) {
-                    e.older_on_disk = e.older_on_disk.saturating_sub(n);
-                }
-            }
-            for ((bucket, key), seq) in drop_tombstones {
-                if let Some(keys) = index.get_mut(&bucket) {
-                    if keys.get(&key).is_some_and(|e| {
-                        e.seq == seq && e.state == State::Deleted && e.loc.segment_id == segment_id
-                    }) {
-                        keys.remove(&key);
-                        report.tombstones_dropped += 1;
-                    }
-                }
-            }
-        }
-        let mut stats = self.inner.stats.borrow_mut();
-        stats.segments_compacted += 1;
-        stats.compaction_bytes_copied += report.bytes_copied;
-        stats.compaction_bytes_freed += end_bytes;
-        tracing::info!(
-            shard = self.inner.cfg.shard_id,
+        disk.remove_file(&super::segments::segment_path(
+            &self.inner.cfg.dir,
             segment_id,
-            copied = report.bytes_copied,
-            "compacted segment"
-        );
-        Ok(report)
+        ))?;
+        disk.sync_dir(&self.inner.cfg.dir)?;
+        Ok(())
     }
 
-    /// Offsets in `segment_id` of every record the index points to (current
-    /// versions and their extents).
-    fn index_offsets_in(&self, segment_id: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        for keys in self.inner.index.borrow().values() {
-            for entry in keys.values() {
-                if entry.loc.segment_id == segment_id {
-                    out.push(entry.loc.offset);
-                }
-                if let State::Live(info) = &entry.state {
-                    out.extend(
-                        info.extents
-                            .iter()
-                            .filter(|e| e.segment_id == segment_id)
-                            .map(|e| e.record_offset),
-                    );
-                }
+    /// Phase B, step 3, once the victim's file is gone: its stale records
+    /// no longer count for their keys, and tombstones that hid nothing else
+    /// are dropped.
+    fn settle_counts(
+        &self,
+        segment_id: u64,
+        stale: HashMap<Key, u32>,
+        drop_tombstones: Vec<(Key, u64)>,
+        report: &mut CompactionReport,
+    ) {
+        let mut index = self.inner.index.borrow_mut();
+        for ((bucket, key), n) in stale {
+            index.uncount_stale(&bucket, &key, n);
+        }
+        for ((bucket, key), seq) in drop_tombstones {
+            if index.drop_tombstone(&bucket, &key, seq, segment_id) {
+                report.tombstones_dropped += 1;
             }
         }
-        out
-    }
-
-    /// Is the extent at (`segment_id`, `offset`) part of the current version of `key`?
-    /// Record offsets of extents in `segment_id` → the keys whose current
-    /// version lists them. One pass over the index per compacted segment.
-    fn extent_owners(&self, segment_id: u64) -> HashMap<u64, Vec<Key>> {
-        let mut owners: HashMap<u64, Vec<Key>> = HashMap::new();
-        for (bucket, keys) in self.inner.index.borrow().iter() {
-            for (key, entry) in keys {
-                let State::Live(info) = &entry.state else {
-                    continue;
-                };
-                for e in info.extents.iter().filter(|e| e.segment_id == segment_id) {
-                    owners
-                        .entry(e.record_offset)
-                        .or_default()
-                        .push((bucket.clone(), key.clone()));
-                }
-            }
-        }
-        owners
     }
 
     pub(super) fn extent_is_live(&self, key: &Key, segment_id: u64, offset: u64) -> bool {
@@ -438,7 +488,7 @@ impl Store {
         key: &Key,
         rs: &[&Scanned],
         report: &mut CompactionReport,
-    ) -> Result<Option<(Key, Entry, Loc, super::ObjectInfo)>> {
+    ) -> Result<Option<Rewritten>> {
         let Some(entry) = self.lookup(&key.0, &key.1) else {
             return Ok(None);
         };
@@ -509,7 +559,7 @@ impl Store {
         let Body::Object { meta, extents } = header.body else {
             unreachable!()
         };
-        let info = super::ObjectInfo {
+        let info = ObjectInfo {
             size_bytes: meta.size_bytes,
             etag: meta.etag.into(),
             mtime_ms: meta.mtime_ms,
@@ -589,45 +639,22 @@ impl Store {
         }
     }
 
+    /// Points `key` at its relocated copy at `loc` if it is still version
+    /// `seq` in the victim; otherwise the copy is one more stale record.
     fn relocate_entry(&self, bucket: &str, key: &str, seq: u64, victim: u64, loc: Loc) {
         let Some(entry) = self.lookup(bucket, key) else {
             return;
         };
+        let mut index = self.inner.index.borrow_mut();
         if entry.seq != seq || entry.loc.segment_id != victim {
             // Overwritten meanwhile: the copy is one more stale record.
-            if let Some(e) = self
-                .inner
-                .index
-                .borrow_mut()
-                .get_mut(bucket)
-                .and_then(|k| k.get_mut(key))
-            {
-                e.older_on_disk += 1;
-            }
+            index.count_stale(bucket, key);
             return;
         }
         let new = Entry {
             loc,
             ..entry.clone()
         };
-        self.replace_entry(bucket, key, entry.loc, new, victim);
-    }
-
-    /// Swaps the entry at `old_loc` for `new`, moving live-byte accounting.
-    /// The old record counts as an older record unless it sits in `victim`.
-    fn replace_entry(&self, bucket: &str, key: &str, old_loc: Loc, mut new: Entry, victim: u64) {
-        let old = {
-            let mut index = self.inner.index.borrow_mut();
-            let Some(slot) = index.get_mut(bucket).and_then(|k| k.get_mut(key)) else {
-                return;
-            };
-            if slot.loc != old_loc {
-                return;
-            }
-            new.older_on_disk = slot.older_on_disk + u32::from(old_loc.segment_id != victim);
-            std::mem::replace(slot, new.clone())
-        };
-        self.adjust_live(&old, false);
-        self.adjust_live(&new, true);
+        index.relocate(bucket, key, entry.loc, new, true);
     }
 }

@@ -56,7 +56,7 @@ use futures::channel::oneshot;
 use md5::{Digest, Md5};
 use thiserror::Error;
 
-use super::record::{self, Body, Header, Kind, ObjectMeta};
+use super::record::{self, Body, ExtentRef, Header, Kind, ObjectMeta};
 use super::{now_ms, Entry, ObjectInfo, PutWriter, Result, State, Store, StoreError};
 
 pub const PART_NUMBER_MAX: u32 = 10_000;
@@ -256,6 +256,7 @@ impl Store {
 
     pub(super) fn upload_ending(&self, bucket: &str, upload: &str) -> bool {
         self.inner
+            .marks
             .uploads_ending
             .borrow()
             .contains(&(bucket.to_string(), upload.to_string()))
@@ -410,26 +411,33 @@ impl Store {
         drop(upload);
         // From here to the append nothing awaits: the parts read are the
         // parts written, and their segments are pinned against compaction.
-        let mut extents = Vec::new();
-        let mut md5s = Vec::with_capacity(16 * parts.len());
-        let mut size_bytes = 0u64;
-        for (i, (number, etag)) in parts.iter().enumerate() {
-            let info = self
-                .head(bucket, &part_key(key, upload_id, *number))
-                .filter(|info| *info.etag == *etag)
-                .ok_or(UploadError::InvalidPart(*number))?;
-            if i + 1 < parts.len() && info.size_bytes < PART_BYTES_MIN {
-                return Err(UploadError::EntityTooSmall(*number).into());
-            }
-            let digest = hex::decode(&*info.etag).map_err(|_| UploadError::InvalidPart(*number))?;
-            md5s.extend_from_slice(&digest);
-            extents.extend_from_slice(&info.extents);
-            size_bytes += info.size_bytes;
-        }
-        meta.etag = format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len());
-        meta.size_bytes = size_bytes;
-        meta.mtime_ms = now_ms();
+        let extents = self.completion_extents(bucket, key, upload_id, parts, &mut meta)?;
         let _writing = self.start_writing(bucket, key);
+        let (seq, info) = self.write_completed(bucket, key, meta, extents).await?;
+        // Before the upload ends: from then on a retry is answered from here.
+        self.inner.mpu.completed.borrow_mut().remember(
+            bucket,
+            &upload_key(key, upload_id),
+            Completed {
+                parts_digest: parts_digest(parts),
+                seq,
+            },
+        );
+        self.end_upload(bucket, key, upload_id, false).await?;
+        Ok(info)
+    }
+
+    /// Appends the completed object's record (a new seq, the parts'
+    /// extents) with their segments pinned, and installs it unless a part
+    /// moved meanwhile. Returns its seq and what the index holds.
+    async fn write_completed(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        extents: Vec<ExtentRef>,
+    ) -> Result<(u64, ObjectInfo)> {
+        let size_bytes = meta.size_bytes;
         let seq = self.take_seq()?;
         let header = Header {
             seq,
@@ -444,12 +452,7 @@ impl Store {
         };
         let header = record::encode_header(&header)
             .map_err(|_| UploadError::TooManyExtents(extents.len()))?;
-        let mut pinned: Vec<u64> = extents.iter().map(|e| e.segment_id).collect();
-        pinned.sort_unstable();
-        pinned.dedup();
-        for &s in &pinned {
-            self.pin(s);
-        }
+        let pinned = self.pin_all(&extents);
         let written = self.append_durable(header, Bytes::new()).await;
         let vanished = self.missing_segment(&extents).is_some();
         let unpin = |store: &Store| {
@@ -492,17 +495,52 @@ impl Store {
         // Installed: compaction now sees the object as an owner of these
         // extents; only now may the segments be compacted.
         unpin(self);
-        // Before the upload ends: from then on a retry is answered from here.
-        self.inner.mpu.completed.borrow_mut().remember(
-            bucket,
-            &upload_key(key, upload_id),
-            Completed {
-                parts_digest: parts_digest(parts),
-                seq,
-            },
-        );
-        self.end_upload(bucket, key, upload_id, false).await?;
-        Ok(info)
+        Ok((seq, info))
+    }
+
+    /// Pins every segment holding one of `extents` (once each); returns
+    /// them, for unpinning.
+    fn pin_all(&self, extents: &[ExtentRef]) -> Vec<u64> {
+        let mut pinned: Vec<u64> = extents.iter().map(|e| e.segment_id).collect();
+        pinned.sort_unstable();
+        pinned.dedup();
+        for &s in &pinned {
+            self.pin(s);
+        }
+        pinned
+    }
+
+    /// The extents of the listed parts, in order; sets `meta`'s ETag (the
+    /// MD5 of the parts' MD5s, dash, count), size and mtime. Refuses a part
+    /// that is not live with that ETag, or one too small but the last.
+    fn completion_extents(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        meta: &mut ObjectMeta,
+    ) -> Result<Vec<ExtentRef>> {
+        let mut extents = Vec::new();
+        let mut md5s = Vec::with_capacity(16 * parts.len());
+        let mut size_bytes = 0u64;
+        for (i, (number, etag)) in parts.iter().enumerate() {
+            let info = self
+                .head(bucket, &part_key(key, upload_id, *number))
+                .filter(|info| *info.etag == *etag)
+                .ok_or(UploadError::InvalidPart(*number))?;
+            if i + 1 < parts.len() && info.size_bytes < PART_BYTES_MIN {
+                return Err(UploadError::EntityTooSmall(*number).into());
+            }
+            let digest = hex::decode(&*info.etag).map_err(|_| UploadError::InvalidPart(*number))?;
+            md5s.extend_from_slice(&digest);
+            extents.extend_from_slice(&info.extents);
+            size_bytes += info.size_bytes;
+        }
+        meta.etag = format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len());
+        meta.size_bytes = size_bytes;
+        meta.mtime_ms = now_ms();
+        Ok(extents)
     }
 
     /// Waits until no completion of `upload` (its index key) is under way.
@@ -581,9 +619,10 @@ impl Store {
         let ending: Vec<(String, String)> = uploads
             .iter()
             .map(|u| (bucket.to_string(), u.clone()))
-            .filter(|e| !self.inner.uploads_ending.borrow().contains(e))
+            .filter(|e| !self.inner.marks.uploads_ending.borrow().contains(e))
             .collect();
         self.inner
+            .marks
             .uploads_ending
             .borrow_mut()
             .extend(ending.iter().cloned());
@@ -591,7 +630,7 @@ impl Store {
         let mut keys = uploads;
         keys.extend(parts);
         let result = self.write_tombstones(bucket, keys).await;
-        let mut ends = self.inner.uploads_ending.borrow_mut();
+        let mut ends = self.inner.marks.uploads_ending.borrow_mut();
         for e in &ending {
             ends.remove(e);
         }
@@ -627,6 +666,7 @@ impl Store {
         // checks), so the parts listed below are all there will be.
         let ending = (bucket.to_string(), upload.clone());
         self.inner
+            .marks
             .uploads_ending
             .borrow_mut()
             .insert(ending.clone());
@@ -638,7 +678,7 @@ impl Store {
             keys.push(upload);
         }
         let result = self.write_tombstones(bucket, keys).await;
-        self.inner.uploads_ending.borrow_mut().remove(&ending);
+        self.inner.marks.uploads_ending.borrow_mut().remove(&ending);
         result
     }
 

@@ -22,8 +22,9 @@ use super::record::{self, Body, Header, Kind, SegKey};
 pub(super) use super::scan::{ScanResult, Scanned};
 use super::scan::{Scanner, Step};
 use super::{
-    parse_segment_name, Entry, Loc, ObjectInfo, RecoveryReport, Result, Segment, State, Store,
-    StoreError,
+    index::{Entry, State},
+    segments::{parse_segment_name, Segment},
+    Loc, ObjectInfo, RecoveryReport, Result, Store, StoreError,
 };
 
 /// Reads a segment's records in order (see `scan` for the rules).
@@ -135,27 +136,108 @@ struct Candidate {
     records_on_disk: u32,
 }
 
+/// What recovery carries from segment to segment.
+struct Recovery<'a> {
+    store: &'a Store,
+    report: RecoveryReport,
+    /// Per key: the newest servable record found, and how many records of
+    /// the key are on disk.
+    candidates: HashMap<(String, String), Candidate>,
+    /// Extents known good: (segment, offset).
+    extents_ok: HashSet<(u64, u64)>,
+    max_seq: u64,
+    /// Every shard secret seen (see `segment_keys`).
+    secrets: Vec<u64>,
+    /// The newest segment: damage in it without a seal is a torn batch.
+    newest: Option<u64>,
+}
+
+/// A segment file opened for recovery, with the key its header gives (or
+/// a guess, when `header_ok` is false).
+struct Opened {
+    segment_id: u64,
+    file: SegFile,
+    size_bytes: u64,
+    guess: SegKey,
+    header_ok: bool,
+}
+
 pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     let started = Instant::now();
     let cfg = &store.inner.cfg;
+    let ids = segment_ids(&cfg.dir)?;
+    let (opened, secrets) = open_segments(store, &ids).await?;
+    let mut r = Recovery {
+        store,
+        report: RecoveryReport {
+            segments: ids.len() as u64,
+            ..Default::default()
+        },
+        candidates: HashMap::new(),
+        extents_ok: HashSet::new(),
+        max_seq: 0,
+        secrets,
+        newest: ids.last().copied(),
+    };
+    for segment in opened {
+        r.recover_segment(segment).await?;
+    }
+    let Recovery {
+        mut report,
+        candidates,
+        max_seq,
+        ..
+    } = r;
+    for ((bucket, key), c) in candidates {
+        if let Some(mut entry) = c.entry {
+            entry.older_on_disk = c.records_on_disk - 1;
+            store.install(&bucket, &key, entry);
+        }
+    }
+    report.objects = store.objects_total() as u64;
+    // A record with the largest seq leaves no seq for a later write:
+    // writes then fail rather than install below it.
+    store.inner.next_seq.set(max_seq.checked_add(1));
+    if max_seq == u64::MAX {
+        tracing::error!(
+            shard = cfg.shard_id,
+            "a record carries the largest sequence number; this shard refuses writes"
+        );
+    }
+    store
+        .inner
+        .segs
+        .next_id
+        .set(ids.last().map_or(1, |id| id + 1));
+    store.inner.stats.borrow_mut().damaged_regions += report.damaged_regions;
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// Ids of the segment files in `dir`, in order.
+fn segment_ids(dir: &std::path::Path) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
-    for dirent in std::fs::read_dir(&cfg.dir)? {
+    for dirent in std::fs::read_dir(dir)? {
         let dirent = dirent?;
         if let Some(id) = dirent.file_name().to_str().and_then(parse_segment_name) {
             ids.push(id);
         }
     }
     ids.sort_unstable();
-    let mut report = RecoveryReport {
-        segments: ids.len() as u64,
-        ..Default::default()
-    };
-    // Every segment's key first: the shard secret lives in each version-2
-    // segment header, so one damaged header does not cost its segment.
+    Ok(ids)
+}
+
+/// Opens every segment and finds its key. Every segment's key first: the
+/// shard secret lives in each version-2 segment header, so one damaged
+/// header does not cost its segment. Sets the shard secret (writing
+/// `shard.secret` if it differs). Returns the segments and every secret
+/// some header (or the secret file) carries.
+async fn open_segments(store: &Store, ids: &[u64]) -> Result<(Vec<Opened>, Vec<u64>)> {
+    let cfg = &store.inner.cfg;
     let mut files = Vec::with_capacity(ids.len());
     let mut heads = Vec::with_capacity(ids.len());
-    for &segment_id in &ids {
-        let path = super::segment_path(&cfg.dir, segment_id);
+    for &segment_id in ids {
+        let path = super::segments::segment_path(&cfg.dir, segment_id);
         let file = cfg.disk.open(&path, cfg.direct_io).await?;
         let size_bytes = file.size_bytes().await?;
         let head = match size_bytes.min(WRITE_ALIGN_BYTES) as usize {
@@ -192,19 +274,41 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
     if secret_file != Some(secret) {
         write_secret_file(&cfg.disk, &cfg.dir, secret)?;
     }
-    store.inner.shard_secret.set(secret);
-    let newest = ids.last().copied();
-    let mut candidates: HashMap<(String, String), Candidate> = HashMap::new();
-    // Extents known good: (segment, offset) -> span bytes.
-    let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
-    let mut max_seq = 0u64;
-    for ((&segment_id, (file, size_bytes)), (guess, header_ok)) in ids.iter().zip(files).zip(keys) {
+    store.inner.segs.shard_secret.set(secret);
+    let opened = ids
+        .iter()
+        .zip(files)
+        .zip(keys)
+        .map(
+            |((&segment_id, (file, size_bytes)), (guess, header_ok))| Opened {
+                segment_id,
+                file,
+                size_bytes,
+                guess,
+                header_ok,
+            },
+        )
+        .collect();
+    Ok((opened, secrets))
+}
+
+impl Recovery<'_> {
+    /// Scans one segment, takes its records into the candidates, then cuts
+    /// and seals it where that is safe, and adds it to the segment table.
+    async fn recover_segment(&mut self, o: Opened) -> Result<()> {
+        let store = self.store;
+        let cfg = &store.inner.cfg;
+        let (segment_id, file, size_bytes, header_ok) =
+            (o.segment_id, o.file, o.size_bytes, o.header_ok);
         let (key, mut scan) = if header_ok {
-            (guess, scan_segment(store, &file, size_bytes, guess).await?)
+            (
+                o.guess,
+                scan_segment(store, &file, size_bytes, o.guess).await?,
+            )
         } else {
-            best_key(store, &file, size_bytes, segment_id, guess, &secrets).await?
+            best_key(store, &file, size_bytes, segment_id, o.guess, &self.secrets).await?
         };
-        report.bytes_scanned += scan.bytes_scanned;
+        self.report.bytes_scanned += scan.bytes_scanned;
         check_segment_header(&scan, cfg.shard_id, segment_id)?;
         // A segment whose header failed and in which no key finds a record
         // is left exactly as it is (nothing to cut it with safely), unless
@@ -214,7 +318,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             // Created, never written (a crash before its header was
             // durable): nothing to keep.
             drop(file);
-            let path = super::segment_path(&cfg.dir, segment_id);
+            let path = super::segments::segment_path(&cfg.dir, segment_id);
             cfg.disk.remove_file(&path)?;
             cfg.disk.sync_dir(&cfg.dir)?;
             tracing::warn!(
@@ -222,7 +326,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 segment_id,
                 "removed an empty segment file without a header"
             );
-            continue;
+            return Ok(());
         }
         if !header_ok && size_bytes > 0 {
             tracing::error!(
@@ -233,15 +337,57 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "segment header unreadable; read with the key its records verify under"
             );
         }
-        // In the newest segment without a seal, damage is where a batch
-        // tore at the crash: nothing after it was acknowledged (batches are
-        // acknowledged in order), so that is where its tail is cut.
-        // (Damage in the header block is not a torn batch: no batch is
-        // written there.)
-        // A block the device could not read is not a torn batch: what it
-        // holds is unknown (acknowledged records, perhaps, on a sector that
-        // reads again later), so a segment with one is neither cut nor
-        // sealed (found by the fault test with read faults in recovery).
+        self.cut_torn_batch(segment_id, key, &mut scan);
+        let (dropped_here, unverified_here) = self.take_records(segment_id, &file, &scan).await;
+        // A version-1 scan stops at the first bad header, in front of
+        // records it cannot find safely (a seal among them, perhaps): the
+        // segment is never cut, only reported.
+        let v1_damage = self.report_damage(segment_id, key, &scan);
+        let damaged = scan.is_damaged(key.version) || unknown || !header_ok || unverified_here;
+        let mut end_bytes = scan.valid_end;
+        let mut sealed = scan.sealed;
+        if unknown {
+            self.report.damaged_regions += 1;
+        }
+        if !scan.sealed && !v1_damage && !unknown && !unverified_here {
+            let sealed_at = self
+                .cut_and_seal(
+                    segment_id,
+                    &file,
+                    &key,
+                    size_bytes,
+                    scan.valid_end,
+                    dropped_here,
+                )
+                .await;
+            if let Some(seal_end) = sealed_at {
+                end_bytes = seal_end;
+                sealed = true;
+            }
+        }
+        store.add_segment(
+            segment_id,
+            Segment {
+                file: Rc::new(file),
+                key,
+                end_bytes,
+                sealed,
+                damaged,
+            },
+        );
+        Ok(())
+    }
+
+    /// In the newest segment without a seal, damage is where a batch tore
+    /// at the crash: nothing after it was acknowledged (batches are
+    /// acknowledged in order), so that is where its tail is cut: the
+    /// records after it are forgotten. (Damage in the header block is not
+    /// a torn batch: no batch is written there.) A block the device could
+    /// not read is not a torn batch: what it holds is unknown (acknowledged
+    /// records, perhaps, on a sector that reads again later), so a segment
+    /// with one is neither cut nor sealed (found by the fault test with read
+    /// faults in recovery).
+    fn cut_torn_batch(&self, segment_id: u64, key: SegKey, scan: &mut ScanResult) {
         let torn_at = scan
             .damaged
             .iter()
@@ -249,7 +395,7 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             .find(|at| *at >= WRITE_ALIGN_BYTES)
             .filter(|_| scan.unreadable.is_empty());
         let newest_torn = !scan.sealed
-            && Some(segment_id) == newest
+            && Some(segment_id) == self.newest
             && key.version == record::VERSION
             && torn_at.is_some();
         if let Some(cut_from) = torn_at.filter(|_| newest_torn) {
@@ -261,6 +407,19 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
             scan.damaged.retain(|d| d.0 < cut_from);
             scan.tail_bad_from = Some(cut_from);
         }
+    }
+
+    /// Takes a segment's records into the candidates, verifying payloads
+    /// where the segment has no seal. Returns (a record was dropped for a
+    /// bad payload, a payload could not be read).
+    async fn take_records(
+        &mut self,
+        segment_id: u64,
+        file: &SegFile,
+        scan: &ScanResult,
+    ) -> (bool, bool) {
+        let store = self.store;
+        let cfg = &store.inner.cfg;
         let mut dropped_here = false;
         // Records that could not be read (a block of headers, or a
         // payload): missing for this run, like the records of a damaged
@@ -271,19 +430,19 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
         // that record may be a torn write that never reads again.)
         let mut unverified_here = !scan.unreadable.is_empty();
         for r in &scan.records {
-            report.records += 1;
+            self.report.records += 1;
             // Its seq is taken even if the record is dropped, so that no later
             // write reuses it and ties with it at a later recovery.
-            max_seq = max_seq.max(r.header.seq);
+            self.max_seq = self.max_seq.max(r.header.seq);
             let verified = if scan.sealed || r.header.payload_bytes == 0 {
                 Ok(true)
             } else {
-                verify_payload(store, &file, segment_id, r).await
+                verify_payload(store, file, segment_id, r).await
             };
             if let Err(e) = &verified {
                 unverified_here = true;
-                report.damaged_regions += 1;
-                count_record(&mut candidates, &r.header, None);
+                self.report.damaged_regions += 1;
+                count_record(&mut self.candidates, &r.header, None);
                 tracing::error!(
                     shard = cfg.shard_id,
                     segment_id,
@@ -293,9 +452,9 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 continue;
             }
             if matches!(verified, Ok(false)) {
-                report.corrupt_records += 1;
+                self.report.corrupt_records += 1;
                 dropped_here = true;
-                count_record(&mut candidates, &r.header, None);
+                count_record(&mut self.candidates, &r.header, None);
                 tracing::warn!(
                     shard = cfg.shard_id,
                     segment_id,
@@ -304,33 +463,47 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 );
                 continue;
             }
-            let loc = Loc {
-                segment_id,
-                offset: r.offset,
-                header_bytes: r.header_bytes,
-                payload_bytes: r.header.payload_bytes,
-            };
-            if r.header.kind() == Kind::Extent {
-                extents_ok.insert((segment_id, r.offset));
-                continue;
-            }
-            let Some(state) = keyed_state(&r.header, &extents_ok) else {
-                if r.header.kind() == Kind::Object {
-                    report.corrupt_records += 1;
-                }
-                count_record(&mut candidates, &r.header, None);
-                continue;
-            };
-            let entry = Entry {
-                seq: r.header.seq,
-                loc,
-                state,
-                older_on_disk: 0,
-            };
-            count_record(&mut candidates, &r.header, Some(entry));
+            self.take_record(segment_id, r);
         }
+        (dropped_here, unverified_here)
+    }
+
+    /// Takes one verified record into the candidates (extents into the
+    /// known-good set).
+    fn take_record(&mut self, segment_id: u64, r: &Scanned) {
+        let loc = Loc {
+            segment_id,
+            offset: r.offset,
+            header_bytes: r.header_bytes,
+            payload_bytes: r.header.payload_bytes,
+        };
+        if r.header.kind() == Kind::Extent {
+            self.extents_ok.insert((segment_id, r.offset));
+            return;
+        }
+        let Some(state) = keyed_state(&r.header, &self.extents_ok) else {
+            if r.header.kind() == Kind::Object {
+                self.report.corrupt_records += 1;
+            }
+            count_record(&mut self.candidates, &r.header, None);
+            return;
+        };
+        let entry = Entry {
+            seq: r.header.seq,
+            loc,
+            state,
+            older_on_disk: 0,
+        };
+        count_record(&mut self.candidates, &r.header, Some(entry));
+    }
+
+    /// Reports the damaged ranges of a scan. Returns whether it is a
+    /// version-1 segment whose scan stopped at damage.
+    fn report_damage(&mut self, segment_id: u64, key: SegKey, scan: &ScanResult) -> bool {
+        let store = self.store;
+        let cfg = &store.inner.cfg;
         for &(from, to) in &scan.damaged {
-            report.damaged_regions += 1;
+            self.report.damaged_regions += 1;
             tracing::error!(
                 shard = cfg.shard_id,
                 segment_id,
@@ -340,12 +513,9 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "damaged bytes inside the segment: the record(s) there are lost, the records after them are kept"
             );
         }
-        // A version-1 scan stops at the first bad header, in front of
-        // records it cannot find safely (a seal among them, perhaps): the
-        // segment is never cut, only reported.
         let v1_damage = key.version == record::VERSION_1 && scan.tail_bad_from.is_some();
         if v1_damage {
-            report.damaged_regions += 1;
+            self.report.damaged_regions += 1;
             tracing::error!(
                 shard = cfg.shard_id,
                 segment_id,
@@ -353,94 +523,65 @@ pub(super) async fn recover(store: &Store) -> Result<RecoveryReport> {
                 "unreadable record header in a version-1 segment: records after it are not served; the segment is kept as it is (see percore fsck)"
             );
         }
-        let damaged = scan.is_damaged(key.version) || unknown || !header_ok || unverified_here;
-        let mut end_bytes = scan.valid_end;
-        let mut sealed = scan.sealed;
-        if unknown {
-            report.damaged_regions += 1;
-        }
-        if !scan.sealed && !v1_damage && !unknown && !unverified_here {
-            // Only bytes after the last valid record are cut: in version 2
-            // the scan found every valid record before them. The cut is at
-            // the record's exact end, not at the next block: the rest of
-            // that block may hold the header of a record torn at the crash
-            // (its payload cut short by the file's end, so the scan did not
-            // take it), and a seal written after it would extend the file
-            // over the missing payload and make the header look whole to
-            // every later recovery, which trusts sealed segments (found by
-            // the power-loss test). The block's tail reads as zeros, which
-            // are padding.
-            let valid_end = scan.valid_end;
-            let cut_ok = if size_bytes > valid_end {
-                report.torn_tails_cut += 1;
-                tracing::warn!(
-                    shard = cfg.shard_id,
-                    segment_id,
-                    cut_at = valid_end,
-                    size_bytes,
-                    "cutting torn tail"
-                );
-                match cut(&file, valid_end).await {
-                    Ok(()) => true,
-                    Err(e) => {
-                        tracing::warn!(
-                            shard = cfg.shard_id,
-                            segment_id,
-                            "could not cut torn tail: {e}"
-                        );
-                        false
-                    }
-                }
-            } else {
-                true
-            };
-            // With dropped records the segment stays unsealed, so every
-            // later recovery verifies payloads here again and keeps
-            // rejecting them; without a durable cut, a seal could cover the
-            // torn bytes.
-            if !dropped_here && cut_ok {
-                let seal_at = valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
-                if let Some(seal_end) = seal_segment(store, &file, &key, seal_at).await {
-                    end_bytes = seal_end;
-                    sealed = true;
+        v1_damage
+    }
+
+    /// Cuts an unsealed segment after its last valid record and seals it
+    /// (unless records were dropped from it). Returns the end of the seal.
+    async fn cut_and_seal(
+        &mut self,
+        segment_id: u64,
+        file: &SegFile,
+        key: &SegKey,
+        size_bytes: u64,
+        valid_end: u64,
+        dropped_here: bool,
+    ) -> Option<u64> {
+        let store = self.store;
+        let cfg = &store.inner.cfg;
+        // Only bytes after the last valid record are cut: in version 2
+        // the scan found every valid record before them. The cut is at
+        // the record's exact end, not at the next block: the rest of
+        // that block may hold the header of a record torn at the crash
+        // (its payload cut short by the file's end, so the scan did not
+        // take it), and a seal written after it would extend the file
+        // over the missing payload and make the header look whole to
+        // every later recovery, which trusts sealed segments (found by
+        // the power-loss test). The block's tail reads as zeros, which
+        // are padding.
+        let cut_ok = if size_bytes > valid_end {
+            self.report.torn_tails_cut += 1;
+            tracing::warn!(
+                shard = cfg.shard_id,
+                segment_id,
+                cut_at = valid_end,
+                size_bytes,
+                "cutting torn tail"
+            );
+            match cut(file, valid_end).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        shard = cfg.shard_id,
+                        segment_id,
+                        "could not cut torn tail: {e}"
+                    );
+                    false
                 }
             }
+        } else {
+            true
+        };
+        // With dropped records the segment stays unsealed, so every
+        // later recovery verifies payloads here again and keeps
+        // rejecting them; without a durable cut, a seal could cover the
+        // torn bytes.
+        if dropped_here || !cut_ok {
+            return None;
         }
-        store.inner.segments.borrow_mut().insert(
-            segment_id,
-            Segment {
-                file: Rc::new(file),
-                key,
-                end_bytes,
-                live_bytes: 0,
-                sealed,
-                damaged,
-            },
-        );
+        let seal_at = valid_end.next_multiple_of(WRITE_ALIGN_BYTES);
+        seal_segment(store, file, key, seal_at).await
     }
-    for ((bucket, key), c) in candidates {
-        if let Some(mut entry) = c.entry {
-            entry.older_on_disk = c.records_on_disk - 1;
-            store.install(&bucket, &key, entry);
-        }
-    }
-    report.objects = store.objects_total() as u64;
-    // A record with the largest seq leaves no seq for a later write:
-    // writes then fail rather than install below it.
-    store.inner.next_seq.set(max_seq.checked_add(1));
-    if max_seq == u64::MAX {
-        tracing::error!(
-            shard = cfg.shard_id,
-            "a record carries the largest sequence number; this shard refuses writes"
-        );
-    }
-    store
-        .inner
-        .next_segment_id
-        .set(ids.last().map_or(1, |id| id + 1));
-    store.inner.stats.borrow_mut().damaged_regions += report.damaged_regions;
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
-    Ok(report)
 }
 
 /// Scans a segment whose own header failed with each key it may have

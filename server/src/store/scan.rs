@@ -176,6 +176,8 @@ impl Scanner {
 
     /// Zeros where a magic was expected: padding to the next batch, a hole
     /// left by a lost write, or the unwritten end of the file.
+    // `u64::is_multiple_of` needs Rust 1.87; the workspace declares 1.85.
+    #[allow(clippy::manual_is_multiple_of)]
     fn padding(&mut self, buf: &[u8]) {
         if self.key.version == record::VERSION_1 {
             // Version 1 batches start 4 KiB aligned, one right after the

@@ -47,7 +47,8 @@ impl Store {
         let mut report = ScrubReport::default();
         let sealed = self
             .inner
-            .segments
+            .segs
+            .table
             .borrow()
             .get(&segment_id)
             .map(|s| (s.sealed, s.file.clone(), s.key));
@@ -85,7 +86,7 @@ impl Store {
                 });
             }
             if scan.is_damaged(seg_key.version) || !scan.sealed {
-                if let Some(seg) = self.inner.segments.borrow_mut().get_mut(&segment_id) {
+                if let Some(seg) = self.inner.segs.table.borrow_mut().get_mut(&segment_id) {
                     if !seg.damaged {
                         // Counted once per segment, not once per pass.
                         seg.damaged = true;
@@ -135,7 +136,8 @@ impl Store {
         let started = Instant::now();
         let ids: Vec<u64> = self
             .inner
-            .segments
+            .segs
+            .table
             .borrow()
             .iter()
             .filter(|(_, s)| s.sealed)

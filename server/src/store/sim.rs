@@ -462,10 +462,9 @@ impl State {
         }
         let mut contents: HashMap<u64, Vec<u8>> = HashMap::new();
         for (name, ino) in names {
-            if !contents.contains_key(&ino) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = contents.entry(ino) {
                 let node = self.inodes.get(&ino).cloned().unwrap_or_default();
-                let bytes = self.surviving_bytes(&node, sector, p_sector, &mut image);
-                contents.insert(ino, bytes);
+                slot.insert(self.surviving_bytes(&node, sector, p_sector, &mut image));
             }
             image.files.insert(name, contents[&ino].clone());
         }

@@ -22,7 +22,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::store::record::{self, Body, Kind};
-use crate::store::scan;
+use crate::store::{scan, segments};
 
 const ALIGN: u64 = crate::store::file::WRITE_ALIGN_BYTES;
 const VERIFY_PIECE_BYTES: u64 = 16 * record::BLOCK_BYTES;
@@ -91,12 +91,7 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
     for e in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
         let e = e.map_err(|e| e.to_string())?;
         let name = e.file_name().to_string_lossy().into_owned();
-        let id = name
-            .strip_prefix("seg-")
-            .and_then(|h| h.strip_suffix(".pcs"))
-            .filter(|h| h.len() == 16)
-            .and_then(|h| u64::from_str_radix(h, 16).ok());
-        if let Some(id) = id {
+        if let Some(id) = segments::parse_segment_name(&name) {
             out.push((id, e.path()));
         }
     }
@@ -104,10 +99,65 @@ fn segment_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
     Ok(out)
 }
 
+/// One segment file of a shard: (shard directory, id, path, size).
+type SegmentFile = (PathBuf, u64, PathBuf, u64);
+
+/// What a shard's check carries from segment to segment.
+#[derive(Default)]
+struct ShardCheck {
+    /// The shard directory's name.
+    shard: String,
+    /// The newest object or tombstone record of each key, as at recovery.
+    newest: HashMap<(String, String), Newest>,
+    /// Extents whose payload verified: (segment, offset).
+    extents_ok: HashSet<(u64, u64)>,
+    /// Records whose payload failed, with seq and kind: damage only if
+    /// they are what a key serves, decided once the whole shard is read.
+    damaged: Vec<(Problem, u64, Kind)>,
+}
+
 /// Checks every shard directory under `data`. `progress(bytes_done,
 /// bytes_total)` is called after each segment.
 pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckReport, String> {
     let started = std::time::Instant::now();
+    let shards = shard_dirs(data)?;
+    let mut report = FsckReport::default();
+    let mut all: Vec<SegmentFile> = Vec::new();
+    for s in &shards {
+        for (id, path) in segment_files(s)? {
+            let size = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
+            all.push((s.clone(), id, path, size));
+        }
+    }
+    let total: u64 = all.iter().map(|a| a.3).sum();
+    let mut done = 0u64;
+    for shard_dir in &shards {
+        report.shards += 1;
+        let mut shard = ShardCheck {
+            shard: shard_dir
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+            ..Default::default()
+        };
+        let segs: Vec<&SegmentFile> = all.iter().filter(|a| &a.0 == shard_dir).collect();
+        let keys = segment_keys_of(&segs);
+        for (_, id, path, size) in segs.iter().copied() {
+            let key = *keys.get(id).expect("a key per segment");
+            check_segment(&mut shard, &mut report, *id, path, *size, key)?;
+            done += size;
+            progress(done, total);
+        }
+        report_damaged_payloads(&mut shard, &mut report);
+        report_live_objects(&shard, &mut report);
+    }
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// The `shard-*` directories under `data`, in order; an error if none.
+fn shard_dirs(data: &Path) -> Result<Vec<PathBuf>, String> {
     let mut shards: Vec<PathBuf> = std::fs::read_dir(data)
         .map_err(|e| format!("cannot read the data directory {}: {e}", data.display()))?
         .filter_map(|e| e.ok())
@@ -121,182 +171,174 @@ pub fn check(data: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<FsckRepo
             data.display()
         ));
     }
-    let mut report = FsckReport::default();
-    let mut all = Vec::new();
-    for s in &shards {
-        for (id, path) in segment_files(s)? {
-            let size = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
-            all.push((s.clone(), id, path, size));
+    Ok(shards)
+}
+
+/// Each segment's key (version, shard secret), as recovery finds it.
+fn segment_keys_of(segs: &[&SegmentFile]) -> HashMap<u64, record::SegKey> {
+    let heads: Vec<Option<Vec<u8>>> = segs
+        .iter()
+        .map(|(_, _, path, size)| {
+            let f = File::open(path).ok()?;
+            read_exact_at(&f, (*size).min(ALIGN) as usize, 0).ok()
+        })
+        .collect();
+    let head_refs: Vec<(u64, Option<&[u8]>)> = segs
+        .iter()
+        .zip(&heads)
+        .map(|(a, h)| (a.1, h.as_deref()))
+        .collect();
+    segs.iter()
+        .map(|a| a.1)
+        .zip(scan::segment_keys(&head_refs).1.into_iter().map(|(k, _)| k))
+        .collect()
+}
+
+/// Scans one segment file: damaged ranges, its tail, its header record,
+/// then every record's payload; keeps the newest record of each key.
+fn check_segment(
+    shard: &mut ShardCheck,
+    report: &mut FsckReport,
+    id: u64,
+    path: &Path,
+    size: u64,
+    key: record::SegKey,
+) -> Result<(), String> {
+    let segment = path.file_name().unwrap().to_string_lossy().into_owned();
+    let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    report.segments += 1;
+    let shard_name = shard.shard.clone();
+    let problem = |offset: u64, h: Option<&record::Header>, what: String, corruption| Problem {
+        shard: shard_name.clone(),
+        segment: segment.clone(),
+        offset,
+        bucket: h.map(|h| h.bucket.clone()).unwrap_or_default(),
+        key: h.map(|h| h.key.clone()).unwrap_or_default(),
+        what,
+        corruption,
+    };
+    let scan = scan::scan_with(key, size, |offset, len| read_exact_at(&f, len, offset))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let sealed = scan.sealed;
+    for &(from, to) in &scan.damaged {
+        report.problems.push(problem(
+            from,
+            None,
+            format!("{} damaged bytes (to offset {to}) inside the segment: the record(s) there are lost; recovery keeps every record after them", to - from),
+            true,
+        ));
+    }
+    if let Some(from) = scan.tail_bad_from {
+        let (what, corruption) = if key.version == record::VERSION_1 {
+            (format!("unreadable record header in a version-1 segment ({} bytes to the end): records after it, if any, cannot be found safely; recovery keeps the segment as it is", size - from), true)
+        } else {
+            (format!("unreadable bytes from here to the end ({} bytes): a torn tail, which recovery cuts", size - from), false)
+        };
+        report.problems.push(problem(from, None, what, corruption));
+    }
+    if scan
+        .records
+        .first()
+        .is_some_and(|r| r.offset == 0 && r.header.kind() != Kind::SegmentHeader)
+        || scan.records.first().is_none_or(|r| r.offset != 0)
+    {
+        report.problems.push(problem(
+            0,
+            None,
+            "no readable segment header record".into(),
+            size > 0,
+        ));
+    }
+    for r in scan.records {
+        let (offset, n, h) = (r.offset, r.header_bytes as u64, r.header);
+        report.records += 1;
+        report.bytes_checked += n + h.payload_bytes;
+        let ok = payload_ok(&f, offset, n, &h);
+        if !ok {
+            shard.damaged.push((
+                problem(offset, Some(&h), "payload fails its CRC32C".into(), false),
+                h.seq,
+                h.kind(),
+            ));
+        }
+        match h.kind() {
+            Kind::Extent if ok => {
+                shard.extents_ok.insert((id, offset));
+            }
+            Kind::Object | Kind::Tombstone => {
+                let k = (h.bucket.clone(), h.key.clone());
+                if shard.newest.get(&k).is_none_or(|e| e.seq < h.seq) {
+                    shard.newest.insert(
+                        k,
+                        Newest {
+                            seq: h.seq,
+                            header: h,
+                            ok,
+                            at: (segment.clone(), offset),
+                        },
+                    );
+                }
+            }
+            _ => {}
         }
     }
-    let total: u64 = all.iter().map(|a| a.3).sum();
-    let mut done = 0u64;
-    for shard_dir in &shards {
-        report.shards += 1;
-        let shard = shard_dir
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        let mut newest: HashMap<(String, String), Newest> = HashMap::new();
-        let mut extents_ok: HashSet<(u64, u64)> = HashSet::new();
-        let mut damaged: Vec<(Problem, u64, Kind)> = Vec::new();
-        // Each segment's key (version, shard secret), as recovery finds it.
-        let segs: Vec<&(PathBuf, u64, PathBuf, u64)> =
-            all.iter().filter(|a| &a.0 == shard_dir).collect();
-        let heads: Vec<Option<Vec<u8>>> = segs
-            .iter()
-            .map(|(_, _, path, size)| {
-                let f = File::open(path).ok()?;
-                read_exact_at(&f, (*size).min(ALIGN) as usize, 0).ok()
-            })
-            .collect();
-        let head_refs: Vec<(u64, Option<&[u8]>)> = segs
-            .iter()
-            .zip(&heads)
-            .map(|(a, h)| (a.1, h.as_deref()))
-            .collect();
-        let ids: Vec<u64> = segs.iter().map(|a| a.1).collect();
-        let keys: HashMap<u64, record::SegKey> = ids
-            .iter()
-            .copied()
-            .zip(scan::segment_keys(&head_refs).1.into_iter().map(|(k, _)| k))
-            .collect();
-        for (_, id, path, size) in segs.iter().copied() {
-            let (id, size) = (*id, *size);
-            let segment = path.file_name().unwrap().to_string_lossy().into_owned();
-            let f = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-            report.segments += 1;
-            let problem =
-                |offset: u64, h: Option<&record::Header>, what: String, corruption| Problem {
-                    shard: shard.clone(),
-                    segment: segment.clone(),
-                    offset,
-                    bucket: h.map(|h| h.bucket.clone()).unwrap_or_default(),
-                    key: h.map(|h| h.key.clone()).unwrap_or_default(),
-                    what,
-                    corruption,
-                };
-            let key = *keys.get(&id).expect("a key per segment");
-            let scan = scan::scan_with(key, size, |offset, len| read_exact_at(&f, len, offset))
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let sealed = scan.sealed;
-            for &(from, to) in &scan.damaged {
-                report.problems.push(problem(
-                    from,
-                    None,
-                    format!("{} damaged bytes (to offset {to}) inside the segment: the record(s) there are lost; recovery keeps every record after them", to - from),
-                    true,
-                ));
-            }
-            if let Some(from) = scan.tail_bad_from {
-                let (what, corruption) = if key.version == record::VERSION_1 {
-                    (format!("unreadable record header in a version-1 segment ({} bytes to the end): records after it, if any, cannot be found safely; recovery keeps the segment as it is", size - from), true)
-                } else {
-                    (format!("unreadable bytes from here to the end ({} bytes): a torn tail, which recovery cuts", size - from), false)
-                };
-                report.problems.push(problem(from, None, what, corruption));
-            }
-            if scan
-                .records
-                .first()
-                .is_some_and(|r| r.offset == 0 && r.header.kind() != Kind::SegmentHeader)
-                || scan.records.first().is_none_or(|r| r.offset != 0)
-            {
-                report.problems.push(problem(
-                    0,
-                    None,
-                    "no readable segment header record".into(),
-                    size > 0,
-                ));
-            }
-            for r in scan.records {
-                let (offset, n, h) = (r.offset, r.header_bytes as u64, r.header);
-                report.records += 1;
-                report.bytes_checked += n + h.payload_bytes;
-                let ok = payload_ok(&f, offset, n, &h);
-                if !ok {
-                    // Damage only if it is what a key serves: decided
-                    // once the whole shard is read.
-                    damaged.push((
-                        problem(offset, Some(&h), "payload fails its CRC32C".into(), false),
-                        h.seq,
-                        h.kind(),
-                    ));
-                }
-                match h.kind() {
-                    Kind::Extent if ok => {
-                        extents_ok.insert((id, offset));
-                    }
-                    Kind::Object | Kind::Tombstone => {
-                        let k = (h.bucket.clone(), h.key.clone());
-                        if newest.get(&k).is_none_or(|e| e.seq < h.seq) {
-                            newest.insert(
-                                k,
-                                Newest {
-                                    seq: h.seq,
-                                    header: h,
-                                    ok,
-                                    at: (segment.clone(), offset),
-                                },
-                            );
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            if sealed {
-                report.sealed_segments += 1;
-            }
-            done += size;
-            progress(done, total);
+    if sealed {
+        report.sealed_segments += 1;
+    }
+    Ok(())
+}
+
+/// Records whose payload failed: damage when a key serves them.
+fn report_damaged_payloads(shard: &mut ShardCheck, report: &mut FsckReport) {
+    for (mut p, seq, kind) in std::mem::take(&mut shard.damaged) {
+        let served = kind == Kind::Object
+            && shard
+                .newest
+                .get(&(p.bucket.clone(), p.key.clone()))
+                .is_some_and(|n| n.seq == seq);
+        if served {
+            p.corruption = true;
+            p.what
+                .push_str(": the key's current version; GETs of it fail");
+        } else if kind == Kind::Extent {
+            p.what
+                .push_str(" (an extent: damage if a live object uses it, reported below)");
+        } else {
+            p.what
+                .push_str(" (an older version, not served; compaction drops it)");
         }
-        for (mut p, seq, kind) in damaged {
-            let served = kind == Kind::Object
-                && newest
-                    .get(&(p.bucket.clone(), p.key.clone()))
-                    .is_some_and(|n| n.seq == seq);
-            if served {
-                p.corruption = true;
-                p.what
-                    .push_str(": the key's current version; GETs of it fail");
-            } else if kind == Kind::Extent {
-                p.what
-                    .push_str(" (an extent: damage if a live object uses it, reported below)");
-            } else {
-                p.what
-                    .push_str(" (an older version, not served; compaction drops it)");
+        report.problems.push(p);
+    }
+}
+
+/// Counts live objects, and reports those whose extents are missing or
+/// damaged.
+fn report_live_objects(shard: &ShardCheck, report: &mut FsckReport) {
+    for ((bucket, key), n) in &shard.newest {
+        if let Body::Object { meta, extents } = &n.header.body {
+            if !n.ok {
+                continue; // reported above
             }
-            report.problems.push(p);
-        }
-        for ((bucket, key), n) in &newest {
-            if let Body::Object { meta, extents } = &n.header.body {
-                if !n.ok {
-                    continue; // reported above
+            for x in extents.iter() {
+                if !shard.extents_ok.contains(&(x.segment_id, x.record_offset)) {
+                    report.problems.push(Problem {
+                        shard: shard.shard.clone(),
+                        segment: n.at.0.clone(),
+                        offset: n.at.1,
+                        bucket: bucket.clone(),
+                        key: key.clone(),
+                        what: format!(
+                            "extent at segment {:016x} offset {} is missing or damaged",
+                            x.segment_id, x.record_offset
+                        ),
+                        corruption: true,
+                    });
                 }
-                for x in extents.iter() {
-                    if !extents_ok.contains(&(x.segment_id, x.record_offset)) {
-                        report.problems.push(Problem {
-                            shard: shard.clone(),
-                            segment: n.at.0.clone(),
-                            offset: n.at.1,
-                            bucket: bucket.clone(),
-                            key: key.clone(),
-                            what: format!(
-                                "extent at segment {:016x} offset {} is missing or damaged",
-                                x.segment_id, x.record_offset
-                            ),
-                            corruption: true,
-                        });
-                    }
-                }
-                report.live_objects += 1;
-                report.live_bytes += meta.size_bytes;
             }
+            report.live_objects += 1;
+            report.live_bytes += meta.size_bytes;
         }
     }
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
-    Ok(report)
 }
 
 /// `percore fsck`: runs the check with a progress line on a terminal and

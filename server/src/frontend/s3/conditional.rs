@@ -12,7 +12,7 @@ use crate::store::record::ObjectMeta;
 use crate::store::PutCondition;
 
 pub(super) fn etag_matches(list: &str, etag: &str) -> bool {
-    crate::store::etag_list_matches(list, etag)
+    super::etag::etag_list_matches(list, etag)
 }
 
 /// The decoded Content-MD5 header, if sent; InvalidDigest if malformed.
@@ -47,7 +47,7 @@ pub(super) fn put_condition(head: &RequestHead) -> Result<Option<PutCondition>, 
             "NotImplemented",
             "PutObject accepts If-None-Match: * only",
         )),
-        (None, Some(v)) => Ok(Some(PutCondition::IfMatch(v.to_string()))),
+        (None, Some(v)) => Ok(Some(PutCondition::IfMatch(super::etag::parse_list(v)))),
         (Some(_), Some(_)) => Err(S3Error::invalid_argument(
             "If-Match and If-None-Match cannot be combined on PutObject",
         )),

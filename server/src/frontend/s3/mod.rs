@@ -2,7 +2,8 @@
 //! (`serve`), each request routed once to an [`S3Op`] (`route`), checked by
 //! SigV4 (`auth`) and handled by resource: buckets (`bucket`), listings
 //! (`list`), objects (`object`), multipart uploads (`multipart`), copies
-//! (`copy`), with preconditions in `conditional` and bodies in `xml`.
+//! (`copy`), with preconditions in `conditional` (ETag lists in `etag`)
+//! and bodies in `xml`.
 //! Object operations go to the key's owner through `ObjectSource` /
 //! `ObjectSink`.
 
@@ -20,6 +21,7 @@ use crate::shard::Shard;
 pub mod auth;
 pub mod checksum;
 pub mod error;
+pub mod etag;
 pub mod route;
 pub mod xml;
 

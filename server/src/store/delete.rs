@@ -1,0 +1,57 @@
+//! DELETE: tombstones, written durably, then installed.
+
+use bytes::Bytes;
+
+use super::index::{Entry, State};
+use super::record::{self, Body, Header, Kind};
+use super::{now_ms, Result, Store, StoreError};
+
+impl Store {
+    /// Deletes the current version. Returns whether a live object existed.
+    pub async fn delete(&self, bucket: &str, key: &str) -> Result<bool> {
+        match self.lookup(bucket, key) {
+            Some(Entry {
+                state: State::Live(_),
+                ..
+            }) => {}
+            _ if self.is_uncertain(bucket, key) => {
+                self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+                return Ok(false);
+            }
+            _ => return Ok(false),
+        }
+        self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+        Ok(true)
+    }
+
+    pub(super) async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
+        let _writing = self.start_writing(bucket, key);
+        let seq = self.take_seq()?;
+        let body = match kind {
+            Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
+            _ => Body::Tombstone { mtime_ms: now_ms() },
+        };
+        let header = Header {
+            seq,
+            bucket: bucket.into(),
+            key: key.into(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body,
+        };
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = self.append_durable(header, Bytes::new()).await?;
+        self.install(
+            bucket,
+            key,
+            Entry {
+                seq,
+                loc,
+                state: State::Deleted,
+                older_on_disk: 0,
+            },
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! Listing keys in order (with prefix, delimiter and continuation) and
+//! counting live objects, from the index alone.
+
+use std::ops::Bound;
+
+use super::buckets::BUCKETS_NAMESPACE;
+use super::index::State;
+use super::{mpu, ListItem, Store};
+
+/// The least string greater than every string that starts with `prefix`,
+/// or None if there is none (`prefix` is empty or all U+10FFFF).
+///
+/// Keys compare byte-wise, which for UTF-8 is code-point order, so the
+/// successor is `prefix` with its last character replaced by the next
+/// code point (skipping surrogates), after dropping trailing U+10FFFF.
+/// Appending `char::MAX` instead (the old rule) is not an upper bound:
+/// `"dir/\u{10FFFF}x"` sorts after `"dir/\u{10FFFF}"`, and a listing
+/// that resumed there found the same common prefix forever.
+pub fn prefix_successor(prefix: &str) -> Option<String> {
+    let mut s = prefix.to_string();
+    while let Some(last) = s.pop() {
+        let next = match last as u32 + 1 {
+            0xD800 => Some('\u{E000}'),
+            n => char::from_u32(n),
+        };
+        if let Some(c) = next {
+            s.push(c);
+            debug_assert!(s.as_str() > prefix && !s.starts_with(prefix));
+            return Some(s);
+        }
+    }
+    None
+}
+
+impl Store {
+    /// Keys of `bucket` in order, after `start_after`, starting with
+    /// `prefix`; with a delimiter, keys sharing the part up to the next
+    /// delimiter collapse into one `Prefix` item. At most `limit` items.
+    pub fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: &str,
+        delimiter: Option<&str>,
+        limit: usize,
+    ) -> Vec<ListItem> {
+        let index = self.inner.index.borrow();
+        let Some(keys) = index.get(bucket) else {
+            return Vec::new();
+        };
+        let mut items = Vec::new();
+        let mut lower: Bound<String> = if start_after >= prefix {
+            Bound::Excluded(start_after.to_string())
+        } else {
+            Bound::Included(prefix.to_string())
+        };
+        // A continuation that ends on a common prefix resumes after all of it.
+        if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
+            if let Some(rest) = start_after.strip_prefix(prefix) {
+                if rest.ends_with(d) && !rest.is_empty() {
+                    match prefix_successor(start_after) {
+                        Some(next) => lower = Bound::Included(next),
+                        None => return items,
+                    }
+                }
+            }
+        }
+        // Keys starting with NUL are internal (multipart state), never
+        // listed. Applied last, so that no bound computed above (from a
+        // token holding a NUL, say) can reach into them.
+        if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
+        {
+            lower = Bound::Included("\u{1}".to_string());
+        }
+        'outer: while items.len() < limit {
+            let mut range = keys.range::<String, _>((lower.clone(), Bound::Unbounded));
+            loop {
+                let Some((key, entry)) = range.next() else {
+                    break 'outer;
+                };
+                if !key.starts_with(prefix) {
+                    break 'outer;
+                }
+                debug_assert!(!key.starts_with('\0'));
+                if key.starts_with('\0') {
+                    continue;
+                }
+                let State::Live(info) = &entry.state else {
+                    continue;
+                };
+                if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
+                    if let Some(pos) = key[prefix.len()..].find(d) {
+                        let common = key[..prefix.len() + pos + d.len()].to_string();
+                        let next = prefix_successor(&common);
+                        // Every later item sorts after this one: a page
+                        // can never hold the same prefix twice.
+                        debug_assert!(next.as_deref().is_none_or(|n| n > key.as_str()));
+                        items.push(ListItem::Prefix(common));
+                        match next {
+                            Some(next) => lower = Bound::Included(next),
+                            None => break 'outer,
+                        }
+                        continue 'outer;
+                    }
+                }
+                items.push(ListItem::Object {
+                    key: key.clone(),
+                    size_bytes: info.size_bytes,
+                    etag: info.etag.clone(),
+                    mtime_ms: info.mtime_ms,
+                });
+                if items.len() >= limit {
+                    break 'outer;
+                }
+            }
+        }
+        items
+    }
+
+    /// Live objects in `bucket` on this shard (multipart uploads and parts
+    /// are not objects: DeleteBucket discards them).
+    pub fn object_count(&self, bucket: &str) -> usize {
+        let index = self.inner.index.borrow();
+        index.get(bucket).map_or(0, |keys| {
+            keys.iter()
+                .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
+                .count()
+        })
+    }
+
+    /// Live objects on this shard, all buckets.
+    pub fn objects_total(&self) -> usize {
+        let index = self.inner.index.borrow();
+        index
+            .iter()
+            .filter(|(b, _)| b.as_str() != BUCKETS_NAMESPACE)
+            .map(|(_, keys)| {
+                keys.iter()
+                    .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
+                    .count()
+            })
+            .sum()
+    }
+}

@@ -1,0 +1,334 @@
+//! PUT: `PutWriter` streams an object's bytes (inline, or as extents of
+//! `chunk_bytes`), then `finish` checks the PUT's condition, appends the
+//! object record and installs it. `WritingKey` marks keys with a version
+//! between taking its seq and installing it.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use futures::channel::oneshot;
+
+use super::index::{Entry, State};
+use super::record::{self, Body, ExtentRef, Header, ObjectMeta};
+use super::{mpu, now_ms, Loc, ObjectInfo, PutCondition, Result, Store, StoreError};
+
+/// Marks a key as being written until dropped (see `KeyMarks::writing`).
+pub(super) struct WritingKey {
+    pub(super) store: Store,
+    pub(super) key: (String, String),
+}
+
+impl Drop for WritingKey {
+    fn drop(&mut self) {
+        let mut writing = self.store.inner.marks.writing.borrow_mut();
+        if let Some(n) = writing.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                writing.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A streamed PUT in progress.
+pub struct PutWriter {
+    pub(super) store: Store,
+    pub(super) bucket: String,
+    pub(super) key: String,
+    pub(super) meta: ObjectMeta,
+    pub(super) buffer: Vec<u8>,
+    pub(super) written_bytes: u64,
+    pub(super) extents: Vec<ExtentRef>,
+    pub(super) in_flight: VecDeque<(u64, oneshot::Receiver<Result<Loc>>)>,
+    /// Segments pinned by this PUT's durable extents.
+    pub(super) pinned: Vec<u64>,
+    /// For a multipart part: the upload's index key, which must still be
+    /// live when the part is installed. Parts always use extents.
+    pub(super) part_of: Option<String>,
+    pub(super) condition: Option<PutCondition>,
+}
+
+impl Drop for PutWriter {
+    fn drop(&mut self) {
+        for segment_id in self.pinned.drain(..) {
+            self.store.unpin(segment_id);
+        }
+    }
+}
+
+/// Extent writes in flight per PUT: enough to keep the disk busy.
+pub(super) const PUT_EXTENTS_IN_FLIGHT_MAX: usize = 4;
+
+impl PutWriter {
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    pub fn set_etag(&mut self, etag: String) {
+        self.meta.etag = etag;
+    }
+
+    pub fn set_condition(&mut self, condition: PutCondition) {
+        self.condition = Some(condition);
+    }
+
+    /// Headers known only once the body is in (a verified checksum).
+    pub fn add_headers(&mut self, headers: Vec<(String, String)>) {
+        self.meta.headers.extend(headers);
+    }
+
+    pub fn written_bytes(&self) -> u64 {
+        self.written_bytes + self.buffer.len() as u64
+    }
+
+    pub async fn write(&mut self, mut data: Bytes) -> Result<()> {
+        let chunk = self.store.inner.cfg.chunk_bytes as usize;
+        while !data.is_empty() {
+            if self.buffer.len() == chunk {
+                let piece = Bytes::from(std::mem::take(&mut self.buffer));
+                self.write_extent(piece).await?;
+            }
+            if self.buffer.is_empty() && data.len() > chunk {
+                // Whole chunks pass through without a staging copy.
+                let piece = data.split_to(chunk);
+                self.write_extent(piece).await?;
+                continue;
+            }
+            let take = (chunk - self.buffer.len()).min(data.len());
+            if self.buffer.capacity() == 0 {
+                self.buffer.reserve_exact(chunk.min(take.max(64 * 1024)));
+            }
+            self.buffer.extend_from_slice(&data.split_to(take));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn write_extent(&mut self, piece: Bytes) -> Result<()> {
+        while self.in_flight.len() >= PUT_EXTENTS_IN_FLIGHT_MAX {
+            self.collect_one().await?;
+        }
+        let object_offset = self.written_bytes;
+        let header = Header {
+            seq: 0,
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            payload_bytes: piece.len() as u64,
+            block_crcs: record::block_crcs(&piece),
+            body: Body::Extent { object_offset },
+        };
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        self.written_bytes += piece.len() as u64;
+        let rx = self.store.append(header, piece).await?;
+        self.in_flight.push_back((object_offset, rx));
+        Ok(())
+    }
+
+    pub(super) async fn collect_one(&mut self) -> Result<()> {
+        let (_, rx) = self.in_flight.pop_front().expect("in flight");
+        let loc = rx.await.map_err(|_| StoreError::ShuttingDown)??;
+        self.store.pin(loc.segment_id);
+        self.pinned.push(loc.segment_id);
+        self.extents.push(ExtentRef {
+            segment_id: loc.segment_id,
+            record_offset: loc.offset,
+            header_bytes: loc.header_bytes,
+            payload_bytes: loc.payload_bytes,
+        });
+        Ok(())
+    }
+
+    /// Makes the object durable and visible. `meta.size_bytes` is set here;
+    /// `meta.etag` must be set by the caller.
+    pub async fn finish(mut self) -> Result<ObjectInfo> {
+        let (payload, size_bytes) = self.finish_body().await?;
+        let store = self.store.clone();
+        self.meta.size_bytes = size_bytes;
+        if self.meta.mtime_ms == 0 {
+            self.meta.mtime_ms = now_ms();
+        }
+        let seen = match &self.condition {
+            Some(_) if store.is_writing(&self.bucket, &self.key) => {
+                return Err(StoreError::ConditionalConflict);
+            }
+            Some(c) => Some(store.check_put_condition(&self.bucket, &self.key, c)?),
+            None => None,
+        };
+        let _writing = store.start_writing(&self.bucket, &self.key);
+        let seq = store.take_seq()?;
+        let info = ObjectInfo {
+            size_bytes,
+            etag: self.meta.etag.clone().into(),
+            mtime_ms: self.meta.mtime_ms,
+            extents: self.extents.clone().into(),
+        };
+        let header = Header {
+            seq,
+            bucket: self.bucket.clone(),
+            key: self.key.clone(),
+            payload_bytes: payload.len() as u64,
+            block_crcs: record::block_crcs(&payload),
+            body: Body::Object {
+                meta: self.meta.clone(),
+                extents: self.extents.clone(),
+            },
+        };
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = store.append_durable(header, payload).await?;
+        if let Err(e) = self.still_installable(seen) {
+            // The record is on disk all the same: count it for the key.
+            store.count_stale(&self.bucket, &self.key);
+            return Err(e);
+        }
+        store.install(
+            &self.bucket,
+            &self.key,
+            Entry {
+                seq,
+                loc,
+                state: State::Live(info.clone()),
+                older_on_disk: 0,
+            },
+        );
+        Ok(info)
+    }
+
+    /// Ends the body: an object that fits one chunk (and is no multipart
+    /// part) is returned whole, to go inline in its record; otherwise the
+    /// rest is written as an extent and every extent write is awaited.
+    /// Returns (inline payload, object size).
+    async fn finish_body(&mut self) -> Result<(Bytes, u64)> {
+        let inline = self.extents.is_empty() && self.in_flight.is_empty() && self.part_of.is_none();
+        if inline {
+            let payload = Bytes::from(std::mem::take(&mut self.buffer));
+            let size_bytes = payload.len() as u64;
+            return Ok((payload, size_bytes));
+        }
+        if !self.buffer.is_empty() {
+            let piece = Bytes::from(std::mem::take(&mut self.buffer));
+            self.write_extent(piece).await?;
+        }
+        while !self.in_flight.is_empty() {
+            self.collect_one().await?;
+        }
+        Ok((Bytes::new(), self.written_bytes))
+    }
+
+    /// Once the object's record is durable: whether it may still become
+    /// the current version. `seen` is the version the PUT's condition was
+    /// checked against, if it had one.
+    fn still_installable(&self, seen: Option<Option<u64>>) -> Result<()> {
+        let store = &self.store;
+        // An extent made durable just before its segment was pinned could
+        // have been compacted away: then this version must not become visible
+        // (recovery drops it too, its extents being gone).
+        if let Some(missing) = store.missing_segment(&self.extents) {
+            return Err(StoreError::Invalid(format!(
+                "extent segment {missing} vanished during the PUT; retry"
+            )));
+        }
+        // Another write won the race since the condition was checked.
+        if let Some(seen) = seen {
+            let now = store
+                .lookup(&self.bucket, &self.key)
+                .filter(|e| matches!(e.state, State::Live(_)))
+                .map(|e| e.seq);
+            if now != seen {
+                return Err(StoreError::PreconditionFailed);
+            }
+        }
+        // A part whose upload was aborted or completed meanwhile stays
+        // invisible (start-up sweeps such records, see `mpu`).
+        if let Some(upload) = &self.part_of {
+            if store.head(&self.bucket, upload).is_none()
+                || store.upload_ending(&self.bucket, upload)
+            {
+                return Err(mpu::UploadError::NoSuchUpload.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Marks `key` as being written until the guard drops.
+    pub(super) fn start_writing(&self, bucket: &str, key: &str) -> WritingKey {
+        let k = (bucket.to_string(), key.to_string());
+        *self
+            .inner
+            .marks
+            .writing
+            .borrow_mut()
+            .entry(k.clone())
+            .or_default() += 1;
+        WritingKey {
+            store: self.clone(),
+            key: k,
+        }
+    }
+
+    pub(super) fn is_writing(&self, bucket: &str, key: &str) -> bool {
+        self.inner
+            .marks
+            .writing
+            .borrow()
+            .contains_key(&(bucket.to_string(), key.to_string()))
+    }
+
+    /// Stores a whole object held in memory.
+    pub async fn put(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        data: Bytes,
+    ) -> Result<ObjectInfo> {
+        let mut w = self.put_stream(bucket, key, meta);
+        w.write(data).await?;
+        w.finish().await
+    }
+
+    /// Starts a streamed PUT; nothing is visible until `finish` returns.
+    pub fn put_stream(&self, bucket: &str, key: &str, meta: ObjectMeta) -> PutWriter {
+        PutWriter {
+            store: self.clone(),
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            meta,
+            buffer: Vec::new(),
+            written_bytes: 0,
+            extents: Vec::new(),
+            in_flight: VecDeque::new(),
+            pinned: Vec::new(),
+            part_of: None,
+            condition: None,
+        }
+    }
+
+    /// Checks a PUT condition against the current version; Ok carries the
+    /// current version's seq, to be found unchanged at install time.
+    pub fn check_put_condition(
+        &self,
+        bucket: &str,
+        key: &str,
+        condition: &PutCondition,
+    ) -> Result<Option<u64>> {
+        let live = self.lookup(bucket, key).and_then(|e| match e.state {
+            State::Live(info) => Some((e.seq, info)),
+            State::Deleted => None,
+        });
+        match (condition, live) {
+            (PutCondition::IfNoneMatchAny, None) => Ok(None),
+            (PutCondition::IfNoneMatchAny, Some(_)) => Err(StoreError::PreconditionFailed),
+            (PutCondition::IfMatch(_), None) => Err(StoreError::NotFound),
+            (PutCondition::IfMatch(list), Some((seq, info))) => {
+                if list.iter().any(|t| t == "*" || **t == *info.etag) {
+                    Ok(Some(seq))
+                } else {
+                    Err(StoreError::PreconditionFailed)
+                }
+            }
+        }
+    }
+}

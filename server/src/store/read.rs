@@ -1,0 +1,465 @@
+//! GET: `open_read` takes a consistent view of an object version (its
+//! metadata and handles on the files holding its bytes) as an
+//! `ObjectReader`, which reads byte ranges and checks every block against
+//! its CRC (copying, or by DMA into a registered buffer: `read_fixed`).
+//! Headers of objects not read whole are kept in the shard's header cache.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use glommio::io::ReadResult;
+
+use super::file::{FaultPoint, SegFile};
+use super::index::{Entry, State};
+use super::record::{self, Body, Header, Kind, ObjectMeta};
+use super::record_cache::RecordCache;
+use super::{ObjectInfo, Result, Store, StoreConfig, StoreError};
+
+/// The shard's read caches, keyed by record place (segment, offset).
+pub(super) struct ReadCaches {
+    /// Extent block CRCs.
+    pub(super) crc: RefCell<RecordCache<Rc<[u32]>>>,
+    /// Headers of objects not read whole with them.
+    pub(super) header: RefCell<RecordCache<Rc<CachedHeader>>>,
+}
+
+impl ReadCaches {
+    pub(super) fn new(cfg: &StoreConfig) -> ReadCaches {
+        ReadCaches {
+            crc: RefCell::new(RecordCache::new(
+                cfg.crc_cache_bytes_max,
+                |c: &Rc<[u32]>| std::mem::size_of_val(&c[..]),
+            )),
+            header: RefCell::new(RecordCache::new(
+                cfg.header_cache_bytes_max,
+                CachedHeader::heap_bytes,
+            )),
+        }
+    }
+
+    /// A segment is gone: forget what was cached of its records.
+    pub(super) fn forget_segment(&self, segment_id: u64) {
+        self.crc.borrow_mut().forget_segment(segment_id);
+        self.header.borrow_mut().forget_segment(segment_id);
+    }
+}
+
+/// What a read needs of an object's record header when the object is not
+/// read whole with it (stored in extents, or inline but large).
+pub(super) struct CachedHeader {
+    pub(super) seq: u64,
+    pub(super) meta: ObjectMeta,
+    pub(super) extents: Vec<record::ExtentRef>,
+    /// The record's own payload CRCs (inline objects; empty otherwise).
+    pub(super) block_crcs: Rc<[u32]>,
+}
+
+impl CachedHeader {
+    pub(super) fn heap_bytes(h: &Rc<CachedHeader>) -> usize {
+        let m = &h.meta;
+        std::mem::size_of::<CachedHeader>()
+            + m.etag.len()
+            + m.content_type.len()
+            + m.headers
+                .iter()
+                .map(|(k, v)| 48 + k.len() + v.len())
+                .sum::<usize>()
+            + h.extents.len() * std::mem::size_of::<record::ExtentRef>()
+            + std::mem::size_of_val(&h.block_crcs[..])
+    }
+}
+
+pub(super) struct Part {
+    pub(super) file: Rc<SegFile>,
+    /// The key of the part's segment, taken with `file` (the segment may
+    /// leave the table while the reader holds its file).
+    pub(super) key: record::SegKey,
+    pub(super) segment_id: u64,
+    pub(super) record_offset: u64,
+    pub(super) header_bytes: u32,
+    pub(super) object_offset: u64,
+    pub(super) payload_bytes: u64,
+    /// Loaded with the header; None for extents until first read.
+    pub(super) block_crcs: Option<Rc<[u32]>>,
+    /// Whole payload, already verified (small inline objects).
+    pub(super) cached: Option<ReadResult>,
+}
+
+impl Part {
+    /// The part's block CRCs: kept from the object's header (inline), else
+    /// from the shard's cache, else read from the extent's header on disk
+    /// (and cached).
+    pub(super) async fn load_block_crcs(&mut self, store: &Store) -> Result<Rc<[u32]>> {
+        if let Some(c) = &self.block_crcs {
+            return Ok(c.clone());
+        }
+        let cached = store
+            .inner
+            .caches
+            .crc
+            .borrow_mut()
+            .get(self.segment_id, self.record_offset);
+        let crcs = match cached {
+            Some(c) => c,
+            None => {
+                store.fault(FaultPoint::Read {
+                    segment_id: self.segment_id,
+                    offset: self.record_offset,
+                })?;
+                let raw = self
+                    .file
+                    .read_at(self.record_offset, self.header_bytes as usize)
+                    .await?;
+                let header = match record::decode_header(&raw, &self.key, self.record_offset) {
+                    Ok((h, _))
+                        if h.kind() == Kind::Extent && h.payload_bytes == self.payload_bytes =>
+                    {
+                        h
+                    }
+                    _ => {
+                        store.inner.stats.borrow_mut().corrupt_reads += 1;
+                        return Err(StoreError::Corrupt {
+                            segment_id: self.segment_id,
+                            offset: self.record_offset,
+                        });
+                    }
+                };
+                let crcs: Rc<[u32]> = header.block_crcs.into();
+                store.inner.caches.crc.borrow_mut().insert(
+                    self.segment_id,
+                    self.record_offset,
+                    crcs.clone(),
+                );
+                crcs
+            }
+        };
+        self.block_crcs = Some(crcs.clone());
+        Ok(crcs)
+    }
+}
+
+/// Reads one object version; every byte returned has passed its block CRC.
+pub struct ObjectReader {
+    pub(super) store: Store,
+    pub seq: u64,
+    pub meta: ObjectMeta,
+    pub(super) parts: Vec<Part>,
+}
+
+impl ObjectReader {
+    pub fn size_bytes(&self) -> u64 {
+        self.meta.size_bytes
+    }
+
+    /// Returns up to `len_bytes` starting at `offset` (fewer at a part
+    /// boundary; call again for the rest). Empty only at or past the end.
+    pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<ReadResult> {
+        let Some(index) = self
+            .parts
+            .iter()
+            .position(|p| offset < p.object_offset + p.payload_bytes)
+        else {
+            return Ok(ReadResult::default());
+        };
+        let store = self.store.clone();
+        let part = &mut self.parts[index];
+        let within = offset - part.object_offset;
+        let len = len_bytes.min(part.payload_bytes - within);
+        if let Some(cached) = &part.cached {
+            return Ok(
+                ReadResult::slice(cached, within as usize, len as usize).expect("slice in range")
+            );
+        }
+        let corrupt = StoreError::Corrupt {
+            segment_id: part.segment_id,
+            offset: part.record_offset,
+        };
+        let crcs = part.load_block_crcs(&store).await?;
+        let first_block = within / record::BLOCK_BYTES;
+        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
+        let read_start = first_block * record::BLOCK_BYTES;
+        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
+        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
+        store.fault(FaultPoint::Read {
+            segment_id: part.segment_id,
+            offset: file_offset,
+        })?;
+        let read_started = std::time::Instant::now();
+        let raw = part
+            .file
+            .read_at(file_offset, (read_end - read_start) as usize)
+            .await?;
+        store.inner.device_read.record(read_started.elapsed());
+        if raw.len() as u64 != read_end - read_start
+            || !record::verify_blocks(&crcs, first_block as usize, &raw)
+        {
+            store.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Err(corrupt);
+        }
+        Ok(
+            ReadResult::slice(&raw, (within - read_start) as usize, len as usize)
+                .expect("slice in range"),
+        )
+    }
+}
+
+impl ObjectReader {
+    /// Like `read`, but the bytes land by DMA in a registered buffer of the
+    /// shard's data ring (READ_FIXED), are CRC-checked there, and are
+    /// returned as (buffer, start, end) so that the caller can send that
+    /// very buffer. None when this part cannot go that way (inline object,
+    /// buffered file, range larger than a pool buffer): use `read`.
+    pub async fn read_fixed(
+        &mut self,
+        ring: &crate::ring::DataRing,
+        offset: u64,
+        len_bytes: u64,
+    ) -> Option<Result<(crate::ring::PoolBuf, usize, usize)>> {
+        let pool = ring.pool()?;
+        let index = self
+            .parts
+            .iter()
+            .position(|p| offset < p.object_offset + p.payload_bytes)?;
+        if self.parts[index].cached.is_some() {
+            return None;
+        }
+        let target = self.parts[index].file.ring_target(ring)?;
+        let store = self.store.clone();
+        let crcs = match self.parts[index].load_block_crcs(&store).await {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let part = &self.parts[index];
+        let within = offset - part.object_offset;
+        let len = len_bytes.min(part.payload_bytes - within);
+        let first_block = within / record::BLOCK_BYTES;
+        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
+        let read_start = first_block * record::BLOCK_BYTES;
+        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
+        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
+        let aligned = file_offset - file_offset % DIRECT_ALIGN_BYTES;
+        let skew = (file_offset - aligned) as usize;
+        let want = (skew as u64 + read_end - read_start).next_multiple_of(DIRECT_ALIGN_BYTES);
+        if want > pool.buf_bytes() as u64 {
+            return None;
+        }
+        if let Err(e) = store.fault(FaultPoint::Read {
+            segment_id: part.segment_id,
+            offset: file_offset,
+        }) {
+            return Some(Err(e.into()));
+        }
+        let corrupt = StoreError::Corrupt {
+            segment_id: part.segment_id,
+            offset: part.record_offset,
+        };
+        // No waiting for a buffer: with the pool out (slow clients hold
+        // buffers until their sends finish), the caller uses the copy path.
+        let buf = pool.try_acquire()?;
+        let started = std::time::Instant::now();
+        let (result, buf) = ring.read_fixed(target, buf, aligned, want as usize).await;
+        store.inner.device_read.record(started.elapsed());
+        let n = match result {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let data_len = (read_end - read_start) as usize;
+        if n < skew + data_len
+            || !record::verify_blocks(
+                &crcs,
+                first_block as usize,
+                &buf.as_slice()[skew..skew + data_len],
+            )
+        {
+            store.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Some(Err(corrupt));
+        }
+        let start = skew + (within - read_start) as usize;
+        Some(Ok((buf, start, start + len as usize)))
+    }
+}
+
+/// O_DIRECT reads on the data ring need 4 KiB-aligned offsets and lengths.
+pub(super) const DIRECT_ALIGN_BYTES: u64 = 4096;
+
+impl Store {
+    /// Index-only metadata (size, ETag, mtime).
+    pub fn head(&self, bucket: &str, key: &str) -> Option<ObjectInfo> {
+        match self.lookup(bucket, key)?.state {
+            State::Live(info) => Some(info),
+            State::Deleted => None,
+        }
+    }
+
+    /// Opens a consistent reader on the current version: full metadata plus
+    /// handles on the files holding its bytes (valid even if compaction
+    /// later removes them).
+    pub async fn open_read(&self, bucket: &str, key: &str) -> Result<ObjectReader> {
+        let entry = self.lookup(bucket, key).ok_or(StoreError::NotFound)?;
+        let State::Live(info) = &entry.state else {
+            return Err(StoreError::NotFound);
+        };
+        // Small inline records are read whole at once: one I/O per GET.
+        let whole = info.extents.is_empty() && entry.loc.span_bytes() <= 256 * 1024;
+        if !whole {
+            return self.open_by_header(bucket, key, &entry).await;
+        }
+        let read_len = entry.loc.header_bytes as u64 + entry.loc.payload_bytes;
+        let (file, seg_key, raw, header, header_bytes) = self
+            .read_object_header(bucket, key, &entry, read_len)
+            .await?;
+        let Body::Object { meta, .. } = header.body else {
+            unreachable!("checked by read_object_header")
+        };
+        let corrupt = || StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        };
+        let cached = ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize)
+            .ok_or_else(corrupt)?;
+        if !record::verify_blocks(&header.block_crcs, 0, &cached) {
+            self.inner.stats.borrow_mut().corrupt_reads += 1;
+            return Err(corrupt());
+        }
+        Ok(ObjectReader {
+            store: self.clone(),
+            seq: entry.seq,
+            meta,
+            parts: vec![Part {
+                file,
+                key: seg_key,
+                segment_id: entry.loc.segment_id,
+                record_offset: entry.loc.offset,
+                header_bytes: header_bytes as u32,
+                object_offset: 0,
+                payload_bytes: entry.loc.payload_bytes,
+                block_crcs: Some(header.block_crcs.into()),
+                cached: Some(cached),
+            }],
+        })
+    }
+
+    /// Reads `read_len` bytes at the record of `entry` and decodes its
+    /// header, which must be the object record the index points at. Returns
+    /// the segment file too.
+    pub(super) async fn read_object_header(
+        &self,
+        bucket: &str,
+        key: &str,
+        entry: &Entry,
+        read_len: u64,
+    ) -> Result<(Rc<SegFile>, record::SegKey, ReadResult, Header, usize)> {
+        let (file, seg_key) = self
+            .segment_handle(entry.loc.segment_id)
+            .ok_or(StoreError::NotFound)?;
+        self.fault(FaultPoint::Read {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        })?;
+        let read_started = std::time::Instant::now();
+        let raw = file.read_at(entry.loc.offset, read_len as usize).await?;
+        self.inner.device_read.record(read_started.elapsed());
+        let corrupt = || StoreError::Corrupt {
+            segment_id: entry.loc.segment_id,
+            offset: entry.loc.offset,
+        };
+        let (header, header_bytes) = record::decode_header(&raw, &seg_key, entry.loc.offset)
+            .map_err(|_| {
+                self.inner.stats.borrow_mut().corrupt_reads += 1;
+                corrupt()
+            })?;
+        if !matches!(header.body, Body::Object { .. })
+            || header.seq != entry.seq
+            || header.bucket != bucket
+            || header.key != key
+        {
+            return Err(corrupt());
+        }
+        Ok((file, seg_key, raw, header, header_bytes))
+    }
+
+    /// Opens an object that is not read whole with its header (stored in
+    /// extents, or inline but large): the header (metadata, extent list,
+    /// inline CRCs) from the shard's header cache, else from disk (then
+    /// cached); the payload is read later, piece by piece.
+    pub(super) async fn open_by_header(
+        &self,
+        bucket: &str,
+        key: &str,
+        entry: &Entry,
+    ) -> Result<ObjectReader> {
+        let (seg, off) = (entry.loc.segment_id, entry.loc.offset);
+        let cached = self.inner.caches.header.borrow_mut().get(seg, off);
+        let header = match cached {
+            // (segment, offset) names one record for the life of the
+            // process; the seq check is belt and braces.
+            Some(h) if h.seq == entry.seq => h,
+            _ => {
+                let (_, _, _, header, _) = self
+                    .read_object_header(bucket, key, entry, u64::from(entry.loc.header_bytes))
+                    .await?;
+                let Body::Object { meta, extents } = header.body else {
+                    unreachable!("checked by read_object_header")
+                };
+                let block_crcs = if extents.is_empty() {
+                    header.block_crcs.into()
+                } else {
+                    Rc::from([])
+                };
+                let h = Rc::new(CachedHeader {
+                    seq: entry.seq,
+                    meta,
+                    extents,
+                    block_crcs,
+                });
+                self.inner
+                    .caches
+                    .header
+                    .borrow_mut()
+                    .insert(seg, off, h.clone());
+                h
+            }
+        };
+        let corrupt = || StoreError::Corrupt {
+            segment_id: seg,
+            offset: off,
+        };
+        let mut parts = Vec::with_capacity(header.extents.len().max(1));
+        if header.extents.is_empty() {
+            let (file, key) = self.segment_handle(seg).ok_or_else(corrupt)?;
+            parts.push(Part {
+                file,
+                key,
+                segment_id: seg,
+                record_offset: off,
+                header_bytes: entry.loc.header_bytes,
+                object_offset: 0,
+                payload_bytes: entry.loc.payload_bytes,
+                block_crcs: Some(header.block_crcs.clone()),
+                cached: None,
+            });
+        }
+        let mut object_offset = 0;
+        for e in &header.extents {
+            let (file, key) = self.segment_handle(e.segment_id).ok_or_else(corrupt)?;
+            parts.push(Part {
+                file,
+                key,
+                segment_id: e.segment_id,
+                record_offset: e.record_offset,
+                header_bytes: e.header_bytes,
+                object_offset,
+                payload_bytes: e.payload_bytes,
+                block_crcs: None,
+                cached: None,
+            });
+            object_offset += e.payload_bytes;
+        }
+        Ok(ObjectReader {
+            store: self.clone(),
+            seq: entry.seq,
+            meta: header.meta.clone(),
+            parts,
+        })
+    }
+}
