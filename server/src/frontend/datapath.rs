@@ -37,7 +37,8 @@ const _: () = assert!(GET_PIECE_BYTES.is_multiple_of(BLOCK_BYTES));
 // A block-aligned GET piece plus the O_DIRECT alignment slack before it
 // fits one registered buffer; were it larger, `read_fixed` would refuse
 // every piece and all GETs would silently take the copy path.
-const _: () = assert!(GET_PIECE_BYTES + WRITE_ALIGN_BYTES <= crate::boot::shard_main::RING_BUF_BYTES as u64);
+const _: () =
+    assert!(GET_PIECE_BYTES + WRITE_ALIGN_BYTES <= crate::boot::shard_main::RING_BUF_BYTES as u64);
 
 /// Regroups the bytes of a PUT body, as they arrive in reads or frames of
 /// any size, into `PUT_PIECE_BYTES` pieces written to the sink.
@@ -157,20 +158,21 @@ pub async fn send_registered(
 ) -> Result<(), SendError> {
     assert!(start <= end && end <= buf.len());
     while start < end {
-        let (result, back) = match within(timeout, ring.send(fd, buf, start, end, *zc_allowed)).await {
-            Some(r) => r,
-            None => {
-                // The send (and its buffer) stays with the kernel until it
-                // completes; shutting the socket down completes it now,
-                // even if the peer keeps the connection open.
-                // SAFETY: shutdown(2) on a descriptor the caller's open
-                // connection owns for this whole call; it only changes the
-                // socket's state (no memory is read or written) and does
-                // not close the descriptor.
-                unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
-                return Err(SendError::TimedOut);
-            }
-        };
+        let (result, back) =
+            match within(timeout, ring.send(fd, buf, start, end, *zc_allowed)).await {
+                Some(r) => r,
+                None => {
+                    // The send (and its buffer) stays with the kernel until it
+                    // completes; shutting the socket down completes it now,
+                    // even if the peer keeps the connection open.
+                    // SAFETY: shutdown(2) on a descriptor the caller's open
+                    // connection owns for this whole call; it only changes the
+                    // socket's state (no memory is read or written) and does
+                    // not close the descriptor.
+                    unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+                    return Err(SendError::TimedOut);
+                }
+            };
         buf = back;
         match result {
             Ok((0, _)) => return Err(SendError::Closed),

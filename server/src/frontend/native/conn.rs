@@ -25,8 +25,8 @@ use super::{
     Budget, Held, NativeFront, CONNECTION_BYTES_MAX, HELLO_TIMEOUT, IDLE_TIMEOUT, IO_TIMEOUT,
     OUT_QUEUE, PRE_AUTH_HEADER_BYTES_MAX, PUT_QUEUE,
 };
-use crate::frontend::http::within;
 use crate::frontend::common::PUT_BYTES_MAX;
+use crate::frontend::http::within;
 
 /// One PutData frame for an upload task: its bytes, the CRC32C it may
 /// carry, and the budget they hold until stored.

@@ -37,8 +37,8 @@ use futures::SinkExt;
 use glommio::net::TcpStream;
 use percore_protocol::native::{self as proto, Kind, Reply, Request, Status};
 
-use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::frontend::common::Credentials;
+use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::shard::msg::ShardError;
 use crate::shard::Shard;
 use writer::{reply_frame, Out};

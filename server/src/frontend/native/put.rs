@@ -12,9 +12,9 @@ use percore_protocol::native::{self as proto, Reply, Status};
 
 use super::conn::PutFrame;
 use super::{status_of, NativeFront};
-use crate::frontend::http::within;
-use crate::frontend::datapath::PieceBuilder;
 use crate::frontend::common::PUT_BYTES_MAX;
+use crate::frontend::datapath::PieceBuilder;
+use crate::frontend::http::within;
 use crate::shard::object::ObjectSink;
 use crate::store::record::ObjectMeta;
 use crate::store::ObjectInfo;

@@ -13,8 +13,8 @@ use glommio::net::TcpStream;
 use percore_protocol::native::{self as proto, ItemHead, Kind, Reply, ServerMessage};
 
 use super::{Held, COALESCE_BYTES_MAX, IO_TIMEOUT, WRITE_BATCH_BYTES};
-use crate::frontend::http::within;
 use crate::frontend::datapath::{self, Piece};
+use crate::frontend::http::within;
 use crate::ring::DataRing;
 
 /// One whole frame for the writer.

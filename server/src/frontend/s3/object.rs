@@ -16,9 +16,7 @@ use crate::frontend::common::PUT_BYTES_MAX;
 use crate::frontend::datapath::{
     self, read_piece, Piece, PieceBuilder, SendError, GET_PIECE_BYTES,
 };
-use crate::frontend::http::{
-    content_range, parse_range, BodyFraming, RangeSpec, ResponseHead,
-};
+use crate::frontend::http::{content_range, parse_range, BodyFraming, RangeSpec, ResponseHead};
 use crate::frontend::s3::auth::{ChunkedDecoder, PayloadMode, Verified};
 use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
@@ -344,9 +342,15 @@ impl S3Front {
             // verified copy.
             let want = (end - offset).min(GET_PIECE_BYTES);
             match read_piece(source, ring.as_deref(), offset, want).await {
-                Ok(Piece::Registered { buf, start, end: stop }) => {
+                Ok(Piece::Registered {
+                    buf,
+                    start,
+                    end: stop,
+                }) => {
                     conn.flush().await?;
-                    let ring = ring.as_deref().expect("a registered piece comes from the ring");
+                    let ring = ring
+                        .as_deref()
+                        .expect("a registered piece comes from the ring");
                     self.send_registered(conn, ring, buf, start, stop).await?;
                     offset += (stop - start) as u64;
                 }
