@@ -181,6 +181,19 @@ impl EnvValue for bool {
     }
 }
 
+/// Whether the admin port's writes are open without the bearer token: a
+/// security decision, so it keeps its own, strict reading of the
+/// environment (not the layered helper's 1/true/yes/on, trimmed, empty =
+/// unset): only the exact values `1` and `true` open writes; any other value
+/// that is set, the empty string included, keeps them closed and overrides
+/// the file.
+fn admin_open_writes(env: &dyn Fn(&str) -> Option<String>, file: Option<bool>) -> bool {
+    match env("PERCORE_ADMIN_OPEN_WRITES") {
+        Some(v) => v == "1" || v == "true",
+        None => file.unwrap_or(false),
+    }
+}
+
 /// The layers under a setting's flag: the environment (the file's value is
 /// passed per setting). Resolves every setting the same way:
 /// flag > environment > file > default.
@@ -444,7 +457,7 @@ impl ServerConfig {
             access_key,
             secret_key,
             default_credentials,
-            admin_open_writes: l.setting("admin_open_writes", None, f.admin_open_writes, false)?,
+            admin_open_writes: admin_open_writes(env, f.admin_open_writes),
         })
     }
 }
@@ -546,6 +559,39 @@ mod tests {
         let env = |k: &str| (k == "PERCORE_ADMIN_OPEN_WRITES").then(|| "1".to_string());
         let c = ServerConfig::resolve(&ServeArgs::default(), &env).unwrap();
         assert!(c.admin_open_writes);
+    }
+
+    #[test]
+    fn admin_writes_open_only_for_exactly_1_or_true() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "admin_open_writes = true\n").unwrap();
+        let with_file = ServeArgs {
+            config: Some(path),
+            ..Default::default()
+        };
+        for (value, open) in [
+            ("1", true),
+            ("true", true),
+            ("yes", false),
+            ("on", false),
+            ("TRUE", false),
+            (" 1", false),
+            ("", false),
+            ("0", false),
+        ] {
+            let env = |k: &str| (k == "PERCORE_ADMIN_OPEN_WRITES").then(|| value.to_string());
+            for args in [&ServeArgs::default(), &with_file] {
+                let c = ServerConfig::resolve(args, &env).unwrap();
+                assert_eq!(c.admin_open_writes, open, "{value:?}");
+            }
+        }
+        // Unset: the file decides.
+        assert!(
+            ServerConfig::resolve(&with_file, &no_env)
+                .unwrap()
+                .admin_open_writes
+        );
     }
 
     #[test]

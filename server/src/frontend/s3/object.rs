@@ -347,6 +347,11 @@ impl S3Front {
                     start,
                     end: stop,
                 }) => {
+                    if stop == start {
+                        // Never today (the store reads at least a byte
+                        // below the end); a zero-length piece must not spin.
+                        return Err(S3Error::internal("object shorter than its metadata"));
+                    }
                     conn.flush().await?;
                     let ring = ring
                         .as_deref()
