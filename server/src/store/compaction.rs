@@ -157,7 +157,7 @@ impl Store {
             .await;
         self.copy_extents(&victim, &plan, &mut copies, &mut report)
             .await;
-        self.check_uncontended(segment_id, &plan, &copies)?;
+        self.check_uncontended(segment_id, &copies)?;
         // Phase B: point the index at the copies, delete the victim, then
         // settle counts and drop tombstones.
         self.switch_index(segment_id, copies.relocated, copies.rewritten);
@@ -368,17 +368,25 @@ impl Store {
     /// first), or a new owner of an extent may have appeared: the victim
     /// stays then, as it does when a copy failed. Nothing is installed, and
     /// every durable keyed copy is one more older record of its key.
-    fn check_uncontended(&self, segment_id: u64, plan: &Plan<'_>, copies: &Copies) -> Result<()> {
+    ///
+    /// An owner counts as moved only if its current version is the very
+    /// version whose record was rewritten (same seq and place): a key can
+    /// gain a newer version that lists victim extents while the copies are
+    /// made (a multipart completion listing a part's extents), and that
+    /// version is not moved by rewriting the older one.
+    fn check_uncontended(&self, segment_id: u64, copies: &Copies) -> Result<()> {
+        let owners = self.inner.index.borrow().extent_owners(segment_id);
+        let moved = |owner: &Key| {
+            let current = self.lookup(&owner.0, &owner.1);
+            copies.rewritten.iter().any(|(key, old, _, _)| {
+                key == owner
+                    && current
+                        .as_ref()
+                        .is_some_and(|e| e.seq == old.seq && e.loc == old.loc)
+            })
+        };
         let contended = !copies.keep_victim
-            && (self.is_pinned(segment_id)
-                || self
-                    .inner
-                    .index
-                    .borrow()
-                    .extent_owners(segment_id)
-                    .values()
-                    .flatten()
-                    .any(|owner| !plan.moved_extents.contains_key(owner)));
+            && (self.is_pinned(segment_id) || owners.values().flatten().any(|o| !moved(o)));
         if !copies.keep_victim && !contended {
             return Ok(());
         }
