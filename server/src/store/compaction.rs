@@ -370,19 +370,22 @@ impl Store {
     /// every durable keyed copy is one more older record of its key.
     ///
     /// An owner counts as moved only if its current version is the very
-    /// version whose record was rewritten (same seq and place): a key can
-    /// gain a newer version that lists victim extents while the copies are
-    /// made (a multipart completion listing a part's extents), and that
-    /// version is not moved by rewriting the older one.
+    /// version whose record was rewritten (same seq and place) and the
+    /// rewrite lists no extent in the victim any more: a key can gain a
+    /// newer version that lists victim extents while the copies are made (a
+    /// multipart completion listing a part's extents), and that version is
+    /// not moved by rewriting the older one, nor wholly by a rewrite planned
+    /// from an older version's extents.
     fn check_uncontended(&self, segment_id: u64, copies: &Copies) -> Result<()> {
         let owners = self.inner.index.borrow().extent_owners(segment_id);
         let moved = |owner: &Key| {
             let current = self.lookup(&owner.0, &owner.1);
-            copies.rewritten.iter().any(|(key, old, _, _)| {
+            copies.rewritten.iter().any(|(key, old, _, info)| {
                 key == owner
                     && current
                         .as_ref()
                         .is_some_and(|e| e.seq == old.seq && e.loc == old.loc)
+                    && info.extents.iter().all(|e| e.segment_id != segment_id)
             })
         };
         let contended = !copies.keep_victim
