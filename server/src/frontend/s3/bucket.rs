@@ -58,9 +58,7 @@ impl S3Front {
     }
 
     pub(super) async fn head_bucket(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let head =
             ResponseHead::new(200).with_header("x-amz-bucket-region", self.cfg.region.clone());
         self.respond(conn, req, head, b"").await
@@ -81,9 +79,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let body = format!(
             "{}<VersioningConfiguration xmlns=\"{}\"/>",
             xml::XML_DECLARATION,
@@ -97,9 +93,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let region = if self.cfg.region == "us-east-1" {
             ""
         } else {
@@ -115,9 +109,7 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let body = self
             .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX)
             .await?;

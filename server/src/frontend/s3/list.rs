@@ -50,9 +50,7 @@ impl S3Front {
         req: &Request,
         v2: bool,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let prefix = req.q("prefix").unwrap_or("").to_string();
         let delimiter = req
             .q("delimiter")
@@ -130,9 +128,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let prefix = req.q("prefix").unwrap_or("").to_string();
         let delimiter = req
             .q("delimiter")

@@ -130,6 +130,17 @@ fn malformed(message: impl Into<String>) -> S3Error {
     S3Error::new(400, "MalformedXML", message)
 }
 
+impl S3Front {
+    /// NoSuchBucket unless this shard's copy of the bucket set has it.
+    fn require_bucket(&self, req: &Request) -> Result<(), S3Error> {
+        if self.shard.bucket_exists(&req.bucket) {
+            Ok(())
+        } else {
+            Err(S3Error::no_such_bucket())
+        }
+    }
+}
+
 fn quoted(etag: &str) -> String {
     format!("\"{etag}\"")
 }

@@ -41,9 +41,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let meta = self.object_meta_from_request(req)?;
         let id = self.shard.mpu_create(&req.bucket, &req.key, meta).await?;
         let mut out = String::with_capacity(256 + req.key.len());
@@ -113,9 +111,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         self.shard
             .mpu_abort(&req.bucket, &req.key, &upload_id(req))
             .await?;
@@ -123,9 +119,7 @@ impl S3Front {
     }
 
     pub(super) async fn list_parts(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let max_parts = parse_limit(req.q("max-parts"), "max-parts", LIST_PARTS_MAX)?;
         let marker = match req.q("part-number-marker") {
             None | Some("") => 0,
@@ -174,9 +168,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let max = parse_limit(req.q("max-uploads"), "max-uploads", LIST_UPLOADS_MAX)?;
         let prefix = req.q("prefix").unwrap_or("").to_string();
         let delimiter = req.q("delimiter").filter(|d| !d.is_empty());

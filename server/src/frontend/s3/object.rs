@@ -9,7 +9,7 @@ use sha2::Sha256;
 
 use super::conditional::{check_conditions, content_md5, put_condition};
 use super::{
-    http_date, Conn, Request, S3Front, METADATA_HEADERS_MAX, STORED_HEADERS,
+    http_date, quoted, Conn, Request, S3Front, METADATA_HEADERS_MAX, STORED_HEADERS,
     USER_METADATA_BYTES_MAX,
 };
 use crate::frontend::common::PUT_BYTES_MAX;
@@ -100,7 +100,7 @@ impl S3Front {
         let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
             .await?;
         let info = self.receive_object(conn, req, auth, sink).await?;
-        let head = ResponseHead::new(200).with_header("ETag", format!("\"{}\"", info.etag));
+        let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
         self.respond(conn, req, head, b"").await
     }
 
@@ -161,9 +161,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         self.shard.delete_object(&req.bucket, &req.key).await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
@@ -173,9 +171,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let wanted: Vec<String> = req
             .head
             .header_str("x-amz-object-attributes")
@@ -255,14 +251,12 @@ impl S3Front {
         req: &Request,
         head_only: bool,
     ) -> Result<(), S3Error> {
-        if !self.shard.bucket_exists(&req.bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        self.require_bucket(req)?;
         let (mut source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
         let size = meta.size_bytes;
         if let Some(status) = check_conditions(&req.head, &meta)? {
             let mut head = ResponseHead::new(status);
-            head.push_header("ETag", format!("\"{}\"", meta.etag));
+            head.push_header("ETag", quoted(&meta.etag));
             head.push_header("Last-Modified", http_date(meta.mtime_ms));
             return self.respond(conn, req, head, b"").await;
         }
@@ -287,7 +281,7 @@ impl S3Front {
             },
         };
         let mut head = ResponseHead::new(status);
-        head.push_header("ETag", format!("\"{}\"", meta.etag));
+        head.push_header("ETag", quoted(&meta.etag));
         head.push_header("Last-Modified", http_date(meta.mtime_ms));
         head.push_header("Accept-Ranges", "bytes");
         head.push_header("Content-Type", meta.content_type.clone());
@@ -449,7 +443,7 @@ impl S3Front {
             .sum::<u64>()
             + closing.len() as u64;
         let mut head = ResponseHead::new(206);
-        head.push_header("ETag", format!("\"{}\"", meta.etag));
+        head.push_header("ETag", quoted(&meta.etag));
         head.push_header("Last-Modified", http_date(meta.mtime_ms));
         head.push_header("Accept-Ranges", "bytes");
         head.push_header(
