@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// (READ_FIXED into registered buffers, SEND_ZC).
     #[arg(long)]
     pub no_data_ring: bool,
+    /// Memory for the object cache (hot objects served without a device
+    /// read), MiB for the whole node, split among the shards; 0 turns it
+    /// off (default: a quarter of the RAM).
+    #[arg(long, value_name = "MIB")]
+    pub object_cache_mb: Option<u64>,
     /// TOML configuration file (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -72,6 +77,7 @@ pub struct FileConfig {
     pub ring_submit_batch: Option<usize>,
     pub ring_send_zc_min_bytes: Option<usize>,
     pub segment_bytes_max: Option<u64>,
+    pub object_cache_mb: Option<u64>,
     pub scrub_interval_s: Option<u64>,
     pub scrub_mb_per_sec: Option<u64>,
     pub connections_per_shard_max: Option<usize>,
@@ -105,6 +111,9 @@ pub struct ServerConfig {
     pub ring_submit_batch: usize,
     pub ring_send_zc_min_bytes: usize,
     pub segment_bytes_max: u64,
+    /// Memory for the object cache, MiB for the whole node (split evenly
+    /// among the shards); 0 turns it off. Default: a quarter of the RAM.
+    pub object_cache_mb: u64,
     /// Seconds between background scrub passes (0: off).
     pub scrub_interval_s: u64,
     /// Scrub read rate, MB/s.
@@ -353,6 +362,25 @@ fn shard_count(shards: Option<usize>) -> Result<Option<usize>, String> {
     Ok(shards)
 }
 
+/// The object cache's size for the node, MiB.
+fn object_cache_mb(l: &Layers, args: &ServeArgs, file: Option<u64>) -> Result<u64, String> {
+    let default = object_cache_mb_default();
+    l.setting("object_cache_mb", args.object_cache_mb, file, default)
+}
+
+/// A quarter of the machine's RAM, in MiB (1 GiB if it cannot be read).
+fn object_cache_mb_default() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(4 << 20);
+    total_kib / 1024 / 4
+}
+
 fn addr(text: &str) -> SocketAddr {
     text.parse().expect("built-in address")
 }
@@ -420,6 +448,7 @@ impl ServerConfig {
                 16 * 1024,
             )?,
             segment_bytes_max,
+            object_cache_mb: object_cache_mb(&l, args, f.object_cache_mb)?,
             scrub_interval_s: l.setting("scrub_interval_s", None, f.scrub_interval_s, 24 * 3600)?,
             scrub_mb_per_sec,
             connections_per_shard_max: l.bounded(

@@ -129,6 +129,9 @@ async fn open_store(s: &ShardSetup) -> Result<Store, String> {
     let mut store_cfg = StoreConfig::new(shard_id, s.shard_dir.clone());
     store_cfg.direct_io = s.direct_io;
     store_cfg.segment_bytes_max = s.cfg.segment_bytes_max;
+    store_cfg.object_cache_bytes_max =
+        usize::try_from(s.cfg.object_cache_mb.saturating_mul(1 << 20) / s.count.max(1) as u64)
+            .unwrap_or(usize::MAX);
     store_cfg.scrub_interval_ms = s.cfg.scrub_interval_s.saturating_mul(1000);
     store_cfg.scrub_bytes_per_sec_max = s.cfg.scrub_mb_per_sec.saturating_mul(1_000_000);
     let (store, report) = Store::open(store_cfg)

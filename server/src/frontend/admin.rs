@@ -1,7 +1,8 @@
 //! The admin endpoint (HTTP, served by the bucket-owner shard): liveness and
 //! readiness (`/health/live`, `/health/ready`), the Prometheus scrape
 //! (`/metrics`, every shard's snapshot plus process gauges) and the run-time
-//! log filter (`GET`/`PUT /log/level`, writes guarded by the admin token).
+//! log filter (`GET`/`PUT /log/level`) and `POST /cache/drop` (empties the
+//! object caches); writes are guarded by the admin token.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -127,10 +128,12 @@ impl Admin {
                 (200, "text/plain", format!("{current}\n").into_bytes())
             }
             ("PUT", "/log/level") => self.put_log_level(conn).await?,
+            ("POST", "/cache/drop") => self.drop_cache().await,
             _ => (
                 404,
                 "text/plain",
-                b"not found: try /health/live, /health/ready, /metrics, /log/level\n".to_vec(),
+                b"not found: try /health/live, /health/ready, /metrics, /log/level, POST /cache/drop\n"
+                    .to_vec(),
             ),
         })
     }
@@ -149,6 +152,26 @@ impl Admin {
         let mut text = crate::metrics::render(&snaps);
         text.push_str(&process_gauges());
         (200, "text/plain; version=0.0.4", text.into_bytes())
+    }
+
+    /// POST /cache/drop: every shard empties its object cache (the next
+    /// read of each object goes to the device).
+    async fn drop_cache(&self) -> Reply {
+        let shard = self.shard.borrow().clone();
+        let Some(shard) = shard else {
+            return (503, "text/plain", b"starting: no cache yet\n".to_vec());
+        };
+        let dropped = shard.drop_cache_all().await;
+        let status = if dropped == shard.count { 200 } else { 500 };
+        (
+            status,
+            "text/plain",
+            format!(
+                "object cache dropped on {dropped} of {} shards\n",
+                shard.count
+            )
+            .into_bytes(),
+        )
     }
 
     /// PUT /log/level: the body is the new filter.

@@ -112,6 +112,12 @@ const STORE_COUNTERS: &[Entry<StoreStats>] = &[
     ("percore_store_crc_cache_misses_total", "Extent block-CRC lookups that read the extent's header from disk.", |s| s.crc_cache_misses),
     ("percore_store_header_cache_hits_total", "Opens of extent-stored objects whose header came from the shard's cache.", |s| s.header_cache_hits),
     ("percore_store_header_cache_misses_total", "Opens of extent-stored objects that read the object's header from disk.", |s| s.header_cache_misses),
+    ("percore_object_cache_hits_total", "Object payloads (small objects, extents) served from the shard's object cache, without a device read.", |s| s.object_cache.hits),
+    ("percore_object_cache_misses_total", "Object cache lookups that found nothing (the payload was read from the device).", |s| s.object_cache.misses),
+    ("percore_object_cache_inserts_total", "Payloads admitted into the object cache.", |s| s.object_cache.inserts),
+    ("percore_object_cache_evictions_total", "Payloads evicted from the object cache to make room (S3-FIFO).", |s| s.object_cache.evictions),
+    ("percore_object_cache_invalidations_total", "Cached payloads dropped because their record stopped being current (overwrite, delete, compaction, cache drop).", |s| s.object_cache.invalidations),
+    ("percore_object_cache_declined_total", "Payloads read into registered buffers not copied into the cache on a first miss (admitted on a second).", |s| s.object_cache.declined),
     ("percore_compaction_segments_total", "Segments compacted and deleted.", |s| s.segments_compacted),
     ("percore_compaction_bytes_copied_total", "Bytes of live records copied by compaction.", |s| s.compaction_bytes_copied),
     ("percore_compaction_bytes_freed_total", "Bytes of segment files deleted by compaction.", |s| s.compaction_bytes_freed),
@@ -122,8 +128,23 @@ const STORE_COUNTERS: &[Entry<StoreStats>] = &[
     ("percore_scrub_corrupt_records_total", "Records the scrubber found failing their CRC (see the error log for segment, offset and key).", |s| s.scrub_corrupt_records),
 ];
 
-/// The store's scrub gauges.
+/// The store's gauges (object cache, scrub).
 const STORE_GAUGES: &[Entry<StoreStats>] = &[
+    (
+        "percore_object_cache_bytes",
+        "Bytes the shard's object cache holds (buffers plus entry overhead).",
+        |s| s.object_cache.bytes,
+    ),
+    (
+        "percore_object_cache_bytes_max",
+        "The shard's object cache budget (object_cache_mb split among the shards).",
+        |s| s.object_cache.bytes_max,
+    ),
+    (
+        "percore_object_cache_entries",
+        "Payloads in the shard's object cache.",
+        |s| s.object_cache.entries,
+    ),
     (
         "percore_scrub_last_pass_timestamp_seconds",
         "Unix time the last scrub pass ended (0: none since start).",

@@ -166,6 +166,15 @@ impl Shard {
         snaps
     }
 
+    /// Empties every shard's object cache; the number of shards that did.
+    pub async fn drop_cache_all(self: &Rc<Self>) -> usize {
+        self.call_all(|| Op::DropCache)
+            .await
+            .iter()
+            .filter(|r| matches!(r, Reply::Ok))
+            .count()
+    }
+
     /// Tells every shard that start-up is over (the bucket set is
     /// published): they start serving. Run by the bucket-owner shard.
     pub async fn start_all(self: &Rc<Self>) {

@@ -141,6 +141,10 @@ impl Shard {
             Op::BucketApply { name, created_ms } => self.bucket_apply(name, created_ms).await,
             Op::BucketLock { name } => self.bucket_lock(name),
             Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
+            Op::DropCache => {
+                self.store.drop_object_cache();
+                Reply::Ok
+            }
             Op::Start => self.start().await,
             Op::BucketUnlock { name } => self.bucket_unlock(name),
         }

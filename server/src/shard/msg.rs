@@ -114,6 +114,8 @@ pub enum Op {
     Start,
     /// A scrape: this shard's counters.
     Metrics,
+    /// Empty the object cache (admin POST /cache/drop).
+    DropCache,
 }
 
 #[derive(Debug)]

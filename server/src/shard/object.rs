@@ -6,17 +6,16 @@ use std::ops::Deref;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use glommio::io::ReadResult;
 
 use super::msg::{Op, Reply, SessionId, ShardError};
 use super::{store_error, Shard};
 use crate::store::record::ObjectMeta;
-use crate::store::{ObjectInfo, ObjectReader, PutCondition, PutWriter};
+use crate::store::{ObjectInfo, ObjectReader, Payload, PutCondition, PutWriter};
 
-/// Bytes of an object: a verified view of a read buffer (local) or a copy
-/// that crossed from the owner shard (remote).
+/// Bytes of an object: a verified view of a read buffer or of the object
+/// cache (local) or a copy that crossed from the owner shard (remote).
 pub enum Chunk {
-    Local(ReadResult),
+    Local(Payload),
     Remote(Bytes),
 }
 

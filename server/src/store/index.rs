@@ -43,6 +43,16 @@ pub(super) struct Entry {
 }
 
 impl Entry {
+    /// (segment, record offset) of every record this version reads from.
+    fn places(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let extents = match &self.state {
+            State::Live(info) => &info.extents[..],
+            State::Deleted => &[],
+        };
+        std::iter::once((self.loc.segment_id, self.loc.offset))
+            .chain(extents.iter().map(|e| (e.segment_id, e.record_offset)))
+    }
+
     /// (segment, span bytes) of every record this version keeps live.
     fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let extents = match &self.state {
@@ -68,6 +78,9 @@ pub(super) struct Index {
     keys: BTreeMap<String, BTreeMap<String, Entry>>,
     /// Invariant 2: live bytes per segment of the segment table.
     live_bytes: HashMap<u64, u64>,
+    /// Places (segment, offset) of the records of versions `install`
+    /// replaced, for the store to drop from its object cache.
+    released: Vec<(u64, u64)>,
 }
 
 impl Index {
@@ -188,6 +201,7 @@ impl Index {
                     },
                 );
                 let current = keys[key].clone();
+                self.released.extend(old.places());
                 self.adjust_live(&old, false);
                 self.adjust_live(&current, true);
                 true
@@ -305,8 +319,17 @@ pub(super) struct KeyMarks {
 
 impl Store {
     /// See `Index::install`.
+    /// The records of the version it replaces leave the object cache.
     pub(super) fn install(&self, bucket: &str, key: &str, new: Entry) -> bool {
-        self.inner.index.borrow_mut().install(bucket, key, new)
+        let mut index = self.inner.index.borrow_mut();
+        let installed = index.install(bucket, key, new);
+        if !index.released.is_empty() {
+            let mut cache = self.inner.caches.object.borrow_mut();
+            for place in index.released.drain(..) {
+                cache.forget(place);
+            }
+        }
+        installed
     }
 
     /// See `Index::count_stale`.

@@ -35,6 +35,7 @@
 //! | `compaction.rs` | relocating live records out of mostly-dead segments |
 //! | `scrub.rs` | background re-reading of sealed segments |
 //! | `record_cache.rs` | bounded caches keyed by record place |
+//! | `object_cache.rs` | the object cache: verified payloads, S3-FIFO, keyed by record place |
 
 mod buckets;
 mod commit;
@@ -44,6 +45,7 @@ pub mod file;
 mod index;
 mod list;
 pub mod mpu;
+mod object_cache;
 mod put;
 mod read;
 pub mod record;
@@ -56,6 +58,7 @@ pub mod sim;
 
 pub use compaction::CompactionReport;
 pub use list::prefix_successor;
+pub use object_cache::{ObjectCacheStats, Payload};
 pub use put::PutWriter;
 pub use read::ObjectReader;
 
@@ -157,6 +160,9 @@ pub struct StoreConfig {
     /// Memory for cached headers of objects stored in extents (metadata
     /// and extent list: ~200 bytes plus ~24 per MiB of object).
     pub header_cache_bytes_max: usize,
+    /// Memory for the object cache (verified payloads of hot objects, see
+    /// `object_cache`); 0 turns it off.
+    pub object_cache_bytes_max: usize,
     pub faults: Option<FaultHook>,
     /// The file system, or a power-loss model of it (tests).
     pub disk: file::Disk,
@@ -179,6 +185,7 @@ impl StoreConfig {
             scrub_bytes_per_sec_max: 64 << 20,
             crc_cache_bytes_max: 16 << 20,
             header_cache_bytes_max: 16 << 20,
+            object_cache_bytes_max: 64 << 20,
             faults: None,
             disk: file::Disk::Real,
         }
@@ -261,6 +268,8 @@ pub struct StoreStats {
     /// The same for extent-stored objects' headers.
     pub header_cache_hits: u64,
     pub header_cache_misses: u64,
+    /// The object cache's counters and size.
+    pub object_cache: ObjectCacheStats,
     /// Ranges of segment bytes that scans (recovery, compaction, scrub)
     /// could not read as records: damaged records, each lost on its own.
     pub damaged_regions: u64,
@@ -437,8 +446,14 @@ impl Store {
             crc_cache_misses: crcs.misses,
             header_cache_hits: headers.hits,
             header_cache_misses: headers.misses,
+            object_cache: self.inner.caches.object.borrow().stats(),
             ..self.inner.stats.borrow().clone()
         }
+    }
+
+    /// Empties the object cache (operators; benchmarks of cold reads).
+    pub fn drop_object_cache(&self) {
+        self.inner.caches.object.borrow_mut().clear();
     }
 
     /// Writes batches through `ring` (WRITE_FIXED) from now on.

@@ -2,7 +2,9 @@
 //! metadata and handles on the files holding its bytes) as an
 //! `ObjectReader`, which reads byte ranges and checks every block against
 //! its CRC (copying, or by DMA into a registered buffer: `read_fixed`).
-//! Headers of objects not read whole are kept in the shard's header cache.
+//! Headers of objects not read whole are kept in the shard's header cache;
+//! verified payloads in its object cache (`object_cache`), consulted before
+//! any device read.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -11,6 +13,7 @@ use glommio::io::ReadResult;
 
 use super::file::{FaultPoint, SegFile};
 use super::index::{Entry, State};
+use super::object_cache::{CachedPart, ObjectCache, Payload};
 use super::record::{self, Body, Header, Kind, ObjectMeta};
 use super::record_cache::RecordCache;
 use super::{ObjectInfo, Result, Store, StoreConfig, StoreError};
@@ -21,6 +24,8 @@ pub(super) struct ReadCaches {
     pub(super) crc: RefCell<RecordCache<Rc<[u32]>>>,
     /// Headers of objects not read whole with them.
     pub(super) header: RefCell<RecordCache<Rc<CachedHeader>>>,
+    /// Verified payloads (see `object_cache`).
+    pub(super) object: RefCell<ObjectCache>,
 }
 
 impl ReadCaches {
@@ -34,6 +39,7 @@ impl ReadCaches {
                 cfg.header_cache_bytes_max,
                 CachedHeader::heap_bytes,
             )),
+            object: RefCell::new(ObjectCache::new(cfg.object_cache_bytes_max)),
         }
     }
 
@@ -41,6 +47,7 @@ impl ReadCaches {
     pub(super) fn forget_segment(&self, segment_id: u64) {
         self.crc.borrow_mut().forget_segment(segment_id);
         self.header.borrow_mut().forget_segment(segment_id);
+        self.object.borrow_mut().forget_segment(segment_id);
     }
 }
 
@@ -81,11 +88,38 @@ pub(super) struct Part {
     pub(super) payload_bytes: u64,
     /// Loaded with the header; None for extents until first read.
     pub(super) block_crcs: Option<Rc<[u32]>>,
-    /// Whole payload, already verified (small inline objects).
-    pub(super) cached: Option<ReadResult>,
+    /// Whole payload, already verified (small inline objects, and parts
+    /// found in or put into the object cache).
+    pub(super) cached: Option<Payload>,
+    /// The object cache was looked up for this part (once per reader).
+    pub(super) cache_checked: bool,
 }
 
 impl Part {
+    /// The place of the part's record: its key in the object cache.
+    fn place(&self) -> (u64, u64) {
+        (self.segment_id, self.record_offset)
+    }
+
+    /// Takes the part's payload from the shard's object cache if it is
+    /// there (looked up once per reader). True if the part is cached now.
+    fn try_cache(&mut self, store: &Store) -> bool {
+        if self.cached.is_some() {
+            return true;
+        }
+        if std::mem::replace(&mut self.cache_checked, true) {
+            return false;
+        }
+        let hit = store.inner.caches.object.borrow_mut().get(self.place());
+        match hit {
+            Some(c) if c.payload.len() as u64 == self.payload_bytes => {
+                self.cached = Some(c.payload.clone());
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The part's block CRCs: kept from the object's header (inline), else
     /// from the shard's cache, else read from the extent's header on disk
     /// (and cached).
@@ -153,22 +187,23 @@ impl ObjectReader {
 
     /// Returns up to `len_bytes` starting at `offset` (fewer at a part
     /// boundary; call again for the rest). Empty only at or past the end.
-    pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<ReadResult> {
+    pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<Payload> {
         let Some(index) = self
             .parts
             .iter()
             .position(|p| offset < p.object_offset + p.payload_bytes)
         else {
-            return Ok(ReadResult::default());
+            return Ok(Payload::default());
         };
         let store = self.store.clone();
         let part = &mut self.parts[index];
         let within = offset - part.object_offset;
         let len = len_bytes.min(part.payload_bytes - within);
+        part.try_cache(&store);
         if let Some(cached) = &part.cached {
-            return Ok(
-                ReadResult::slice(cached, within as usize, len as usize).expect("slice in range")
-            );
+            return Ok(cached
+                .slice(within as usize, len as usize)
+                .expect("slice in range"));
         }
         let corrupt = StoreError::Corrupt {
             segment_id: part.segment_id,
@@ -196,10 +231,21 @@ impl ObjectReader {
             store.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt);
         }
-        Ok(
-            ReadResult::slice(&raw, (within - read_start) as usize, len as usize)
-                .expect("slice in range"),
-        )
+        let raw = Payload::Dma(raw);
+        if read_start == 0 && read_end == part.payload_bytes {
+            // The whole part, verified, in a buffer of its own: caching it
+            // costs no copy.
+            let value = CachedPart {
+                seq: 0,
+                meta: None,
+                payload: raw.clone(),
+            };
+            store.cache_payload(part.place(), value, dma_buffer_bytes(raw.len()));
+            part.cached = Some(raw.clone());
+        }
+        Ok(raw
+            .slice((within - read_start) as usize, len as usize)
+            .expect("slice in range"))
     }
 }
 
@@ -220,7 +266,8 @@ impl ObjectReader {
             .parts
             .iter()
             .position(|p| offset < p.object_offset + p.payload_bytes)?;
-        if self.parts[index].cached.is_some() {
+        if self.parts[index].try_cache(&self.store) {
+            // Served from memory by `read`.
             return None;
         }
         let target = self.parts[index].file.ring_target(ring)?;
@@ -274,9 +321,36 @@ impl ObjectReader {
             store.inner.stats.borrow_mut().corrupt_reads += 1;
             return Some(Err(corrupt));
         }
+        if read_start == 0 && read_end == part.payload_bytes {
+            let place = part.place();
+            let admit = store.inner.caches.object.borrow_mut().admit_costly(place);
+            if admit {
+                // Read again after a recent miss: worth a copy out of the
+                // ring's buffer (which goes back to the pool after the send).
+                let payload = Payload::Heap(bytes::Bytes::copy_from_slice(
+                    &buf.as_slice()[skew..skew + data_len],
+                ));
+                let value = CachedPart {
+                    seq: 0,
+                    meta: None,
+                    payload,
+                };
+                store.cache_payload(place, value, data_len);
+            }
+        }
         let start = skew + (within - read_start) as usize;
         Some(Ok((buf, start, start + len as usize)))
     }
+}
+
+/// Payloads below this size are copied into the object cache rather than
+/// kept in the device read's buffer.
+const SMALL_PAYLOAD_BYTES: usize = 64 << 10;
+
+/// Memory a device read of `len` bytes holds: glommio reads O_DIRECT files
+/// into 4 KiB-aligned buffers that cover the aligned span around them.
+fn dma_buffer_bytes(len: usize) -> usize {
+    len.next_multiple_of(DIRECT_ALIGN_BYTES as usize) + DIRECT_ALIGN_BYTES as usize
 }
 
 /// O_DIRECT reads on the data ring need 4 KiB-aligned offsets and lengths.
@@ -304,6 +378,9 @@ impl Store {
         if !whole {
             return self.open_by_header(bucket, key, &entry).await;
         }
+        if let Some(reader) = self.open_cached(&entry) {
+            return Ok(reader);
+        }
         let read_len = entry.loc.header_bytes as u64 + entry.loc.payload_bytes;
         let (file, seg_key, raw, header, header_bytes) = self
             .read_object_header(bucket, key, &entry, read_len)
@@ -321,6 +398,26 @@ impl Store {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt());
         }
+        let cached = Payload::Dma(cached);
+        // A small payload is copied into a buffer of its own size (the
+        // device read's aligned buffer around it would cost the cache up to
+        // 8 KiB more); a larger one keeps the read's buffer, uncopied.
+        let (payload, buffer_bytes) = if cached.len() < SMALL_PAYLOAD_BYTES {
+            let copy = bytes::Bytes::copy_from_slice(&cached);
+            (Payload::Heap(copy), cached.len())
+        } else {
+            (cached.clone(), dma_buffer_bytes(read_len as usize))
+        };
+        let value = CachedPart {
+            seq: entry.seq,
+            meta: Some(meta.clone()),
+            payload,
+        };
+        self.cache_payload(
+            (entry.loc.segment_id, entry.loc.offset),
+            value,
+            buffer_bytes,
+        );
         Ok(ObjectReader {
             store: self.clone(),
             seq: entry.seq,
@@ -335,8 +432,48 @@ impl Store {
                 payload_bytes: entry.loc.payload_bytes,
                 block_crcs: Some(header.block_crcs.into()),
                 cached: Some(cached),
+                cache_checked: true,
             }],
         })
+    }
+
+    /// A reader on a small inline object served from the object cache, if
+    /// the cache holds the very version `entry` names.
+    fn open_cached(&self, entry: &Entry) -> Option<ObjectReader> {
+        let place = (entry.loc.segment_id, entry.loc.offset);
+        let hit = self.inner.caches.object.borrow_mut().get(place)?;
+        let meta = hit.meta.as_ref()?;
+        if hit.seq != entry.seq || hit.payload.len() as u64 != entry.loc.payload_bytes {
+            return None;
+        }
+        let (file, key) = self.segment_handle(entry.loc.segment_id)?;
+        Some(ObjectReader {
+            store: self.clone(),
+            seq: entry.seq,
+            meta: meta.clone(),
+            parts: vec![Part {
+                file,
+                key,
+                segment_id: entry.loc.segment_id,
+                record_offset: entry.loc.offset,
+                header_bytes: entry.loc.header_bytes,
+                object_offset: 0,
+                payload_bytes: entry.loc.payload_bytes,
+                block_crcs: None,
+                cached: Some(hit.payload.clone()),
+                cache_checked: true,
+            }],
+        })
+    }
+
+    /// Offers a verified payload to the object cache, charged its buffer of
+    /// `buffer_bytes`.
+    pub(super) fn cache_payload(&self, place: (u64, u64), value: CachedPart, buffer_bytes: usize) {
+        let mut cache = self.inner.caches.object.borrow_mut();
+        if cache.enabled() {
+            let cost = ObjectCache::cost(buffer_bytes, &value);
+            cache.insert(place, Rc::new(value), cost);
+        }
     }
 
     /// Reads `read_len` bytes at the record of `entry` and decodes its
@@ -437,6 +574,7 @@ impl Store {
                 payload_bytes: entry.loc.payload_bytes,
                 block_crcs: Some(header.block_crcs.clone()),
                 cached: None,
+                cache_checked: false,
             });
         }
         let mut object_offset = 0;
@@ -452,6 +590,7 @@ impl Store {
                 payload_bytes: e.payload_bytes,
                 block_crcs: None,
                 cached: None,
+                cache_checked: false,
             });
             object_offset += e.payload_bytes;
         }
