@@ -55,6 +55,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// MD5 throughput on one core: the md-5 crate, percore's scalar
+    /// kernel (one stream), and its lanes kernel over 1..16 streams.
+    Md5 {
+        /// Bytes per stream.
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes: usize,
+    },
     /// PUT then GET throughput per object size on one shard.
     Engine {
         #[arg(long)]
@@ -418,6 +425,7 @@ fn ring(
 
 fn main() {
     match Cli::parse().command {
+        Cmd::Md5 { bytes } => md5_speed(bytes),
         Cmd::Engine {
             dir,
             sizes,
@@ -478,5 +486,50 @@ fn main() {
             !no_load,
             runs.max(1),
         ),
+    }
+}
+
+/// Prints MB/s of MD5 for one stream (md-5 crate, percore scalar) and for
+/// n streams hashed together in lanes (aggregate).
+fn md5_speed(bytes: usize) {
+    use md5::Digest as _;
+    use percore_server::digest::md5::{compress, compress_many, lanes_available, Job};
+    let bytes = bytes - bytes % 64;
+    let data: Vec<Vec<u8>> = (0..16)
+        .map(|s| (0..bytes).map(|i| (i * 31 + s * 7) as u8).collect())
+        .collect();
+    let rate = |total: usize, t: std::time::Instant| total as f64 / t.elapsed().as_secs_f64() / 1e6;
+    let t = std::time::Instant::now();
+    let d = md5::Md5::digest(&data[0]);
+    println!(
+        "md-5 crate, 1 stream: {:.0} MB/s ({:02x})",
+        rate(bytes, t),
+        d[0]
+    );
+    let mut st = [0u32; 4];
+    let t = std::time::Instant::now();
+    compress(&mut st, &data[0]);
+    println!(
+        "percore scalar, 1 stream: {:.0} MB/s ({:x})",
+        rate(bytes, t),
+        st[0]
+    );
+    println!("lanes available: {}", lanes_available());
+    for n in [2, 4, 8, 16] {
+        let mut states = vec![[0u32; 4]; n];
+        let t = std::time::Instant::now();
+        let mut jobs: Vec<Job<'_>> = states
+            .iter_mut()
+            .zip(&data)
+            .map(|(state, d)| Job {
+                state,
+                slices: vec![&d[..]],
+            })
+            .collect();
+        compress_many(&mut jobs);
+        println!(
+            "percore lanes, {n} streams: {:.0} MB/s aggregate",
+            rate(n * bytes, t)
+        );
     }
 }

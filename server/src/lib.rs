@@ -10,10 +10,12 @@
 //! - `store`: the per-shard storage engine (log-structured segments, index,
 //!   recovery, compaction, scrub).
 //! - `ring`: the per-shard io_uring data ring and registered buffer pool.
+//! - `digest`: MD5 for ETags, in SIMD lanes across a shard's uploads.
 //! - `metrics`: counters, histograms and the catalogue of metric names.
 //! - `tools`: offline tools run by the binary (`fsck`, `doctor`).
 
 pub mod boot;
+pub mod digest;
 pub mod frontend;
 #[cfg(any(test, fuzzing))]
 pub mod fuzz;

@@ -10,8 +10,11 @@ use std::ops::Deref;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use std::rc::Rc;
+
 use bytes::Bytes;
 
+use crate::digest::engine::{Md5Engine, Md5Job};
 use crate::frontend::http::within;
 use crate::ring::{DataRing, PoolBuf, SendKind};
 use crate::shard::msg::ShardError;
@@ -41,26 +44,28 @@ const _: () =
     assert!(GET_PIECE_BYTES + WRITE_ALIGN_BYTES <= crate::boot::shard_main::RING_BUF_BYTES as u64);
 
 /// Regroups the bytes of a PUT body, as they arrive in reads or frames of
-/// any size, into `PUT_PIECE_BYTES` pieces written to the sink.
+/// any size, into `PUT_PIECE_BYTES` pieces written to the sink, and
+/// computes their MD5 (the ETag) on the way: the bytes go to the shard's
+/// MD5 engine, which hashes them in lanes with the other uploads' bytes.
 pub struct PieceBuilder {
     piece: Vec<u8>,
-}
-
-impl Default for PieceBuilder {
-    fn default() -> Self {
-        PieceBuilder::new()
-    }
+    md5: Md5Job,
+    engine: Rc<Md5Engine>,
 }
 
 impl PieceBuilder {
-    pub fn new() -> PieceBuilder {
+    pub fn new(engine: Rc<Md5Engine>) -> PieceBuilder {
         PieceBuilder {
             piece: Vec::with_capacity(PUT_PIECE_BYTES),
+            md5: engine.job(),
+            engine,
         }
     }
 
     /// Adds `data`, writing every piece it completes.
-    pub async fn push(&mut self, sink: &mut ObjectSink, mut data: &[u8]) -> Result<(), ShardError> {
+    pub async fn push(&mut self, sink: &mut ObjectSink, data: &Bytes) -> Result<(), ShardError> {
+        self.engine.append(&self.md5, data);
+        let mut data = &data[..];
         while !data.is_empty() {
             let take = (PUT_PIECE_BYTES - self.piece.len()).min(data.len());
             self.piece.extend_from_slice(&data[..take]);
@@ -73,6 +78,11 @@ impl PieceBuilder {
         }
         debug_assert!(self.piece.len() < PUT_PIECE_BYTES);
         Ok(())
+    }
+
+    /// The MD5 of every byte pushed (call once the body is whole).
+    pub async fn md5(&self) -> [u8; 16] {
+        self.engine.finish(&self.md5).await
     }
 
     /// Writes the last, short piece, if any: call once the body is whole

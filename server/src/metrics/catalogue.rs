@@ -192,6 +192,14 @@ const SHARD_GAUGES: &[Entry<ShardRaw>] = &[
     ),
 ];
 
+/// The MD5 engine's counters (uploads' ETags).
+const MD5_COUNTERS: &[Entry<crate::digest::engine::Md5EngineStats>] = &[
+    ("percore_md5_runs_total", "Runs of the shard's MD5 engine (each hashes the queued bytes of every upload).", |m| m.runs),
+    ("percore_md5_queues_total", "Upload queues hashed by those runs (divided by runs: the mean SIMD lanes busy).", |m| m.jobs),
+    ("percore_md5_lane_bytes_total", "Upload bytes hashed in SIMD lanes together with other uploads' bytes.", |m| m.lane_bytes),
+    ("percore_md5_scalar_bytes_total", "Upload bytes hashed one stream at a time (short appends, a lone upload, CPUs without AVX-512).", |m| m.scalar_bytes),
+];
+
 /// Counters of the cross-shard layer.
 const CROSS_SHARD_COUNTERS: &[Entry<CrossShardRaw>] = &[
     (
@@ -280,6 +288,7 @@ pub struct ShardRaw {
     pub native_connections_open: u64,
     pub requests_in_flight: u64,
     pub cross_shard: CrossShardRaw,
+    pub md5: crate::digest::engine::Md5EngineStats,
 }
 
 fn push<T>(out: &mut Vec<(&'static str, &'static str, u64)>, table: &[Entry<T>], from: &T) {
@@ -320,6 +329,7 @@ pub fn shard_snapshot(shard: usize, metrics: &ShardMetrics, raw: &ShardRaw) -> S
         }
     }
     push(&mut out.counters, STORE_COUNTERS, &raw.store);
+    push(&mut out.counters, MD5_COUNTERS, &raw.md5);
     push(&mut out.gauges, STORE_GAUGES, &raw.store);
     out.segment_bytes = vec![
         ("live", raw.segments.live_bytes),
@@ -362,7 +372,8 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count, "a metric name appears twice");
-        assert_eq!(count, 5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7);
+        // ... + object cache counters and gauges + MD5 engine counters.
+        assert_eq!(count, 5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4);
     }
 
     /// Values come from the named fields; device stages are the store's.

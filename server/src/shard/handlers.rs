@@ -153,7 +153,7 @@ impl Shard {
     async fn read_open(&self, bucket: &str, key: &str) -> Reply {
         match self.store.open_read(bucket, key).await {
             Ok(reader) => {
-                let meta = reader.meta.clone();
+                let meta = ObjectMeta::clone(&reader.meta);
                 match self.new_session(Session::Read(reader)) {
                     Ok(session) => Reply::Opened { session, meta },
                     Err(e) => Reply::Err(e),

@@ -94,6 +94,8 @@ pub struct Shard {
     /// zero-copy GET path); None when it could not be set up. Public to the
     /// crate only until the S3 door and boot use `ring()`/`set_ring()`.
     ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
+    /// MD5 for the ETags of the uploads this shard receives, in lanes.
+    md5: Rc<crate::digest::engine::Md5Engine>,
 }
 
 impl Shard {
@@ -120,7 +122,13 @@ impl Shard {
             start_waiters: RefCell::new(Vec::new()),
             metrics: ShardMetrics::default(),
             ring: RefCell::new(None),
+            md5: crate::digest::engine::Md5Engine::new(),
         })
+    }
+
+    /// The shard's MD5 engine (uploads' ETags).
+    pub fn md5_engine(&self) -> Rc<crate::digest::engine::Md5Engine> {
+        self.md5.clone()
     }
 
     /// Sets the longest wait for another shard (`call`) and the idle time
@@ -225,6 +233,7 @@ impl Shard {
                 orphaned_sessions_closed: self.orphans_closed.get(),
                 sessions_expired: self.sessions_expired.get(),
             },
+            md5: self.md5.stats(),
         };
         crate::metrics::catalogue::shard_snapshot(self.id, &self.metrics, &raw)
     }

@@ -50,7 +50,7 @@ impl ObjectSource {
         shard: &Rc<Shard>,
         bucket: &str,
         key: &str,
-    ) -> Result<(ObjectSource, ObjectMeta), ShardError> {
+    ) -> Result<(ObjectSource, Rc<ObjectMeta>), ShardError> {
         let owner = shard.owner_of(bucket, key);
         if owner == shard.id {
             let reader = shard
@@ -77,7 +77,7 @@ impl ObjectSource {
                     owner,
                     session: Some(session),
                 },
-                meta,
+                Rc::new(meta),
             )),
             other => Err(unexpected(other)),
         }

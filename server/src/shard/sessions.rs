@@ -9,6 +9,7 @@ use super::msg::{SessionId, ShardError};
 use super::{Shard, SESSIONS_MAX};
 use crate::store::{ObjectReader, PutWriter};
 
+#[allow(clippy::large_enum_variant)] // one per streamed GET/PUT; boxing the writer would add an allocation per PUT
 pub(super) enum Session {
     Read(ObjectReader),
     Put(PutWriter),

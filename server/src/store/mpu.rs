@@ -407,7 +407,7 @@ impl Store {
             return Err(UploadError::InvalidPartOrder.into());
         }
         let upload = self.open_read(bucket, &upload_key(key, upload_id)).await?;
-        let mut meta = upload.meta.clone();
+        let mut meta = ObjectMeta::clone(&upload.meta);
         drop(upload);
         // From here to the append nothing awaits: the parts read are the
         // parts written, and their segments are pinned against compaction.

@@ -88,7 +88,7 @@ pub(super) struct CachedPart {
     /// The object's metadata, for object records read whole with their
     /// header (small inline objects); None for extents and objects read
     /// through the header cache.
-    pub(super) meta: Option<ObjectMeta>,
+    pub(super) meta: Option<Rc<ObjectMeta>>,
     /// The record's whole payload, verified against its block CRCs.
     pub(super) payload: Payload,
 }

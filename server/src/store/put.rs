@@ -37,6 +37,10 @@ pub struct PutWriter {
     pub(super) key: String,
     pub(super) meta: ObjectMeta,
     pub(super) buffer: Vec<u8>,
+    /// A whole chunk handed in as one piece, kept without a copy until
+    /// more bytes come (then it is written as an extent) or the body ends
+    /// (then it may go inline). Never set while `buffer` holds bytes.
+    pub(super) held: Option<Bytes>,
     pub(super) written_bytes: u64,
     pub(super) extents: Vec<ExtentRef>,
     pub(super) in_flight: VecDeque<(u64, oneshot::Receiver<Result<Loc>>)>,
@@ -78,19 +82,32 @@ impl PutWriter {
     }
 
     pub fn written_bytes(&self) -> u64 {
-        self.written_bytes + self.buffer.len() as u64
+        self.written_bytes
+            + self.buffer.len() as u64
+            + self.held.as_ref().map_or(0, |h| h.len() as u64)
     }
 
     pub async fn write(&mut self, mut data: Bytes) -> Result<()> {
         let chunk = self.store.inner.cfg.chunk_bytes as usize;
+        if !data.is_empty() {
+            if let Some(held) = self.held.take() {
+                self.write_extent(held).await?;
+            }
+        }
         while !data.is_empty() {
             if self.buffer.len() == chunk {
                 let piece = Bytes::from(std::mem::take(&mut self.buffer));
                 self.write_extent(piece).await?;
             }
-            if self.buffer.is_empty() && data.len() > chunk {
-                // Whole chunks pass through without a staging copy.
+            if self.buffer.is_empty() && data.len() >= chunk {
+                // Whole chunks pass through without a staging copy; the
+                // last one is held (it may be the object's only chunk,
+                // which goes inline).
                 let piece = data.split_to(chunk);
+                if data.is_empty() {
+                    self.held = Some(piece);
+                    break;
+                }
                 self.write_extent(piece).await?;
                 continue;
             }
@@ -201,9 +218,15 @@ impl PutWriter {
     async fn finish_body(&mut self) -> Result<(Bytes, u64)> {
         let inline = self.extents.is_empty() && self.in_flight.is_empty() && self.part_of.is_none();
         if inline {
-            let payload = Bytes::from(std::mem::take(&mut self.buffer));
+            let payload = match self.held.take() {
+                Some(held) => held,
+                None => Bytes::from(std::mem::take(&mut self.buffer)),
+            };
             let size_bytes = payload.len() as u64;
             return Ok((payload, size_bytes));
+        }
+        if let Some(held) = self.held.take() {
+            self.write_extent(held).await?;
         }
         if !self.buffer.is_empty() {
             let piece = Bytes::from(std::mem::take(&mut self.buffer));
@@ -297,6 +320,7 @@ impl Store {
             key: key.to_string(),
             meta,
             buffer: Vec::new(),
+            held: None,
             written_bytes: 0,
             extents: Vec::new(),
             in_flight: VecDeque::new(),

@@ -12,11 +12,11 @@ use std::rc::Rc;
 use glommio::io::ReadResult;
 
 use super::file::{FaultPoint, SegFile};
-use super::index::{Entry, State};
+use super::index::State;
 use super::object_cache::{CachedPart, ObjectCache, Payload};
 use super::record::{self, Body, Header, Kind, ObjectMeta};
 use super::record_cache::RecordCache;
-use super::{ObjectInfo, Result, Store, StoreConfig, StoreError};
+use super::{Loc, ObjectInfo, Result, Store, StoreConfig, StoreError};
 
 /// The shard's read caches, keyed by record place (segment, offset).
 pub(super) struct ReadCaches {
@@ -55,7 +55,7 @@ impl ReadCaches {
 /// read whole with it (stored in extents, or inline but large).
 pub(super) struct CachedHeader {
     pub(super) seq: u64,
-    pub(super) meta: ObjectMeta,
+    pub(super) meta: Rc<ObjectMeta>,
     pub(super) extents: Vec<record::ExtentRef>,
     /// The record's own payload CRCs (inline objects; empty otherwise).
     pub(super) block_crcs: Rc<[u32]>,
@@ -176,7 +176,8 @@ impl Part {
 pub struct ObjectReader {
     pub(super) store: Store,
     pub seq: u64,
-    pub meta: ObjectMeta,
+    /// Shared with the caches that hold it (no copy per GET).
+    pub meta: Rc<ObjectMeta>,
     pub(super) parts: Vec<Part>,
 }
 
@@ -353,6 +354,13 @@ fn dma_buffer_bytes(len: usize) -> usize {
     len.next_multiple_of(DIRECT_ALIGN_BYTES as usize) + DIRECT_ALIGN_BYTES as usize
 }
 
+/// The version of an object the index names: its seq and record place.
+#[derive(Clone, Copy)]
+pub(super) struct Version {
+    pub(super) seq: u64,
+    pub(super) loc: Loc,
+}
+
 /// O_DIRECT reads on the data ring need 4 KiB-aligned offsets and lengths.
 pub(super) const DIRECT_ALIGN_BYTES: u64 = 4096;
 
@@ -369,12 +377,24 @@ impl Store {
     /// handles on the files holding its bytes (valid even if compaction
     /// later removes them).
     pub async fn open_read(&self, bucket: &str, key: &str) -> Result<ObjectReader> {
-        let entry = self.lookup(bucket, key).ok_or(StoreError::NotFound)?;
-        let State::Live(info) = &entry.state else {
-            return Err(StoreError::NotFound);
+        let (entry, whole) = {
+            // Borrowed, not cloned: a GET served from the cache allocates
+            // nothing for the lookup.
+            let index = self.inner.index.borrow();
+            let e = index.entry(bucket, key).ok_or(StoreError::NotFound)?;
+            let State::Live(info) = &e.state else {
+                return Err(StoreError::NotFound);
+            };
+            // Small inline records are read whole at once: one I/O per GET.
+            let whole = info.extents.is_empty() && e.loc.span_bytes() <= 256 * 1024;
+            (
+                Version {
+                    seq: e.seq,
+                    loc: e.loc,
+                },
+                whole,
+            )
         };
-        // Small inline records are read whole at once: one I/O per GET.
-        let whole = info.extents.is_empty() && entry.loc.span_bytes() <= 256 * 1024;
         if !whole {
             return self.open_by_header(bucket, key, &entry).await;
         }
@@ -399,6 +419,7 @@ impl Store {
             return Err(corrupt());
         }
         let cached = Payload::Dma(cached);
+        let meta = Rc::new(meta);
         // A small payload is copied into a buffer of its own size (the
         // device read's aligned buffer around it would cost the cache up to
         // 8 KiB more); a larger one keeps the read's buffer, uncopied.
@@ -413,11 +434,21 @@ impl Store {
             meta: Some(meta.clone()),
             payload,
         };
-        self.cache_payload(
-            (entry.loc.segment_id, entry.loc.offset),
-            value,
-            buffer_bytes,
-        );
+        // Not if the key moved on while the read waited (that version's
+        // place will never be looked up again).
+        let current = self
+            .inner
+            .index
+            .borrow()
+            .entry(bucket, key)
+            .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
+        if current {
+            self.cache_payload(
+                (entry.loc.segment_id, entry.loc.offset),
+                value,
+                buffer_bytes,
+            );
+        }
         Ok(ObjectReader {
             store: self.clone(),
             seq: entry.seq,
@@ -439,7 +470,7 @@ impl Store {
 
     /// A reader on a small inline object served from the object cache, if
     /// the cache holds the very version `entry` names.
-    fn open_cached(&self, entry: &Entry) -> Option<ObjectReader> {
+    fn open_cached(&self, entry: &Version) -> Option<ObjectReader> {
         let place = (entry.loc.segment_id, entry.loc.offset);
         let hit = self.inner.caches.object.borrow_mut().get(place)?;
         let meta = hit.meta.as_ref()?;
@@ -467,10 +498,13 @@ impl Store {
     }
 
     /// Offers a verified payload to the object cache, charged its buffer of
-    /// `buffer_bytes`.
+    /// `buffer_bytes`. A payload read from a segment that is gone by now
+    /// (compacted while the read waited) is not cached: nothing could ever
+    /// look it up again.
     pub(super) fn cache_payload(&self, place: (u64, u64), value: CachedPart, buffer_bytes: usize) {
+        let live = self.inner.segs.table.borrow().contains_key(&place.0);
         let mut cache = self.inner.caches.object.borrow_mut();
-        if cache.enabled() {
+        if cache.enabled() && live {
             let cost = ObjectCache::cost(buffer_bytes, &value);
             cache.insert(place, Rc::new(value), cost);
         }
@@ -483,7 +517,7 @@ impl Store {
         &self,
         bucket: &str,
         key: &str,
-        entry: &Entry,
+        entry: &Version,
         read_len: u64,
     ) -> Result<(Rc<SegFile>, record::SegKey, ReadResult, Header, usize)> {
         let (file, seg_key) = self
@@ -523,7 +557,7 @@ impl Store {
         &self,
         bucket: &str,
         key: &str,
-        entry: &Entry,
+        entry: &Version,
     ) -> Result<ObjectReader> {
         let (seg, off) = (entry.loc.segment_id, entry.loc.offset);
         let cached = self.inner.caches.header.borrow_mut().get(seg, off);
@@ -545,7 +579,7 @@ impl Store {
                 };
                 let h = Rc::new(CachedHeader {
                     seq: entry.seq,
-                    meta,
+                    meta: Rc::new(meta),
                     extents,
                     block_crcs,
                 });

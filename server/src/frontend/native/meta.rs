@@ -50,9 +50,9 @@ impl NativeFront {
                     .map_or(0, u32::from_be_bytes);
                 Reply {
                     size: meta.size_bytes,
-                    etag: meta.etag,
+                    etag: meta.etag.clone(),
                     mtime_ms: meta.mtime_ms,
-                    content_type: meta.content_type,
+                    content_type: meta.content_type.clone(),
                     crc32c: crc,
                     ..reply
                 }

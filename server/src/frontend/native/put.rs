@@ -7,7 +7,6 @@
 
 use futures::channel::mpsc;
 use futures::StreamExt;
-use md5::{Digest, Md5};
 use percore_protocol::native::{self as proto, Reply, Status};
 
 use super::conn::PutFrame;
@@ -21,7 +20,6 @@ use crate::store::ObjectInfo;
 
 /// What an upload has received so far.
 struct Received {
-    md5: Md5,
     /// CRC32C of the bytes received.
     crc: u32,
     total_bytes: u64,
@@ -74,11 +72,10 @@ impl NativeFront {
             }
         };
         let mut got = Received {
-            md5: Md5::new(),
             crc: 0,
             total_bytes: 0,
             declared_crc: p.crc32c,
-            pieces: PieceBuilder::new(),
+            pieces: PieceBuilder::new(self.shard.md5_engine()),
         };
         if let Err((s, m)) = self
             .put_receive(id, &p, &mut sink, &mut data, &mut got)
@@ -148,7 +145,6 @@ impl NativeFront {
                     format!("more than the declared {} bytes were sent", p.size),
                 ));
             }
-            got.md5.update(&bytes);
             got.crc = proto::crc32c_append(got.crc, &bytes);
             crate::metrics::ShardMetrics::add(
                 &self.shard.metrics().native_bytes_in,
@@ -189,12 +185,12 @@ impl NativeFront {
         if crc != declared_crc {
             return Err((Status::ChecksumMismatch, format!("CRC32C of the received bytes is {crc:#010x}, the request says {declared_crc:#010x}; nothing was stored")));
         }
+        let etag = hex::encode(got.pieces.md5().await);
         if let Err(e) = got.pieces.finish(&mut sink).await {
             return Err(status_of(&e));
         }
         use base64::Engine;
         let crc_b64 = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
-        let etag = hex::encode(got.md5.finalize());
         sink.finish_with(etag, vec![("x-amz-checksum-crc32c".to_string(), crc_b64)])
             .await
             .map(|info| (info, crc))

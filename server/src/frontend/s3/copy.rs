@@ -96,7 +96,7 @@ impl S3Front {
                 "At least one of the pre-conditions you specified did not hold",
             ));
         }
-        Ok((source, meta, bucket, key))
+        Ok((source, ObjectMeta::clone(&meta), bucket, key))
     }
 
     /// Streams `len` bytes from `source` at `start` into `sink`; returns

@@ -2,9 +2,10 @@
 //! and HeadObject (single range, multiple ranges, zero-copy sends from the
 //! shard ring's registered buffers), DeleteObject and GetObjectAttributes.
 
+use bytes::{Bytes, BytesMut};
 use std::time::{Duration, Instant};
 
-use md5::{Digest, Md5};
+use md5::Digest;
 use sha2::Sha256;
 
 use super::conditional::{check_conditions, content_md5, put_condition};
@@ -124,22 +125,34 @@ impl S3Front {
             .then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
         let expected_checksum = checksum::expected(&req.head)?;
         let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
-        let mut input = vec![0u8; 256 * 1024];
+        // Reads land in `input` and are cut off it as owned chunks (the MD5
+        // engine hashes them later, in lanes with other uploads); a fresh
+        // buffer once the room left is short.
+        let mut input = BytesMut::new();
         let mut decoded = Vec::new();
-        let mut pieces = PieceBuilder::new();
+        let mut pieces = PieceBuilder::new(self.shard.md5_engine());
         let mut total = 0u64;
         loop {
-            let n = conn.read_body(&mut input).await?;
+            if input.len() < INPUT_ROOM_MIN_BYTES {
+                input = BytesMut::zeroed(INPUT_BYTES);
+            }
+            let n = conn.read_body(&mut input[..]).await?;
             if n == 0 {
                 break;
             }
-            let data = decode_input(decoder.as_mut(), &input[..n], &mut decoded)?;
+            let raw = input.split_to(n).freeze();
+            let data = match decoder.as_mut() {
+                None => raw,
+                Some(_) => {
+                    Bytes::copy_from_slice(decode_input(decoder.as_mut(), &raw, &mut decoded)?)
+                }
+            };
             total += data.len() as u64;
             if total > PUT_BYTES_MAX {
                 return Err(entity_too_large());
             }
-            digests.update(data);
-            pieces.push(&mut sink, data).await?;
+            digests.update(&data);
+            pieces.push(&mut sink, &data).await?;
         }
         // Everything is verified before the object becomes visible.
         if let Some(d) = &decoder {
@@ -148,8 +161,15 @@ impl S3Front {
                 return Err(S3Error::new(400, "IncompleteBody", "You did not provide the number of bytes specified by the Content-Length HTTP header."));
             }
         }
-        let (etag, stored) =
-            digests.verify(req, auth, content_md5, expected_checksum, decoder.as_ref())?;
+        let md5 = pieces.md5().await;
+        let (etag, stored) = digests.verify(
+            req,
+            auth,
+            md5,
+            content_md5,
+            expected_checksum,
+            decoder.as_ref(),
+        )?;
         pieces.finish(&mut sink).await?;
         let info = sink.finish_with(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
@@ -357,7 +377,7 @@ impl S3Front {
                     if chunk.is_empty() {
                         return Err(S3Error::internal("object shorter than its metadata"));
                     }
-                    conn.write_body(&chunk).await?;
+                    conn.write_body_direct(&chunk).await?;
                     offset += chunk.len() as u64;
                 }
                 Err(e) => {
@@ -482,6 +502,11 @@ impl S3Front {
     }
 }
 
+/// A PUT body's read buffer, and the room below which a fresh one is
+/// taken.
+const INPUT_BYTES: usize = 256 * 1024;
+const INPUT_ROOM_MIN_BYTES: usize = 32 * 1024;
+
 fn entity_too_large() -> S3Error {
     S3Error::new(
         400,
@@ -557,11 +582,10 @@ fn decode_input<'a>(
     Ok(decoded)
 }
 
-/// The digests computed over an upload's bytes as they arrive: MD5 (the
-/// ETag, and Content-MD5), SHA-256 when the payload hash was signed, and
-/// the x-amz-checksum-* algorithm when one was asked for.
+/// The digests computed over an upload's bytes as they arrive: SHA-256
+/// when the payload hash was signed, and the x-amz-checksum-* algorithm
+/// when one was asked for. (MD5, the ETag, is the `PieceBuilder`'s.)
 struct BodyDigests {
-    md5: Md5,
     sha: Option<Sha256>,
     checksum: Option<checksum::Hasher>,
 }
@@ -569,14 +593,12 @@ struct BodyDigests {
 impl BodyDigests {
     fn new(auth: &Verified, expected: Option<&checksum::Expected>) -> BodyDigests {
         BodyDigests {
-            md5: Md5::new(),
             sha: matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new),
             checksum: expected.map(|e| checksum::Hasher::new(e.algorithm)),
         }
     }
 
     fn update(&mut self, data: &[u8]) {
-        self.md5.update(data);
         if let Some(h) = self.checksum.as_mut() {
             h.update(data);
         }
@@ -592,6 +614,7 @@ impl BodyDigests {
         self,
         req: &Request,
         auth: &Verified,
+        digest: [u8; 16],
         content_md5: Option<Vec<u8>>,
         expected_checksum: Option<checksum::Expected>,
         decoder: Option<&ChunkedDecoder>,
@@ -601,7 +624,6 @@ impl BodyDigests {
             auth.payload.check_body_sha256(&got)?;
             debug_assert_eq!(&got, expected);
         }
-        let digest: [u8; 16] = self.md5.finalize().into();
         if content_md5.is_some_and(|m| m[..] != digest[..]) {
             return Err(S3Error::new(
                 400,
