@@ -2,6 +2,12 @@
 # percore against its peers, side by side, in one run: the one command.
 #
 #   bash bench/compare.sh [--quick] [--repeat N] [--no-cold] [--no-scale]
+#                         [--peers "nginx garage s3s-fs"] [--only REGEX] [--out NAME]
+#
+# --peers picks the peers to run (default all three); --only runs the
+# workloads whose name matches REGEX (e.g. 'get-(10K|64K)'); --out writes
+# bench/results/NAME.md (default compare) so a partial run does not
+# replace the full table.
 #
 # Every run is repeated N times (default 3, --quick 1), interleaved with
 # nothing else; the report shows the median run and the spread.
@@ -26,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source bench/peers.sh
 
-SECS=5 WARM=1 COLD=1 SCALE=1 REPEAT=3
+SECS=5 WARM=1 COLD=1 SCALE=1 REPEAT=3 PEER_SET="nginx garage s3s-fs" ONLY="" OUT=compare
 ARGS="$*"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,6 +40,9 @@ while [ $# -gt 0 ]; do
         --repeat) REPEAT="$2"; shift ;;
         --no-cold) COLD=0 ;;
         --no-scale) SCALE=0 ;;
+        --peers) PEER_SET="$2"; shift ;;
+        --only) ONLY="$2"; shift ;;
+        --out) OUT="$2"; shift ;;
         *) echo "unknown option $1; see the head of $0"; exit 2 ;;
     esac
     shift
@@ -42,7 +51,9 @@ SRV_CPU="${SRV_CPU:-0}" LG_CPU="${LG_CPU:-1}"
 LIST_KEYS="${LIST_KEYS:-100000}"
 CONC="${CONC:-16}"
 
-[ -x "$PEERS/bin/garage" ] && [ -x "$PEERS/bin/s3s-fs" ] && command -v fio >/dev/null &&
+wants() { [[ " $PEER_SET " == *" $1 "* ]]; }
+{ ! wants garage || [ -x "$PEERS/bin/garage" ]; } && { ! wants s3s-fs || [ -x "$PEERS/bin/s3s-fs" ]; } &&
+    { ! wants nginx || command -v nginx >/dev/null; } && command -v fio >/dev/null &&
     command -v iperf3 >/dev/null || peers_install
 cargo build --release -q -p percore-server
 # The revision the measured binary was built from (edits made while the run
@@ -50,7 +61,7 @@ cargo build --release -q -p percore-server
 REV="$(git describe --always --dirty 2>/dev/null || echo unknown)"
 BIN=target/release/percore
 RES=bench/results
-JSON=$RES/compare.jsonl
+JSON=$RES/$OUT.jsonl
 : > "$JSON"
 WORK="$(mktemp -d "${BENCH_DIR:-/var/tmp}/percore-compare.XXXX")"
 STOP=":"
@@ -73,10 +84,22 @@ lg() {
     local server="$1" workload="$2" mode="$3" ep="$4"
     shift 4
     local target=(--s3 "$ep") args=("$@") rep
+    if [ -n "$ONLY" ] && ! [[ "$workload" =~ $ONLY ]]; then
+        return 0
+    fi
     [ "$mode" = native ] && target=(--endpoint "$ep")
     for rep in $(seq "$REPEAT"); do
         echo "  $workload / $server (run $rep of $REPEAT)" >&2
-        [ "${COLD_RUN:-0}" = 1 ] && { drop_caches || return 0; }
+        if [ "${COLD_RUN:-0}" = 1 ]; then
+            drop_caches || return 0
+            # percore's own object cache too (the page cache holds none of
+            # its data: segments are read with O_DIRECT).
+            if [[ "$server" == percore* ]]; then
+                curl -sf -X POST -H "Authorization: Bearer $SK" \
+                    "http://127.0.0.1:19812/cache/drop" > /dev/null ||
+                    { echo "  could not drop percore's object cache" >&2; return 0; }
+            fi
+        fi
         taskset -c "$LG_CPU" "$BIN" bench --mode "$mode" "${target[@]}" --access-key "$AK" \
             --secret-key "$SK" --server-pid "$PIDS" --threads 1 --concurrency "$CONC" \
             --label "$workload|$server" --json "$JSON" "${args[@]}" > /dev/null ||
@@ -188,6 +211,7 @@ eval "$STOP" || true; STOP=":"
 rm -rf "$WORK/percore"
 
 # ---- nginx ----
+if wants nginx; then
 log "nginx (sendfile, 1 worker on CPU $SRV_CPU)"
 python3 - "$WORK/www/bench" "${GET_SETS[@]}" <<'PY'
 import os, sys
@@ -207,20 +231,25 @@ PY
 start_nginx "$SRV_CPU" "$WORK/www" 19820
 peer_workloads nginx ""
 rm -rf "$WORK/www"
+fi
 
 # ---- Garage ----
+if wants garage; then
 log "Garage (single node, fsync on, CPU $SRV_CPU)"
 AK=$GARAGE_KEY_ID SK=$GARAGE_SECRET
 start_garage "$SRV_CPU" "$WORK/garage" 19830
 peer_workloads garage "put list mixed"
 rm -rf "$WORK/garage"
+fi
 
 # ---- s3s-fs ----
+if wants s3s-fs; then
 log "s3s-fs (CPU $SRV_CPU)"
 mkdir -p "$WORK/s3sfs/bench"
 start_s3sfs "$SRV_CPU" "$WORK/s3sfs" 19840
 peer_workloads s3s-fs "put list mixed"
 rm -rf "$WORK/s3sfs"
+fi
 
 # ---- scaling ----
 if [ "$SCALE" = 1 ]; then
@@ -230,5 +259,5 @@ if [ "$SCALE" = 1 ]; then
 fi
 
 PERCORE_REV="$REV" \
-    python3 bench/report.py "$JSON" "$RES/compare" "bash bench/compare.sh $ARGS"
-echo "wrote $RES/compare.md, $JSON and $RES/compare-*.svg"
+    python3 bench/report.py "$JSON" "$RES/$OUT" "bash bench/compare.sh $ARGS"
+echo "wrote $RES/$OUT.md, $JSON and $RES/$OUT-*.svg"

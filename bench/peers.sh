@@ -29,11 +29,13 @@ peers_install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${apt[@]}"
     fi
     mkdir -p "$PEERS"
-    if [ ! -x "$PEERS/bin/s3s-fs" ]; then
+    # compare.sh --peers: build only the peers asked for.
+    peer_wanted() { ! declare -f wants > /dev/null || wants "$1"; }
+    if peer_wanted s3s-fs && [ ! -x "$PEERS/bin/s3s-fs" ]; then
         echo "building s3s-fs $S3SFS_VERSION into $PEERS (a few minutes)"
         cargo install s3s-fs --version "$S3SFS_VERSION" --locked --features binary --root "$PEERS"
     fi
-    if [ ! -x "$PEERS/bin/garage" ]; then
+    if peer_wanted garage && [ ! -x "$PEERS/bin/garage" ]; then
         echo "building Garage into $PEERS (about 8 minutes on 2 cores)"
         cargo install garage ${GARAGE_VERSION:+--version "$GARAGE_VERSION"} --locked \
             --no-default-features --features lmdb,system-libs --root "$PEERS"
