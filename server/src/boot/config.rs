@@ -368,8 +368,24 @@ fn object_cache_mb(l: &Layers, args: &ServeArgs, file: Option<u64>) -> Result<u6
     l.setting("object_cache_mb", args.object_cache_mb, file, default)
 }
 
-/// A quarter of the machine's RAM, in MiB (1 GiB if it cannot be read).
+/// A quarter of the memory this process may use, in MiB: the machine's RAM
+/// or the cgroup's limit (a container), whichever is less (1 GiB if
+/// neither can be read).
 fn object_cache_mb_default() -> u64 {
+    let cgroup_bytes = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .filter_map(|v| v.trim().parse::<u64>().ok())
+    .min()
+    .unwrap_or(u64::MAX);
+    ram_mb_default().min(cgroup_bytes / 4 / (1 << 20))
+}
+
+/// A quarter of the machine's RAM, in MiB (1 GiB if it cannot be read).
+fn ram_mb_default() -> u64 {
     let total_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| {

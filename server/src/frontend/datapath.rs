@@ -137,6 +137,39 @@ pub async fn read_piece(
     source.read(offset, len_bytes).await.map(Piece::Copied)
 }
 
+/// Sends `head` then `body` on socket `fd` in one non-blocking `sendmsg`
+/// (one syscall and one wake-up of the peer where two writes would cost
+/// two, and no copy of `body` behind `head`). Returns the bytes the socket
+/// took (0 if it would block); the caller writes the rest as usual.
+pub fn send_pair_nonblocking(fd: RawFd, head: &[u8], body: &[u8]) -> std::io::Result<usize> {
+    let iov = [
+        libc::iovec {
+            iov_base: head.as_ptr() as *mut libc::c_void,
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: body.as_ptr() as *mut libc::c_void,
+            iov_len: body.len(),
+        },
+    ];
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len();
+    // SAFETY: `msg` points at two iovecs over `head` and `body`, which are
+    // borrowed for this call; the kernel only reads them. The caller owns
+    // the socket `fd` for the call.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n >= 0 {
+        return Ok(n as usize);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(0),
+        _ => Err(e),
+    }
+}
+
 /// Why `send_registered` stopped.
 #[derive(Debug)]
 pub enum SendError {

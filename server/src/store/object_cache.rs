@@ -103,7 +103,9 @@ pub(super) struct PlaceHasher(u64);
 
 impl Hasher for PlaceHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // hashbrown takes buckets from the low bits: fold the high bits in
+        // (records are 8-byte aligned, often 4 KiB apart).
+        self.0 ^ (self.0 >> 29) ^ (self.0 >> 47)
     }
     fn write(&mut self, bytes: &[u8]) {
         for b in bytes {

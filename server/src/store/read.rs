@@ -91,8 +91,12 @@ pub(super) struct Part {
     /// Whole payload, already verified (small inline objects, and parts
     /// found in or put into the object cache).
     pub(super) cached: Option<Payload>,
-    /// The object cache was looked up for this part (once per reader).
+    /// The object cache was looked up for this part (once per visit).
     pub(super) cache_checked: bool,
+    /// `cached` is the whole object, kept for the reader's life (a small
+    /// inline object); else it is let go once the reader moves to another
+    /// part, so that a reader holds at most one part's bytes.
+    pub(super) keep: bool,
 }
 
 impl Part {
@@ -179,11 +183,27 @@ pub struct ObjectReader {
     /// Shared with the caches that hold it (no copy per GET).
     pub meta: Rc<ObjectMeta>,
     pub(super) parts: Vec<Part>,
+    /// The part the last read was in.
+    pub(super) current: usize,
 }
 
 impl ObjectReader {
     pub fn size_bytes(&self) -> u64 {
         self.meta.size_bytes
+    }
+
+    /// A read goes to part `index`: the part read before lets go of its
+    /// bytes (the object cache may still hold them).
+    fn visit(&mut self, index: usize) {
+        if self.current != index {
+            if let Some(p) = self.parts.get_mut(self.current) {
+                if !p.keep {
+                    p.cached = None;
+                    p.cache_checked = false;
+                }
+            }
+            self.current = index;
+        }
     }
 
     /// Returns up to `len_bytes` starting at `offset` (fewer at a part
@@ -196,6 +216,7 @@ impl ObjectReader {
         else {
             return Ok(Payload::default());
         };
+        self.visit(index);
         let store = self.store.clone();
         let part = &mut self.parts[index];
         let within = offset - part.object_offset;
@@ -232,18 +253,22 @@ impl ObjectReader {
             store.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt);
         }
-        let raw = Payload::Dma(raw);
         if read_start == 0 && read_end == part.payload_bytes {
-            // The whole part, verified, in a buffer of its own: caching it
-            // costs no copy.
-            let value = CachedPart {
-                seq: 0,
-                meta: None,
-                payload: raw.clone(),
-            };
-            store.cache_payload(part.place(), value, dma_buffer_bytes(raw.len()));
-            part.cached = Some(raw.clone());
+            // The whole part, verified: into the cache on its second miss,
+            // copied out of the device read's buffer (glommio's buffers
+            // stay with glommio).
+            let place = part.place();
+            if store.inner.caches.object.borrow_mut().admit_costly(place) {
+                let payload = Payload::Heap(bytes::Bytes::copy_from_slice(&raw));
+                let value = CachedPart {
+                    seq: 0,
+                    meta: None,
+                    payload,
+                };
+                store.cache_payload(place, value, raw.len());
+            }
         }
+        let raw = Payload::Dma(raw);
         Ok(raw
             .slice((within - read_start) as usize, len as usize)
             .expect("slice in range"))
@@ -267,6 +292,7 @@ impl ObjectReader {
             .parts
             .iter()
             .position(|p| offset < p.object_offset + p.payload_bytes)?;
+        self.visit(index);
         if self.parts[index].try_cache(&self.store) {
             // Served from memory by `read`.
             return None;
@@ -344,15 +370,9 @@ impl ObjectReader {
     }
 }
 
-/// Payloads below this size are copied into the object cache rather than
-/// kept in the device read's buffer.
+/// Small objects read whole are cached on their first read; larger
+/// payloads only on their second miss (a one-pass scan copies nothing).
 const SMALL_PAYLOAD_BYTES: usize = 64 << 10;
-
-/// Memory a device read of `len` bytes holds: glommio reads O_DIRECT files
-/// into 4 KiB-aligned buffers that cover the aligned span around them.
-fn dma_buffer_bytes(len: usize) -> usize {
-    len.next_multiple_of(DIRECT_ALIGN_BYTES as usize) + DIRECT_ALIGN_BYTES as usize
-}
 
 /// The version of an object the index names: its seq and record place.
 #[derive(Clone, Copy)]
@@ -420,20 +440,16 @@ impl Store {
         }
         let cached = Payload::Dma(cached);
         let meta = Rc::new(meta);
-        // A small payload is copied into a buffer of its own size (the
-        // device read's aligned buffer around it would cost the cache up to
-        // 8 KiB more); a larger one keeps the read's buffer, uncopied.
-        let (payload, buffer_bytes) = if cached.len() < SMALL_PAYLOAD_BYTES {
-            let copy = bytes::Bytes::copy_from_slice(&cached);
-            (Payload::Heap(copy), cached.len())
-        } else {
-            (cached.clone(), dma_buffer_bytes(read_len as usize))
-        };
-        let value = CachedPart {
+        // Copied into a buffer of its own size (the device read's buffer is
+        // glommio's, and larger): at once if small, else on its second miss.
+        let place = (entry.loc.segment_id, entry.loc.offset);
+        let admit = cached.len() < SMALL_PAYLOAD_BYTES
+            || self.inner.caches.object.borrow_mut().admit_costly(place);
+        let value = admit.then(|| CachedPart {
             seq: entry.seq,
             meta: Some(meta.clone()),
-            payload,
-        };
+            payload: Payload::Heap(bytes::Bytes::copy_from_slice(&cached)),
+        });
         // Not if the key moved on while the read waited (that version's
         // place will never be looked up again).
         let current = self
@@ -442,12 +458,8 @@ impl Store {
             .borrow()
             .entry(bucket, key)
             .is_some_and(|e| e.seq == entry.seq && e.loc == entry.loc);
-        if current {
-            self.cache_payload(
-                (entry.loc.segment_id, entry.loc.offset),
-                value,
-                buffer_bytes,
-            );
+        if let (true, Some(value)) = (current, value) {
+            self.cache_payload(place, value, cached.len());
         }
         Ok(ObjectReader {
             store: self.clone(),
@@ -464,7 +476,9 @@ impl Store {
                 block_crcs: Some(header.block_crcs.into()),
                 cached: Some(cached),
                 cache_checked: true,
+                keep: true,
             }],
+            current: 0,
         })
     }
 
@@ -493,7 +507,9 @@ impl Store {
                 block_crcs: None,
                 cached: Some(hit.payload.clone()),
                 cache_checked: true,
+                keep: true,
             }],
+            current: 0,
         })
     }
 
@@ -609,6 +625,7 @@ impl Store {
                 block_crcs: Some(header.block_crcs.clone()),
                 cached: None,
                 cache_checked: false,
+                keep: false,
             });
         }
         let mut object_offset = 0;
@@ -625,6 +642,7 @@ impl Store {
                 block_crcs: None,
                 cached: None,
                 cache_checked: false,
+                keep: false,
             });
             object_offset += e.payload_bytes;
         }
@@ -633,6 +651,7 @@ impl Store {
             seq: entry.seq,
             meta: header.meta.clone(),
             parts,
+            current: 0,
         })
     }
 }

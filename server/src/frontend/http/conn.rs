@@ -518,40 +518,12 @@ where
             return self.write_body(bytes).await;
         }
         self.body_bytes_written += bytes.len() as u64;
-        let iov = [
-            libc::iovec {
-                iov_base: self.wbuf.as_ptr() as *mut libc::c_void,
-                iov_len: self.wbuf.len(),
-            },
-            libc::iovec {
-                iov_base: bytes.as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len(),
-            },
-        ];
-        // SAFETY: an all-zero msghdr is valid (no name, no control data).
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = iov.len();
-        // SAFETY: `msg` points at two iovecs over live buffers (`wbuf`,
-        // `bytes`) that outlive this call; the kernel only reads them. A
-        // non-blocking send on the connection's own socket.
-        let n = unsafe {
-            libc::sendmsg(
-                self.stream.as_raw_fd(),
-                &msg,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        let sent = if n >= 0 {
-            n as usize
-        } else {
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => 0,
-                _ => {
-                    self.wbuf.clear();
-                    return Err(e.into());
-                }
+        let fd = self.stream.as_raw_fd();
+        let sent = match crate::frontend::datapath::send_pair_nonblocking(fd, &self.wbuf, bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                self.wbuf.clear();
+                return Err(e.into());
             }
         };
         let head_sent = sent.min(self.wbuf.len());

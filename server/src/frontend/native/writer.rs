@@ -107,8 +107,17 @@ impl FrameWriter {
                 true
             }
             Some(Piece::Copied(c)) => {
-                flush_batch(&mut self.wr, &mut self.buf).await
-                    && write_within(&mut self.wr, &c).await
+                // The batch and the payload in one sendmsg; what the socket
+                // does not take at once is written as usual.
+                let sent = match datapath::send_pair_nonblocking(self.fd, &self.buf, &c) {
+                    Ok(n) => n,
+                    Err(_) => return false,
+                };
+                let head_sent = sent.min(self.buf.len());
+                let ok = write_within(&mut self.wr, &self.buf[head_sent..]).await
+                    && write_within(&mut self.wr, &c[sent - head_sent..]).await;
+                self.buf.clear();
+                ok
             }
             Some(Piece::Registered { buf, start, end }) => {
                 let ok = flush_batch(&mut self.wr, &mut self.buf).await;
