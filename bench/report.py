@@ -134,9 +134,10 @@ for w, items in groups.items():
         svg(w, [(n, r.get(key) or 0) for n, r in items], unit, f"{prefix}-{w}.svg")
 
 md += ["## Notes", "",
-       "- percore reads with O_DIRECT (no page cache), so its hot and cold rows differ only by the "
-       "device's own cache; nginx, Garage and s3s-fs read through the page cache, which the cold rows "
-       "drop first (`echo 3 > /proc/sys/vm/drop_caches`) and then read every object once.",
+       "- percore reads segments with O_DIRECT (no page cache) and keeps hot objects in its own "
+       "per-shard object cache; nginx, Garage and s3s-fs read through the page cache. The cold rows "
+       "drop the page cache (`echo 3 > /proc/sys/vm/drop_caches`) and percore's object cache "
+       "(`POST /cache/drop` on its admin port) first, then read every object once.",
        "- put-1M: percore and Garage acknowledge after fsync (Garage: data_fsync and metadata_fsync on); "
        "s3s-fs does not fsync, so its PUT rows are not durable and not comparable as such.",
        "- Garage 2.5.0 and s3s-fs 0.14.1 do not set TCP_NODELAY on accepted connections (strace shows no "
