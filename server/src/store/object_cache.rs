@@ -118,6 +118,7 @@ impl Hasher for PlaceHasher {
 }
 
 type PlaceMap<V> = HashMap<Place, V, BuildHasherDefault<PlaceHasher>>;
+type OffsetSet = std::collections::HashSet<u64, BuildHasherDefault<PlaceHasher>>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Queue {
@@ -155,6 +156,9 @@ pub struct ObjectCacheStats {
 
 pub(super) struct ObjectCache {
     map: PlaceMap<Slot>,
+    /// The record offsets cached per segment, so that a deleted segment's
+    /// entries go without a scan of the whole map.
+    by_segment: HashMap<u64, OffsetSet, BuildHasherDefault<PlaceHasher>>,
     small: VecDeque<(Place, u64)>,
     main: VecDeque<(Place, u64)>,
     ghost: VecDeque<(Place, u64)>,
@@ -172,6 +176,7 @@ impl ObjectCache {
     pub(super) fn new(bytes_max: usize) -> ObjectCache {
         ObjectCache {
             map: PlaceMap::default(),
+            by_segment: HashMap::default(),
             small: VecDeque::new(),
             main: VecDeque::new(),
             ghost: VecDeque::new(),
@@ -270,6 +275,7 @@ impl ObjectCache {
                 self.main_bytes += cost;
             }
         }
+        self.by_segment.entry(place.0).or_default().insert(place.1);
         self.map.insert(
             place,
             Slot {
@@ -286,7 +292,7 @@ impl ObjectCache {
 
     /// The record at `place` stopped being current: drop it.
     pub(super) fn forget(&mut self, place: Place) {
-        if let Some(slot) = self.map.remove(&place) {
+        if let Some(slot) = self.remove(place) {
             self.uncharge(&slot);
             self.stats.invalidations += 1;
         }
@@ -295,17 +301,25 @@ impl ObjectCache {
 
     /// Segment `segment_id` is gone: drop every entry in it.
     pub(super) fn forget_segment(&mut self, segment_id: u64) {
-        let gone: Vec<Place> = self
-            .map
-            .keys()
-            .filter(|(s, _)| *s == segment_id)
-            .copied()
-            .collect();
-        for place in gone {
-            self.forget(place);
+        // Ghost keys of the segment are left to age out: no place in it
+        // can be looked up again.
+        let offsets = self.by_segment.remove(&segment_id).unwrap_or_default();
+        for offset in offsets {
+            self.forget((segment_id, offset));
         }
-        self.ghost_set.retain(|(s, _), _| *s != segment_id);
         self.trim_queues();
+    }
+
+    /// Removes the entry at `place` from the map and the segment index.
+    fn remove(&mut self, place: Place) -> Option<Slot> {
+        let slot = self.map.remove(&place)?;
+        if let Some(set) = self.by_segment.get_mut(&place.0) {
+            set.remove(&place.1);
+            if set.is_empty() {
+                self.by_segment.remove(&place.0);
+            }
+        }
+        Some(slot)
     }
 
     /// Drops every entry and ghost key (operators, benchmarks of cold
@@ -313,6 +327,7 @@ impl ObjectCache {
     pub(super) fn clear(&mut self) {
         self.stats.invalidations += self.map.len() as u64;
         self.map.clear();
+        self.by_segment.clear();
         self.small.clear();
         self.main.clear();
         self.ghost.clear();
@@ -367,7 +382,7 @@ impl ObjectCache {
                 // Moving frees no memory; keep going until something left.
                 continue;
             }
-            let slot = self.map.remove(&place).expect("present");
+            let slot = self.remove(place).expect("present");
             self.small_bytes -= slot.cost;
             self.stats.evictions += 1;
             self.remember_ghost(place);
@@ -392,7 +407,7 @@ impl ObjectCache {
                 self.main.push_back((place, generation));
                 continue;
             }
-            let slot = self.map.remove(&place).expect("present");
+            let slot = self.remove(place).expect("present");
             self.main_bytes -= slot.cost;
             self.stats.evictions += 1;
             return true;
@@ -447,6 +462,14 @@ impl ObjectCache {
             }
         }
         assert_eq!((small, main), (self.small_bytes, self.main_bytes));
+        let indexed: usize = self.by_segment.values().map(|s| s.len()).sum();
+        assert_eq!(indexed, self.map.len(), "segment index out of step");
+        for (seg, offsets) in &self.by_segment {
+            assert!(!offsets.is_empty());
+            for off in offsets {
+                assert!(self.map.contains_key(&(*seg, *off)));
+            }
+        }
         assert!(small + main <= self.bytes_max);
         assert!(self.ghost_set.len() <= self.ghost_max);
     }
