@@ -11,18 +11,18 @@
 //! (`forget`, fed by the index on every replaced version) and with their
 //! segment (`forget_segment`, when compaction or a drop deletes it).
 //!
-//! **S3-FIFO admission** (Yang et al., SOSP 2023), weighted by bytes: a
-//! new entry enters a small FIFO (a tenth of the budget); one read again
-//! before it leaves the small FIFO moves to the main FIFO, one that is not
-//! leaves only its key in the ghost FIFO. A key found in the ghost goes
-//! straight to main. Main evicts in FIFO order, giving an entry read since
-//! its last pass another pass (up to three). A one-pass scan therefore only
-//! churns the small FIFO and cannot flush the working set in main.
-//!
-//! Entries that would cost a copy to insert (bytes read by DMA into a
-//! registered buffer that must go back to the ring's pool) are admitted
-//! only on their second miss (`admit_costly`): a first miss leaves the
-//! key in the ghost, so a one-pass scan costs no copies at all.
+//! **Admission on the second miss, eviction S3-FIFO** (Yang et al., SOSP
+//! 2023), weighted by bytes. The store offers a payload only on its second
+//! miss (`admit_costly`: a first miss leaves the key in the ghost FIFO), so
+//! a one-pass scan copies nothing into the cache and grows no memory;
+//! inserting on the first read cost cold 10 KiB GETs a quarter of their
+//! throughput (`bench/cache-cold.sh`). An entry offered without that check
+//! (`insert` of a key not in the ghost) goes to a small FIFO (a tenth of
+//! the budget), where one read again before it leaves moves it to main and
+//! one that is not leaves only its key in the ghost; a key found in the
+//! ghost goes straight to main. Main evicts in FIFO order, giving an entry
+//! read since its last pass another pass (up to three). A scan therefore
+//! cannot flush the working set in main.
 //!
 //! Owned by one shard: no locks. Bounded by bytes (each entry's buffer
 //! plus `ENTRY_OVERHEAD_BYTES`) and the ghost by entries.

@@ -370,10 +370,6 @@ impl ObjectReader {
     }
 }
 
-/// Small objects read whole are cached on their first read; larger
-/// payloads only on their second miss (a one-pass scan copies nothing).
-const SMALL_PAYLOAD_BYTES: usize = 64 << 10;
-
 /// The version of an object the index names: its seq and record place.
 #[derive(Clone, Copy)]
 pub(super) struct Version {
@@ -441,10 +437,12 @@ impl Store {
         let cached = Payload::Dma(cached);
         let meta = Rc::new(meta);
         // Copied into a buffer of its own size (the device read's buffer is
-        // glommio's, and larger): at once if small, else on its second miss.
+        // glommio's, and larger), on the payload's second miss: a one-pass
+        // scan copies nothing and grows no memory (admitting small objects
+        // on their first read cost cold 10 KiB GETs 24%: page faults of the
+        // growing cache, `bench/cache-cold.sh`).
         let place = (entry.loc.segment_id, entry.loc.offset);
-        let admit = cached.len() < SMALL_PAYLOAD_BYTES
-            || self.inner.caches.object.borrow_mut().admit_costly(place);
+        let admit = self.inner.caches.object.borrow_mut().admit_costly(place);
         let value = admit.then(|| CachedPart {
             seq: entry.seq,
             meta: Some(meta.clone()),
