@@ -416,24 +416,12 @@ impl Md5Stream {
     /// the bytes after its last whole block as the new tail, and returns
     /// the whole blocks in between (a sub-slice of `data`) for the caller
     /// to hash into `state_mut()`, then report with `blocks_done`.
-    pub fn split<'a>(&mut self, mut data: &'a [u8]) -> &'a [u8] {
-        if self.tail_bytes > 0 {
-            let take = (BLOCK_BYTES - self.tail_bytes).min(data.len());
-            self.tail[self.tail_bytes..self.tail_bytes + take].copy_from_slice(&data[..take]);
-            self.tail_bytes += take;
-            data = &data[take..];
-            if self.tail_bytes < BLOCK_BYTES {
-                debug_assert!(data.is_empty());
-                return &[];
-            }
-            let block = self.tail;
+    pub fn split<'a>(&mut self, data: &'a [u8]) -> &'a [u8] {
+        let (completed, whole) = self.split_deferred(data);
+        if let Some(block) = completed {
             compress(&mut self.state, &block);
             self.hashed_bytes += BLOCK_BYTES as u64;
-            self.tail_bytes = 0;
         }
-        let (whole, rest) = data.split_at(data.len() - data.len() % BLOCK_BYTES);
-        self.tail[..rest.len()].copy_from_slice(rest);
-        self.tail_bytes = rest.len();
         whole
     }
 

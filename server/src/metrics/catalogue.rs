@@ -117,7 +117,7 @@ const STORE_COUNTERS: &[Entry<StoreStats>] = &[
     ("percore_object_cache_inserts_total", "Payloads admitted into the object cache.", |s| s.object_cache.inserts),
     ("percore_object_cache_evictions_total", "Payloads evicted from the object cache to make room (S3-FIFO).", |s| s.object_cache.evictions),
     ("percore_object_cache_invalidations_total", "Cached payloads dropped because their record stopped being current (overwrite, delete, compaction, cache drop).", |s| s.object_cache.invalidations),
-    ("percore_object_cache_declined_total", "Payloads read into registered buffers not copied into the cache on a first miss (admitted on a second).", |s| s.object_cache.declined),
+    ("percore_object_cache_declined_total", "Payloads not copied into the cache on their first miss (their key is remembered; a second miss admits them).", |s| s.object_cache.declined),
     ("percore_compaction_segments_total", "Segments compacted and deleted.", |s| s.segments_compacted),
     ("percore_compaction_bytes_copied_total", "Bytes of live records copied by compaction.", |s| s.compaction_bytes_copied),
     ("percore_compaction_bytes_freed_total", "Bytes of segment files deleted by compaction.", |s| s.compaction_bytes_freed),

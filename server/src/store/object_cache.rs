@@ -147,7 +147,7 @@ pub struct ObjectCacheStats {
     pub evictions: u64,
     /// Entries dropped because their place stopped being current.
     pub invalidations: u64,
-    /// Costly inserts declined on a first miss (key left in the ghost).
+    /// Payloads declined on their first miss (key left in the ghost).
     pub declined: u64,
     pub bytes: u64,
     pub bytes_max: u64,
