@@ -2,9 +2,11 @@
 //!
 //! The store's round-trip tests pass whatever the format is; these pin the
 //! bytes of one header of every kind, bound to a place in a version-2
-//! segment (and one in a version-1 segment), so that a change to the
-//! format fails here and is made on purpose, with a new record version
-//! and a reader for the old one (data directories outlive binaries).
+//! segment (and one in a version-1 segment, and an extent of data format 2,
+//! whose CRC blocks are 64 KiB), so that a change to the format fails here
+//! and is made on purpose, with a new record version (or data format,
+//! `boot::datadir::FORMAT_VERSION`) and a reader for the old one (data
+//! directories outlive binaries).
 //!
 //! Each case checks both ways: encoding gives the golden bytes, and the
 //! golden bytes decode (CRC checked) to the same header, and (version 2)
@@ -126,6 +128,26 @@ fn cases() -> Vec<(&'static str, Header, SegKey, &'static str)> {
             GOLDEN_OBJECT_WITH_EXTENTS,
         ),
         (
+            "extent, data format 2 (64 KiB CRC blocks, still read)",
+            Header {
+                block_crcs: [0xA5u8; 70_000]
+                    .chunks(64 * 1024)
+                    .map(crc32c::crc32c)
+                    .collect(),
+                ..keyed(
+                    "bkt",
+                    "big",
+                    9,
+                    &[0xA5; 70_000],
+                    Body::Extent {
+                        object_offset: 1 << 20,
+                    },
+                )
+            },
+            v2,
+            GOLDEN_EXTENT_64K_BLOCKS,
+        ),
+        (
             "extent",
             keyed(
                 "bkt",
@@ -232,7 +254,8 @@ fn record_headers_are_pinned() {
 const GOLDEN_SEGMENT_HEADER: &str = "5050435202070000440000008112102300000000000000000000000000000000 0000000000000000030000002a000000000000000068e5cf8b010000efcdab89 67452301";
 const GOLDEN_INLINE_OBJECT: &str = "5050435202010000b3000000a0ec6e2b05000000000000000700000000000000 0300626b740d006469722f68656c6c6f2e747874010000004cbb719a05000000 000000007b68e5cf8b0100002000356434313430326162633462326137366239 37313964393131303137633539320a00746578742f706c61696e02000d006361 6368652d636f6e74726f6c08006e6f2d63616368651000782d616d7a2d6d6574 612d6f776e65720600676f6c64656e00000000";
 const GOLDEN_OBJECT_WITH_EXTENTS: &str = "5050435202010000a20000009972ee1b00000000000000000800000000000000 0300626b740300626967000000000000300000000000c869e5cf8b0100002200 3031323334353637383961626364656630313233343536373839616263646566 2d32000000000200000028000000000000000010000000000000600000000000 2000000000002900000000000000000010000000000060000000000010000000 0000";
-const GOLDEN_EXTENT: &str = "50504352020200003e000000c51678ab70110100000000000900000000000000 0300626b74030062696702000000e5f4d45a479c868f0000100000000000";
+const GOLDEN_EXTENT: &str = "50504352020200007e000000ec3e814a70110100000000000900000000000000 0300626b74030062696712000000d333c98ad333c98ad333c98ad333c98ad333 c98ad333c98ad333c98ad333c98ad333c98ad333c98ad333c98ad333c98ad333 c98ad333c98ad333c98ad333c98ad333c98a94d0d0d00000100000000000";
+const GOLDEN_EXTENT_64K_BLOCKS: &str = "50504352020200003e000000c51678ab70110100000000000900000000000000 0300626b74030062696702000000e5f4d45a479c868f0000100000000000";
 const GOLDEN_TOMBSTONE: &str = "50504352020300003700000025e8aa6000000000000000000a00000000000000 0300626b740400676f6e6500000000e86be5cf8b010000";
 const GOLDEN_BUCKET: &str = "5050435202040000330000001dabf2fc00000000000000000b00000000000000 0300626b74000000000000d06fe5cf8b010000";
 const GOLDEN_BUCKET_DELETE: &str = "5050435202050000330000008711218200000000000000000c00000000000000 0300626b74000000000000b873e5cf8b010000";

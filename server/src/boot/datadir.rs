@@ -7,12 +7,14 @@ use std::path::Path;
 use percore_protocol::routing;
 use serde::{Deserialize, Serialize};
 
-/// 2: record format version 2 (headers bound to their place, see
-/// `store::record`). A version-1 directory is read and upgraded in place:
-/// this file says 2 from then on, so that a percore that reads only
-/// version-1 records refuses the directory instead of cutting the
-/// version-2 records it cannot read as torn tails.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: records written now have 4 KiB CRC blocks (`store::record`,
+/// `BLOCK_BYTES`); 2: record format version 2 (headers bound to their
+/// place). Older directories are read and upgraded in place: this file
+/// says 3 from then on, so that a percore that reads only older records
+/// refuses the directory instead of cutting the records it cannot read
+/// as torn tails (a percore of format 2 takes a 4 KiB-block count for a
+/// malformed header).
+pub const FORMAT_VERSION: u32 = 3;
 const FORMAT_VERSION_READ_MIN: u32 = 1;
 const FILE_NAME: &str = "percore.meta";
 

@@ -20,7 +20,7 @@ use crate::ring::{DataRing, PoolBuf, SendKind};
 use crate::shard::msg::ShardError;
 use crate::shard::object::{Chunk, ObjectSink, ObjectSource};
 use crate::store::file::WRITE_ALIGN_BYTES;
-use crate::store::record::BLOCK_BYTES;
+use crate::store::record::BLOCK_BYTES_MAX;
 
 /// Bytes of a PUT body handed to the store at a time (the last piece may
 /// be shorter). The store cuts objects into extents of its run-time
@@ -33,10 +33,10 @@ pub const PUT_PIECE_BYTES: usize = 1 << 20;
 /// buffer's worth, one native Chunk frame.
 pub const GET_PIECE_BYTES: u64 = 1 << 20;
 
-// A piece that starts on a block boundary ends on one, so consecutive
-// pieces never read and CRC-check the same 64 KiB block twice (the store
-// verifies whole blocks, `ObjectReader::read_fixed`).
-const _: () = assert!(GET_PIECE_BYTES.is_multiple_of(BLOCK_BYTES));
+// A piece that starts on a block boundary ends on one (of either block
+// size), so consecutive pieces never read and CRC-check the same block
+// twice (the store verifies whole blocks, `ObjectReader::read_fixed`).
+const _: () = assert!(GET_PIECE_BYTES.is_multiple_of(BLOCK_BYTES_MAX));
 // A block-aligned GET piece plus the O_DIRECT alignment slack before it
 // fits one registered buffer; were it larger, `read_fixed` would refuse
 // every piece and all GETs would silently take the copy path.
@@ -114,6 +114,15 @@ impl Deref for Piece {
         match self {
             Piece::Registered { buf, start, end } => &buf.as_slice()[*start..*end],
             Piece::Copied(c) => c,
+        }
+    }
+}
+
+impl From<crate::store::ReadOut> for Piece {
+    fn from(out: crate::store::ReadOut) -> Piece {
+        match out {
+            crate::store::ReadOut::Fixed(buf, start, end) => Piece::Registered { buf, start, end },
+            crate::store::ReadOut::Mem(p) => Piece::Copied(Chunk::Local(p)),
         }
     }
 }

@@ -607,7 +607,12 @@ impl Store {
         let same = raw.len() == header_bytes + r.header.payload_bytes as usize
             && record::decode_header(&raw[..header_bytes], &key, r.offset)
                 .is_ok_and(|(h, n)| n == header_bytes && h == r.header)
-            && record::verify_blocks(&r.header.block_crcs, 0, &raw[header_bytes..]);
+            && record::verify_blocks(
+                &r.header.block_crcs,
+                r.header.block_bytes(),
+                0,
+                &raw[header_bytes..],
+            );
         if !same {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(StoreError::Corrupt {

@@ -18,6 +18,9 @@ use super::record::{self, Body, Header, Kind, ObjectMeta};
 use super::record_cache::RecordCache;
 use super::{Loc, ObjectInfo, Result, Store, StoreConfig, StoreError};
 
+mod pieces;
+pub use pieces::{ReadOut, MERGE_BYTES_MAX};
+
 /// The shard's read caches, keyed by record place (segment, offset).
 pub(super) struct ReadCaches {
     /// Extent block CRCs.
@@ -209,164 +212,49 @@ impl ObjectReader {
     /// Returns up to `len_bytes` starting at `offset` (fewer at a part
     /// boundary; call again for the rest). Empty only at or past the end.
     pub async fn read(&mut self, offset: u64, len_bytes: u64) -> Result<Payload> {
-        let Some(index) = self
-            .parts
-            .iter()
-            .position(|p| offset < p.object_offset + p.payload_bytes)
-        else {
+        let Some(index) = self.part_at(offset) else {
             return Ok(Payload::default());
         };
         self.visit(index);
-        let store = self.store.clone();
         let part = &mut self.parts[index];
         let within = offset - part.object_offset;
         let len = len_bytes.min(part.payload_bytes - within);
-        part.try_cache(&store);
+        part.try_cache(&self.store);
         if let Some(cached) = &part.cached {
             return Ok(cached
                 .slice(within as usize, len as usize)
                 .expect("slice in range"));
         }
-        let corrupt = StoreError::Corrupt {
-            segment_id: part.segment_id,
-            offset: part.record_offset,
-        };
-        let crcs = part.load_block_crcs(&store).await?;
-        let first_block = within / record::BLOCK_BYTES;
-        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
-        let read_start = first_block * record::BLOCK_BYTES;
-        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
-        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
-        store.fault(FaultPoint::Read {
-            segment_id: part.segment_id,
-            offset: file_offset,
-        })?;
-        let read_started = std::time::Instant::now();
-        let raw = part
-            .file
-            .read_at(file_offset, (read_end - read_start) as usize)
-            .await?;
-        store.inner.device_read.record(read_started.elapsed());
-        if raw.len() as u64 != read_end - read_start
-            || !record::verify_blocks(&crcs, first_block as usize, &raw)
-        {
-            store.inner.stats.borrow_mut().corrupt_reads += 1;
-            return Err(corrupt);
-        }
-        if read_start == 0 && read_end == part.payload_bytes {
-            // The whole part, verified: into the cache on its second miss,
-            // copied out of the device read's buffer (glommio's buffers
-            // stay with glommio).
-            let place = part.place();
-            if store.inner.caches.object.borrow_mut().admit_costly(place) {
-                let payload = Payload::Heap(bytes::Bytes::copy_from_slice(&raw));
-                let value = CachedPart {
-                    seq: 0,
-                    meta: None,
-                    payload,
-                };
-                store.cache_payload(place, value, raw.len());
-            }
-        }
-        let raw = Payload::Dma(raw);
-        Ok(raw
-            .slice((within - read_start) as usize, len as usize)
-            .expect("slice in range"))
+        let w = self.plan(index, within, len).await?;
+        self.read_planned(&[&w]).await.pop().expect("one piece")
     }
-}
 
-impl ObjectReader {
     /// Like `read`, but the bytes land by DMA in a registered buffer of the
     /// shard's data ring (READ_FIXED), are CRC-checked there, and are
     /// returned as (buffer, start, end) so that the caller can send that
-    /// very buffer. None when this part cannot go that way (inline object,
-    /// buffered file, range larger than a pool buffer): use `read`.
+    /// very buffer. None when this part cannot go that way (cached or
+    /// inline object, buffered file, range larger than a pool buffer, no
+    /// buffer free): use `read`.
     pub async fn read_fixed(
         &mut self,
         ring: &crate::ring::DataRing,
         offset: u64,
         len_bytes: u64,
     ) -> Option<Result<(crate::ring::PoolBuf, usize, usize)>> {
-        let pool = ring.pool()?;
-        let index = self
-            .parts
-            .iter()
-            .position(|p| offset < p.object_offset + p.payload_bytes)?;
+        ring.pool()?;
+        let index = self.part_at(offset)?;
         self.visit(index);
         if self.parts[index].try_cache(&self.store) {
             // Served from memory by `read`.
             return None;
         }
-        let target = self.parts[index].file.ring_target(ring)?;
-        let store = self.store.clone();
-        let crcs = match self.parts[index].load_block_crcs(&store).await {
-            Ok(c) => c,
+        self.parts[index].file.ring_target(ring)?;
+        let within = offset - self.parts[index].object_offset;
+        let w = match self.plan(index, within, len_bytes).await {
+            Ok(w) => w,
             Err(e) => return Some(Err(e)),
         };
-        let part = &self.parts[index];
-        let within = offset - part.object_offset;
-        let len = len_bytes.min(part.payload_bytes - within);
-        let first_block = within / record::BLOCK_BYTES;
-        let end_block = (within + len).div_ceil(record::BLOCK_BYTES);
-        let read_start = first_block * record::BLOCK_BYTES;
-        let read_end = (end_block * record::BLOCK_BYTES).min(part.payload_bytes);
-        let file_offset = part.record_offset + u64::from(part.header_bytes) + read_start;
-        let aligned = file_offset - file_offset % DIRECT_ALIGN_BYTES;
-        let skew = (file_offset - aligned) as usize;
-        let want = (skew as u64 + read_end - read_start).next_multiple_of(DIRECT_ALIGN_BYTES);
-        if want > pool.buf_bytes() as u64 {
-            return None;
-        }
-        if let Err(e) = store.fault(FaultPoint::Read {
-            segment_id: part.segment_id,
-            offset: file_offset,
-        }) {
-            return Some(Err(e.into()));
-        }
-        let corrupt = StoreError::Corrupt {
-            segment_id: part.segment_id,
-            offset: part.record_offset,
-        };
-        // No waiting for a buffer: with the pool out (slow clients hold
-        // buffers until their sends finish), the caller uses the copy path.
-        let buf = pool.try_acquire()?;
-        let started = std::time::Instant::now();
-        let (result, buf) = ring.read_fixed(target, buf, aligned, want as usize).await;
-        store.inner.device_read.record(started.elapsed());
-        let n = match result {
-            Ok(n) => n,
-            Err(e) => return Some(Err(e.into())),
-        };
-        let data_len = (read_end - read_start) as usize;
-        if n < skew + data_len
-            || !record::verify_blocks(
-                &crcs,
-                first_block as usize,
-                &buf.as_slice()[skew..skew + data_len],
-            )
-        {
-            store.inner.stats.borrow_mut().corrupt_reads += 1;
-            return Some(Err(corrupt));
-        }
-        if read_start == 0 && read_end == part.payload_bytes {
-            let place = part.place();
-            let admit = store.inner.caches.object.borrow_mut().admit_costly(place);
-            if admit {
-                // Read again after a recent miss: worth a copy out of the
-                // ring's buffer (which goes back to the pool after the send).
-                let payload = Payload::Heap(bytes::Bytes::copy_from_slice(
-                    &buf.as_slice()[skew..skew + data_len],
-                ));
-                let value = CachedPart {
-                    seq: 0,
-                    meta: None,
-                    payload,
-                };
-                store.cache_payload(place, value, data_len);
-            }
-        }
-        let start = skew + (within - read_start) as usize;
-        Some(Ok((buf, start, start + len as usize)))
+        self.read_planned_fixed(ring, &w).await
     }
 }
 
@@ -421,6 +309,7 @@ impl Store {
         let (file, seg_key, raw, header, header_bytes) = self
             .read_object_header(bucket, key, &entry, read_len)
             .await?;
+        let block_bytes = header.block_bytes();
         let Body::Object { meta, .. } = header.body else {
             unreachable!("checked by read_object_header")
         };
@@ -430,7 +319,7 @@ impl Store {
         };
         let cached = ReadResult::slice(&raw, header_bytes, entry.loc.payload_bytes as usize)
             .ok_or_else(corrupt)?;
-        if !record::verify_blocks(&header.block_crcs, 0, &cached) {
+        if !record::verify_blocks(&header.block_crcs, block_bytes, 0, &cached) {
             self.inner.stats.borrow_mut().corrupt_reads += 1;
             return Err(corrupt());
         }

@@ -8,8 +8,9 @@
 //! 5  u8  kind                        16  u64 payload_bytes
 //! 6  u16 flags (0)                   24  u64 seq
 //! ```
-//! The variable header holds bucket, key, one CRC32C per 64 KiB payload block
-//! and the kind's fields. The header CRC therefore covers the payload too, one
+//! The variable header holds bucket, key, one CRC32C per payload block and
+//! the kind's fields. A block is 4 KiB in records written by data format 3,
+//! 64 KiB before; the stored block count says which (`block_bytes`). The header CRC therefore covers the payload too, one
 //! block at a time, so a range read verifies only the blocks it touches.
 //! Records start at 8-byte aligned offsets; all integers are little-endian.
 //!
@@ -34,8 +35,15 @@ pub const VERSION_1: u8 = 1;
 pub const FIXED_HEADER_BYTES: usize = 32;
 /// Records start at multiples of this within a segment.
 pub const RECORD_ALIGN_BYTES: u64 = 8;
-/// Payload CRC granularity.
-pub const BLOCK_BYTES: u64 = 64 * 1024;
+/// Payload CRC granularity of the records written now (data format 3): a
+/// 4 KiB range reads and checks at most two blocks.
+pub const BLOCK_BYTES: u64 = 4 * 1024;
+/// Payload CRC granularity of records written by data format 2 and before.
+/// They are read as they are (compaction copies a record's header bytes,
+/// so it keeps its blocks).
+pub const LEGACY_BLOCK_BYTES: u64 = 64 * 1024;
+/// The larger of the two: a span aligned to it is aligned to either.
+pub const BLOCK_BYTES_MAX: u64 = LEGACY_BLOCK_BYTES;
 /// Upper bound of a header (key, metadata, block CRCs, extent list).
 pub const HEADER_BYTES_MAX: usize = 256 * 1024;
 /// Store-level bound: S3 keys are at most 1024 bytes; the multipart
@@ -187,6 +195,11 @@ impl Header {
         self.body.kind()
     }
 
+    /// Its payload's CRC block size (`block_bytes()`).
+    pub fn block_bytes(&self) -> u64 {
+        block_bytes(self.payload_bytes, self.block_crcs.len())
+    }
+
     /// A record of the segment itself (SegmentHeader, Seal): no key, no
     /// payload, seq 0.
     pub fn segment_record(body: Body) -> Header {
@@ -226,11 +239,27 @@ pub enum EncodeError {
     FieldTooLong(&'static str),
 }
 
-/// Number of 64 KiB blocks covering `payload_bytes`.
+/// Number of `BLOCK_BYTES` blocks covering `payload_bytes`.
 pub fn block_count(payload_bytes: u64) -> u64 {
     payload_bytes.div_ceil(BLOCK_BYTES)
 }
 
+/// The block size of a record with `payload_bytes` and `crc_count` block
+/// CRCs: 4 KiB when the count is that of 4 KiB blocks, else 64 KiB (a
+/// record of data format 2). The two counts differ for every payload over
+/// 4 KiB; at or under it, one block (or none) covers the payload either
+/// way, so the choice changes nothing. `parse_header` accepts only these
+/// two counts.
+pub fn block_bytes(payload_bytes: u64, crc_count: usize) -> u64 {
+    if crc_count as u64 == payload_bytes.div_ceil(BLOCK_BYTES) {
+        BLOCK_BYTES
+    } else {
+        LEGACY_BLOCK_BYTES
+    }
+}
+
+/// The CRCs of `payload`'s `BLOCK_BYTES` blocks, as a record written now
+/// stores them.
 pub fn block_crcs(payload: &[u8]) -> Vec<u32> {
     payload
         .chunks(BLOCK_BYTES as usize)
@@ -271,7 +300,10 @@ impl Writer {
 /// Encodes a header. `block_crcs` must be `block_crcs(payload)` of the payload
 /// that will follow it.
 pub fn encode_header(h: &Header) -> Result<Vec<u8>, EncodeError> {
-    debug_assert_eq!(h.block_crcs.len() as u64, block_count(h.payload_bytes));
+    debug_assert!(
+        h.block_crcs.len() as u64 == block_count(h.payload_bytes)
+            || h.block_crcs.len() as u64 == h.payload_bytes.div_ceil(LEGACY_BLOCK_BYTES)
+    );
     if h.bucket.len() > BUCKET_BYTES_MAX {
         return Err(EncodeError::FieldTooLong("bucket"));
     }
@@ -526,7 +558,8 @@ pub fn parse_header(raw: &[u8]) -> Result<(Header, usize), DecodeError> {
         return Err(DecodeError::Malformed("bucket or key too long"));
     }
     let blocks = r.u32()? as u64;
-    if blocks != block_count(payload_bytes) {
+    if blocks != block_count(payload_bytes) && blocks != payload_bytes.div_ceil(LEGACY_BLOCK_BYTES)
+    {
         return Err(DecodeError::Malformed("block count does not match payload"));
     }
     // Bound the allocation by what the header can hold: otherwise a crafted
@@ -611,10 +644,17 @@ fn decode_body(r: &mut Reader, kind: Kind, version: u8) -> Result<Body, DecodeEr
 }
 
 /// Verifies payload bytes `data`, which start at payload block `first_block`
-/// and cover whole blocks (the last block of the payload may be short).
-pub fn verify_blocks(block_crcs: &[u32], first_block: usize, data: &[u8]) -> bool {
+/// of `block_bytes` (`block_bytes()`) and cover whole blocks (the last block
+/// of the payload may be short).
+pub fn verify_blocks(
+    block_crcs: &[u32],
+    block_bytes: u64,
+    first_block: usize,
+    data: &[u8],
+) -> bool {
+    debug_assert!(block_bytes == BLOCK_BYTES || block_bytes == LEGACY_BLOCK_BYTES);
     let mut index = first_block;
-    for chunk in data.chunks(BLOCK_BYTES as usize) {
+    for chunk in data.chunks(block_bytes as usize) {
         match block_crcs.get(index) {
             Some(expected) if *expected == crc32c::crc32c(chunk) => index += 1,
             _ => return false,

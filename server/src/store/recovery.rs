@@ -115,14 +115,15 @@ pub(super) async fn verify_payload(
     r: &Scanned,
 ) -> Result<bool> {
     let mut verified = 0u64;
-    let step = 16 * record::BLOCK_BYTES;
+    let step = 16 * record::BLOCK_BYTES_MAX;
+    let block_bytes = r.header.block_bytes();
     while verified < r.header.payload_bytes {
         let len = step.min(r.header.payload_bytes - verified);
         let at = r.offset + u64::from(r.header_bytes) + verified;
         let data = read_segment(store, file, segment_id, at, len as usize).await?;
-        let first_block = (verified / record::BLOCK_BYTES) as usize;
+        let first_block = (verified / block_bytes) as usize;
         if data.len() as u64 != len
-            || !record::verify_blocks(&r.header.block_crcs, first_block, &data)
+            || !record::verify_blocks(&r.header.block_crcs, block_bytes, first_block, &data)
         {
             return Ok(false);
         }

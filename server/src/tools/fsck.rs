@@ -25,7 +25,7 @@ use crate::store::record::{self, Body, Kind};
 use crate::store::{scan, segments};
 
 const ALIGN: u64 = crate::store::file::WRITE_ALIGN_BYTES;
-const VERIFY_PIECE_BYTES: u64 = 16 * record::BLOCK_BYTES;
+const VERIFY_PIECE_BYTES: u64 = 16 * record::BLOCK_BYTES_MAX;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Problem {
@@ -73,12 +73,18 @@ fn read_exact_at(f: &File, len: usize, offset: u64) -> std::io::Result<Vec<u8>> 
 
 fn payload_ok(f: &File, offset: u64, header_bytes: u64, h: &record::Header) -> bool {
     let mut done = 0u64;
+    let block_bytes = h.block_bytes();
     while done < h.payload_bytes {
         let len = VERIFY_PIECE_BYTES.min(h.payload_bytes - done);
         let Ok(data) = read_exact_at(f, len as usize, offset + header_bytes + done) else {
             return false;
         };
-        if !record::verify_blocks(&h.block_crcs, (done / record::BLOCK_BYTES) as usize, &data) {
+        if !record::verify_blocks(
+            &h.block_crcs,
+            block_bytes,
+            (done / block_bytes) as usize,
+            &data,
+        ) {
             return false;
         }
         done += len;

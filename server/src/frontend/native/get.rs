@@ -1,9 +1,16 @@
 //! Get and BatchGet: many ranges of many objects per request. Per item an
 //! ItemHead frame (its status, metadata and resolved ranges), then each
-//! range as Chunk frames of at most `CHUNK_BYTES`, read into a registered
-//! buffer where possible and sent from there (`datapath`); the final Reply
-//! says whether everything was sent.
+//! range as Chunk frames of at most `CHUNK_BYTES`, in order; the final
+//! Reply says whether everything was sent.
+//!
+//! An item whose key this shard owns is read in windows of pieces
+//! (`WINDOW_PIECES`, `WINDOW_BYTES`): the pieces of a window are read
+//! together (`ObjectReader::read_many`: sorted by place, adjacent ones
+//! merged, all in flight at once), so a Get of many small ranges keeps the
+//! device busy, and a large range is read ahead of the socket. Large
+//! pieces land in registered buffers and are sent from there (`datapath`).
 
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use futures::channel::mpsc;
@@ -13,11 +20,57 @@ use percore_protocol::native::{
 };
 
 use super::writer::{send_head, Out};
-use super::{shard_error_reply, status_of, Budget, NativeFront, CHUNK_BYTES};
-use crate::frontend::datapath::read_piece;
+use super::CONNECTION_BYTES_MAX;
+use super::{shard_error_reply, status_of, Budget, Held, NativeFront, CHUNK_BYTES};
+use crate::frontend::datapath::{read_piece, Piece};
 use crate::ring::DataRing;
 use crate::shard::msg::ShardError;
 use crate::shard::object::ObjectSource;
+use crate::shard::store_error;
+use crate::store::ObjectReader;
+
+/// Pieces of one item read together: at most this many ...
+const WINDOW_PIECES: usize = 32;
+/// ... and at most this many bytes, half the connection's budget, so that
+/// the writer sends one window while the next is read (a stream of 1 MiB
+/// pieces is read 4 MiB ahead).
+const WINDOW_BYTES: u64 = CONNECTION_BYTES_MAX / 2;
+// A window's first piece waits for its budget; the others join only if
+// their budget is free now (`Budget::try_take`), so a window never waits
+// for bytes that only its own unsent pieces hold.
+const _: () = assert!(CHUNK_BYTES <= WINDOW_BYTES);
+
+/// A piece of an item: (range index, object offset, length).
+type PieceAt = (u32, u64, u64);
+
+/// Walks an item's ranges as pieces of at most `CHUNK_BYTES`, cut where
+/// the object's parts end (so that `read_many` never shortens one).
+struct Pieces<'a> {
+    ranges: &'a [Range],
+    range: usize,
+    at: Option<u64>,
+}
+
+impl Pieces<'_> {
+    fn next(&mut self, reader: &ObjectReader) -> Option<PieceAt> {
+        while let Some(r) = self.ranges.get(self.range) {
+            let at = *self.at.get_or_insert(r.offset);
+            let end = r.offset + r.length;
+            if at < end {
+                let mut len = (end - at).min(CHUNK_BYTES);
+                let cut = reader.part_end(at);
+                if cut > at {
+                    len = len.min(cut - at);
+                }
+                self.at = Some(at + len);
+                return Some((self.range as u32, at, len));
+            }
+            self.range += 1;
+            self.at = None;
+        }
+        None
+    }
+}
 
 /// One Get request's output: where its frames go and what they draw on.
 struct GetStream<'a> {
@@ -107,11 +160,90 @@ impl NativeFront {
         if send_head(&mut out.tx, out.id, head).await.is_err() {
             return Err(connection_closed());
         }
+        if let ObjectSource::Local(reader) = &mut source {
+            return self
+                .send_windows(out, reader, &item.key, index, &ranges)
+                .await;
+        }
         for (ri, r) in ranges.iter().enumerate() {
             self.send_range(out, &mut source, &item.key, index, ri as u32, r)
                 .await?;
         }
         Ok(())
+    }
+
+    /// An item this shard owns: its ranges' pieces in windows, each window
+    /// read at once (`read_many`) and sent in order.
+    async fn send_windows(
+        &self,
+        out: &mut GetStream<'_>,
+        reader: &mut ObjectReader,
+        key: &str,
+        index: u32,
+        ranges: &[Range],
+    ) -> Result<(), Reply> {
+        let mut pieces = Pieces {
+            ranges,
+            range: 0,
+            at: None,
+        };
+        // Pieces taken from `pieces` and not yet sent, in order.
+        let mut pending: VecDeque<PieceAt> = VecDeque::new();
+        let mut window: Vec<PieceAt> = Vec::with_capacity(WINDOW_PIECES);
+        let mut held: Vec<Held> = Vec::with_capacity(WINDOW_PIECES);
+        loop {
+            let mut bytes = 0;
+            while window.len() < WINDOW_PIECES {
+                let Some(p) = pending.pop_front().or_else(|| pieces.next(reader)) else {
+                    break;
+                };
+                let h = if window.is_empty() {
+                    let Some(h) = out.budget.take(p.2).await else {
+                        return Err(Reply::error(Status::ShuttingDown, "server shutting down"));
+                    };
+                    Some(h)
+                } else if bytes + p.2 <= WINDOW_BYTES {
+                    out.budget.try_take(p.2)
+                } else {
+                    None
+                };
+                let Some(h) = h else {
+                    pending.push_front(p);
+                    break;
+                };
+                bytes += p.2;
+                window.push(p);
+                held.push(h);
+            }
+            if window.is_empty() {
+                return Ok(());
+            }
+            let wants: Vec<(u64, u64)> = window.iter().map(|&(_, o, l)| (o, l)).collect();
+            let results = reader.read_many(out.ring.as_deref(), &wants).await;
+            // A piece read short (not expected: pieces end where parts do)
+            // is sent, and its rest and every later piece go again.
+            let mut again: Vec<PieceAt> = Vec::new();
+            for ((&(ri, offset, len), result), h) in window.iter().zip(results).zip(held.drain(..))
+            {
+                if !again.is_empty() {
+                    again.push((ri, offset, len));
+                    continue;
+                }
+                let piece: Piece = match result {
+                    Ok(p) => p.into(),
+                    Err(e) => return Err(self.mid_read_failure(out.bucket, key, store_error(e))),
+                };
+                let n = piece.len() as u64;
+                self.send_piece(out, index, ri, offset, piece, h).await?;
+                if n < len {
+                    again.push((ri, offset + n, len - n));
+                }
+            }
+            for p in again.into_iter().rev() {
+                pending.push_front(p);
+            }
+            window.clear();
+        }
     }
 
     /// One resolved range of an item as Chunk frames, each drawing its
@@ -131,39 +263,55 @@ impl NativeFront {
             let Some(held) = out.budget.take(want).await else {
                 return Err(Reply::error(Status::ShuttingDown, "server shutting down"));
             };
-            // The data path: DMA into a registered buffer, CRC there,
-            // send from there. Falls back to the copy path when no
-            // registered buffer is free or the key lives elsewhere.
+            // The key lives on another shard: its bytes come by copy.
             let piece = match read_piece(source, out.ring.as_deref(), offset, want).await {
-                Ok(p) if !p.is_empty() => p,
-                Ok(_) => {
-                    return Err(Reply::error(
-                        Status::Internal,
-                        "object shorter than its metadata",
-                    ))
-                }
+                Ok(p) => p,
                 Err(e) => return Err(self.mid_read_failure(out.bucket, key, e)),
             };
             let n = piece.len();
             debug_assert!(n as u64 <= want);
-            let chunk = ChunkHead {
-                item: index,
-                range,
-                offset,
-                crc32c: proto::crc32c(&piece),
-            };
-            let frame = Out {
-                head: proto::frame(Kind::Chunk, out.id, true, &proto::encode_chunk(&chunk), n),
-                payload: Some(piece),
-                held: Some(held),
-            };
-            if out.tx.send(frame).await.is_err() {
-                return Err(connection_closed());
-            }
+            self.send_piece(out, index, range, offset, piece, held)
+                .await?;
             offset += n as u64;
-            let m = self.shard.metrics();
-            crate::metrics::ShardMetrics::add(&m.native_bytes_out, n as u64);
         }
+        Ok(())
+    }
+
+    /// One Chunk frame: `piece` at `offset` of range `range` of item
+    /// `index`, holding `held` of the budgets until sent. An empty piece
+    /// inside the object is an error.
+    async fn send_piece(
+        &self,
+        out: &mut GetStream<'_>,
+        index: u32,
+        range: u32,
+        offset: u64,
+        piece: Piece,
+        held: Held,
+    ) -> Result<(), Reply> {
+        if piece.is_empty() {
+            return Err(Reply::error(
+                Status::Internal,
+                "object shorter than its metadata",
+            ));
+        }
+        let n = piece.len();
+        let chunk = ChunkHead {
+            item: index,
+            range,
+            offset,
+            crc32c: proto::crc32c(&piece),
+        };
+        let frame = Out {
+            head: proto::frame(Kind::Chunk, out.id, true, &proto::encode_chunk(&chunk), n),
+            payload: Some(piece),
+            held: Some(held),
+        };
+        if out.tx.send(frame).await.is_err() {
+            return Err(connection_closed());
+        }
+        let m = self.shard.metrics();
+        crate::metrics::ShardMetrics::add(&m.native_bytes_out, n as u64);
         Ok(())
     }
 

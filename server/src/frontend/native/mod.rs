@@ -135,6 +135,14 @@ impl Budget {
         let s = self.shard.acquire_static_permit(bytes).await.ok()?;
         Some(Held(c, s))
     }
+
+    /// `take` without waiting: None unless both budgets have `bytes` now.
+    fn try_take(&self, bytes: u64) -> Option<Held> {
+        let bytes = bytes.max(1);
+        let c = self.conn.try_acquire_static_permit(bytes).ok()?;
+        let s = self.shard.try_acquire_static_permit(bytes).ok()?;
+        Some(Held(c, s))
+    }
 }
 
 /// The native status and message for a shard error.

@@ -59,9 +59,10 @@ fn round_trip_every_kind() {
         let (decoded, len) = decode_header(&bytes, &KEY, 4096).unwrap();
         assert_eq!(len, bytes.len());
         assert_eq!(decoded, h);
-        assert!(verify_blocks(&decoded.block_crcs, 0, &payload));
+        assert!(verify_blocks(&decoded.block_crcs, BLOCK_BYTES, 0, &payload));
         assert!(verify_blocks(
             &decoded.block_crcs,
+            BLOCK_BYTES,
             2,
             &payload[2 * BLOCK_BYTES as usize..]
         ));
@@ -145,15 +146,21 @@ fn payload_corruption_is_detected() {
     let mut payload = vec![1u8; 3 * BLOCK_BYTES as usize + 10];
     let crcs = block_crcs(&payload);
     payload[BLOCK_BYTES as usize + 5] ^= 0x10;
-    assert!(!verify_blocks(&crcs, 0, &payload));
-    assert!(verify_blocks(&crcs, 0, &payload[..BLOCK_BYTES as usize]));
+    assert!(!verify_blocks(&crcs, BLOCK_BYTES, 0, &payload));
+    assert!(verify_blocks(
+        &crcs,
+        BLOCK_BYTES,
+        0,
+        &payload[..BLOCK_BYTES as usize]
+    ));
     assert!(!verify_blocks(
         &crcs,
+        BLOCK_BYTES,
         1,
         &payload[BLOCK_BYTES as usize..2 * BLOCK_BYTES as usize]
     ));
     assert!(
-        !verify_blocks(&crcs, 5, &payload[..10]),
+        !verify_blocks(&crcs, BLOCK_BYTES, 5, &payload[..10]),
         "block index past the end must fail"
     );
 }
@@ -184,4 +191,46 @@ fn oversized_fields_are_refused() {
     let mut h = object(b"");
     h.key = "k".repeat(KEY_BYTES_MAX + 1);
     assert_eq!(encode_header(&h), Err(EncodeError::FieldTooLong("key")));
+}
+
+/// The block size follows from the stored count: 4 KiB for records written
+/// now, 64 KiB for data format 2; a count of neither is malformed.
+#[test]
+fn block_size_follows_from_the_block_count() {
+    assert_eq!(block_bytes(0, 0), BLOCK_BYTES);
+    assert_eq!(block_bytes(4096, 1), BLOCK_BYTES);
+    assert_eq!(block_bytes(70_000, 18), BLOCK_BYTES);
+    assert_eq!(block_bytes(70_000, 2), LEGACY_BLOCK_BYTES);
+    // Every size over 4 KiB tells the two apart.
+    for n in [4097u64, 65_536, 65_537, 1 << 20, (1 << 20) + 1] {
+        assert_ne!(
+            n.div_ceil(BLOCK_BYTES),
+            n.div_ceil(LEGACY_BLOCK_BYTES),
+            "{n}"
+        );
+    }
+    let payload = vec![7u8; 70_000];
+    let mut legacy = object(&payload);
+    legacy.block_crcs = payload
+        .chunks(LEGACY_BLOCK_BYTES as usize)
+        .map(crc32c::crc32c)
+        .collect();
+    let bytes = encode_header_at(&legacy, &KEY, 4096).unwrap();
+    let (back, _) = decode_header(&bytes, &KEY, 4096).unwrap();
+    assert_eq!(back.block_bytes(), LEGACY_BLOCK_BYTES);
+    assert!(verify_blocks(
+        &back.block_crcs,
+        LEGACY_BLOCK_BYTES,
+        0,
+        &payload
+    ));
+    assert!(!verify_blocks(&back.block_crcs, BLOCK_BYTES, 0, &payload));
+    // 18 CRCs (4 KiB blocks of 70,000 bytes) for a payload of 1,000,000
+    // bytes: neither 245 nor 16 blocks.
+    let mut raw = encode_header(&object(&payload)).unwrap();
+    raw[16..24].copy_from_slice(&1_000_000u64.to_le_bytes());
+    assert_eq!(
+        parse_header(&raw),
+        Err(DecodeError::Malformed("block count does not match payload"))
+    );
 }
