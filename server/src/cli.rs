@@ -188,6 +188,10 @@ pub struct BenchArgs {
     range_size: u64,
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     large_size: u64,
+    /// range: ranges come in runs of this many adjacent ones (rows of a
+    /// column chunk read together; 1: every range at its own random place).
+    #[arg(long, default_value_t = 1)]
+    range_run: usize,
     /// batch: objects per operation.
     #[arg(long, default_value_t = 64)]
     batch: usize,
@@ -257,6 +261,7 @@ pub fn bench(a: BenchArgs) -> Result<(), String> {
     spec.ops_max = a.ops;
     spec.ranges = a.ranges.max(1);
     spec.range_bytes = a.range_size.max(1);
+    spec.range_run = a.range_run.max(1);
     spec.large_bytes = a.large_size.max(spec.range_bytes);
     spec.batch = a.batch.max(1);
     spec.no_prepare = a.no_prepare;

@@ -102,6 +102,8 @@ pub struct Spec {
     pub ranges: usize,
     pub range_bytes: u64,
     pub large_bytes: u64,
+    /// range: ranges come in runs of this many adjacent ones.
+    pub range_run: usize,
     /// batch: objects per operation.
     pub batch: usize,
     /// Skip uploading the objects (they exist from an earlier run).
@@ -135,6 +137,7 @@ impl Spec {
             ops_max: None,
             ranges: 16,
             range_bytes: 4096,
+            range_run: 1,
             large_bytes: 256 << 20,
             batch: 64,
             no_prepare: false,
@@ -451,12 +454,19 @@ impl Backend {
         let started = Instant::now();
         let key = spec.large_key();
         let blocks = (spec.large_bytes / spec.range_bytes).max(1);
-        let ranges: Vec<Range> = (0..spec.ranges)
-            .map(|_| Range {
-                offset: rng.gen_range(0..blocks) * spec.range_bytes,
-                length: spec.range_bytes,
-            })
-            .collect();
+        let run = (spec.range_run as u64).clamp(1, blocks);
+        let mut ranges: Vec<Range> = Vec::with_capacity(spec.ranges);
+        while ranges.len() < spec.ranges {
+            let first = rng.gen_range(0..=blocks - run);
+            for b in first..first + run {
+                if ranges.len() < spec.ranges {
+                    ranges.push(Range {
+                        offset: b * spec.range_bytes,
+                        length: spec.range_bytes,
+                    });
+                }
+            }
+        }
         let mut bytes = 0;
         let mut ttfb = None;
         match self {

@@ -29,7 +29,8 @@ use crate::shard::object::ObjectSource;
 use crate::shard::store_error;
 use crate::store::ObjectReader;
 
-/// Pieces of one item read together: at most this many ...
+/// Pieces of one item read together: at most this many (by default; see
+/// `window_pieces`) ...
 const WINDOW_PIECES: usize = 32;
 /// ... and at most this many bytes, half the connection's budget, so that
 /// the writer sends one window while the next is read (a stream of 1 MiB
@@ -39,6 +40,19 @@ const WINDOW_BYTES: u64 = CONNECTION_BYTES_MAX / 2;
 // their budget is free now (`Budget::try_take`), so a window never waits
 // for bytes that only its own unsent pieces hold.
 const _: () = assert!(CHUNK_BYTES <= WINDOW_BYTES);
+
+/// `WINDOW_PIECES`, unless `PERCORE_GET_WINDOW_PIECES` (1 to 256, read once)
+/// says otherwise: 1 reads and sends one piece at a time, as native Gets
+/// did before windows (for benchmarks that compare, `bench/ranges.sh`).
+fn window_pieces() -> usize {
+    static PIECES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PIECES.get_or_init(|| {
+        std::env::var("PERCORE_GET_WINDOW_PIECES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(WINDOW_PIECES, |n| n.clamp(1, 256))
+    })
+}
 
 /// A piece of an item: (range index, object offset, length).
 type PieceAt = (u32, u64, u64);
@@ -189,11 +203,12 @@ impl NativeFront {
         };
         // Pieces taken from `pieces` and not yet sent, in order.
         let mut pending: VecDeque<PieceAt> = VecDeque::new();
-        let mut window: Vec<PieceAt> = Vec::with_capacity(WINDOW_PIECES);
-        let mut held: Vec<Held> = Vec::with_capacity(WINDOW_PIECES);
+        let pieces_max = window_pieces();
+        let mut window: Vec<PieceAt> = Vec::with_capacity(pieces_max);
+        let mut held: Vec<Held> = Vec::with_capacity(pieces_max);
         loop {
             let mut bytes = 0;
-            while window.len() < WINDOW_PIECES {
+            while window.len() < pieces_max {
                 let Some(p) = pending.pop_front().or_else(|| pieces.next(reader)) else {
                     break;
                 };

@@ -21,8 +21,22 @@ use crate::store::object_cache::{CachedPart, Payload};
 use crate::store::record;
 use crate::store::{Result, Store, StoreError};
 
-/// Pieces adjacent on disk are read in one device read of at most this.
+/// Pieces adjacent on disk are read in one device read of at most this
+/// (by default; see `merge_bytes_max`).
 pub const MERGE_BYTES_MAX: u64 = 256 * 1024;
+
+/// `MERGE_BYTES_MAX`, unless `PERCORE_READ_MERGE_BYTES` (read once) says
+/// otherwise: 0 reads every piece on its own (for benchmarks that compare,
+/// `bench/ranges.sh`).
+fn merge_bytes_max() -> u64 {
+    static BYTES: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("PERCORE_READ_MERGE_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(MERGE_BYTES_MAX, |n| n.min(1 << 20))
+    })
+}
 /// `read_many` reads a piece into a registered buffer (1 MiB each, 64 per
 /// shard) only from this size: smaller ones are copied next to their
 /// frame header when sent anyway, and a Get of many small ranges would
@@ -273,6 +287,7 @@ impl ObjectReader {
         // Runs of pieces read together: same segment, each starting at or
         // before the run's end, the run within MERGE_BYTES_MAX.
         let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+        let merge_max = merge_bytes_max();
         for (k, (_, w)) in planned.iter().enumerate() {
             let seg = self.parts[w.part].segment_id;
             let joins = runs.last().is_some_and(|r| {
@@ -280,7 +295,7 @@ impl ObjectReader {
                 let end = planned[r.clone()].iter().map(|(_, x)| x.file_end()).max();
                 self.parts[head.part].segment_id == seg
                     && end.is_some_and(|end| w.file_offset <= end)
-                    && w.file_end().max(end.unwrap_or(0)) - head.file_offset <= MERGE_BYTES_MAX
+                    && w.file_end().max(end.unwrap_or(0)) - head.file_offset <= merge_max
             });
             match runs.last_mut() {
                 Some(r) if joins => r.end = k + 1,
