@@ -154,8 +154,9 @@ pub struct StoreConfig {
     pub scrub_interval_ms: u64,
     /// Scrub read rate limit.
     pub scrub_bytes_per_sec_max: u64,
-    /// Memory for cached extent block CRCs (see `record_cache`); about 160
-    /// bytes per 1 MiB extent, so the default covers ~100k extents.
+    /// Memory for cached extent block CRCs (see `record_cache`); about 1.1
+    /// KiB per 1 MiB extent of 4 KiB blocks, so the default (64 MiB)
+    /// covers ~60k extents.
     pub crc_cache_bytes_max: usize,
     /// Memory for cached headers of objects stored in extents (metadata
     /// and extent list: ~200 bytes plus ~24 per MiB of object).
@@ -183,7 +184,7 @@ impl StoreConfig {
             compaction_interval_ms: 1000,
             scrub_interval_ms: 0,
             scrub_bytes_per_sec_max: 64 << 20,
-            crc_cache_bytes_max: 16 << 20,
+            crc_cache_bytes_max: 64 << 20,
             header_cache_bytes_max: 16 << 20,
             object_cache_bytes_max: 64 << 20,
             faults: None,

@@ -100,9 +100,26 @@ pub(super) struct Part {
     /// inline object); else it is let go once the reader moves to another
     /// part, so that a reader holds at most one part's bytes.
     pub(super) keep: bool,
+    /// An extent record: its block CRCs can be read again from its header
+    /// (and are kept in the byte-bounded CRC cache), so the reader lets go
+    /// of them with the part's bytes.
+    pub(super) extent: bool,
 }
 
 impl Part {
+    /// The reader moves on from this part: it keeps neither its bytes (the
+    /// object cache may) nor, for an extent, its block CRCs (the CRC cache
+    /// may), so that a stream over a huge object holds one part's worth.
+    pub(super) fn let_go(&mut self) {
+        if !self.keep {
+            self.cached = None;
+            self.cache_checked = false;
+        }
+        if self.extent {
+            self.block_crcs = None;
+        }
+    }
+
     /// The place of the part's record: its key in the object cache.
     fn place(&self) -> (u64, u64) {
         (self.segment_id, self.record_offset)
@@ -200,10 +217,7 @@ impl ObjectReader {
     fn visit(&mut self, index: usize) {
         if self.current != index {
             if let Some(p) = self.parts.get_mut(self.current) {
-                if !p.keep {
-                    p.cached = None;
-                    p.cache_checked = false;
-                }
+                p.let_go();
             }
             self.current = index;
         }
@@ -364,6 +378,7 @@ impl Store {
                 cached: Some(cached),
                 cache_checked: true,
                 keep: true,
+                extent: false,
             }],
             current: 0,
         })
@@ -395,6 +410,7 @@ impl Store {
                 cached: Some(hit.payload.clone()),
                 cache_checked: true,
                 keep: true,
+                extent: false,
             }],
             current: 0,
         })
@@ -513,6 +529,7 @@ impl Store {
                 cached: None,
                 cache_checked: false,
                 keep: false,
+                extent: false,
             });
         }
         let mut object_offset = 0;
@@ -530,6 +547,7 @@ impl Store {
                 cached: None,
                 cache_checked: false,
                 keep: false,
+                extent: true,
             });
             object_offset += e.payload_bytes;
         }

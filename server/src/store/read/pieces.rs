@@ -250,6 +250,27 @@ impl ObjectReader {
         }
     }
 
+    /// Loads the block CRCs of every part that `wants` touch and the reader
+    /// holds no bytes of, all at once: with the CRC cache cold, one header
+    /// read per extent, in flight together rather than one after another.
+    /// A failure is met again, and reported, by `plan`.
+    async fn load_crcs_for(&mut self, wants: &[(u64, u64)]) {
+        let mut need = vec![false; self.parts.len()];
+        for &(offset, _) in wants {
+            if let Some(i) = self.part_at(offset) {
+                need[i] = true;
+            }
+        }
+        let store = self.store.clone();
+        let loads = self
+            .parts
+            .iter_mut()
+            .zip(need)
+            .filter(|(p, n)| *n && p.block_crcs.is_none() && p.cached.is_none())
+            .map(|(p, _)| p.load_block_crcs(&store));
+        let _ = futures::future::join_all(loads).await;
+    }
+
     /// Reads the pieces `wants` (object offset, length) of this object at
     /// once, each cut at its part's end like `read`. Pieces held in memory
     /// come from there; the rest are read from the device, sorted by place
@@ -262,6 +283,7 @@ impl ObjectReader {
         wants: &[(u64, u64)],
     ) -> Vec<Result<ReadOut>> {
         let mut out: Vec<Option<Result<ReadOut>>> = wants.iter().map(|_| None).collect();
+        self.load_crcs_for(wants).await;
         let mut planned: Vec<(usize, Planned)> = Vec::with_capacity(wants.len());
         for (i, &(offset, len)) in wants.iter().enumerate() {
             let Some(index) = self.part_at(offset) else {
@@ -325,6 +347,10 @@ impl ObjectReader {
             for ((i, _), result) in planned[r.clone()].iter().zip(results) {
                 out[*i] = Some(result);
             }
+        }
+        // Held by the caches, not by the reader (see `Part::let_go`).
+        for p in self.parts.iter_mut().filter(|p| p.extent) {
+            p.block_crcs = None;
         }
         out.into_iter()
             .map(|o| o.expect("every piece answered"))
