@@ -14,8 +14,10 @@
 # - the same with the 16 ranges in runs of 8 adjacent ones (rows of a
 #   column chunk): default merging (one device read per run) and
 #   PERCORE_READ_MERGE_BYTES=0 (one device read per range).
-# - whole 64 MiB objects streamed on 1 connection: windows (4 MiB read
-#   ahead of the socket) against one piece at a time.
+# - whole 64 MiB objects streamed on 1 connection: windows (1 MiB: a stream
+#   goes one chunk at a time either way, so this row checks that windows
+#   cost a stream nothing; with 4 MiB windows, rev ed94c0f, it measured
+#   0.86x: bench/results/ranges-issue17-window4m.md).
 #
 # The object cache is off (--object-cache-mb 0), so every byte comes from the
 # device; 4 KiB ranges never enter it anyway (only whole parts do). One shard
