@@ -60,7 +60,7 @@ pub use compaction::CompactionReport;
 pub use list::prefix_successor;
 pub use object_cache::{ObjectCacheStats, Payload};
 pub use put::PutWriter;
-pub use read::{ObjectReader, ReadOut, MERGE_BYTES_MAX};
+pub use read::{ObjectReader, ReadOut, FIXED_MIN_BYTES, MERGE_BYTES_MAX};
 
 use std::cell::{Cell, RefCell};
 use std::io;

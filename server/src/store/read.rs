@@ -19,7 +19,7 @@ use super::record_cache::RecordCache;
 use super::{Loc, ObjectInfo, Result, Store, StoreConfig, StoreError};
 
 mod pieces;
-pub use pieces::{ReadOut, MERGE_BYTES_MAX};
+pub use pieces::{ReadOut, FIXED_MIN_BYTES, MERGE_BYTES_MAX};
 
 /// The shard's read caches, keyed by record place (segment, offset).
 pub(super) struct ReadCaches {

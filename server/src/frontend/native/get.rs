@@ -25,9 +25,9 @@ use super::{shard_error_reply, status_of, Budget, Held, NativeFront, CHUNK_BYTES
 use crate::frontend::datapath::{read_piece, Piece};
 use crate::ring::DataRing;
 use crate::shard::msg::ShardError;
-use crate::shard::object::ObjectSource;
+use crate::shard::object::{Chunk, ObjectSource};
 use crate::shard::store_error;
-use crate::store::ObjectReader;
+use crate::store::{ObjectReader, FIXED_MIN_BYTES};
 
 /// Pieces of one item read together: at most this many (by default; see
 /// `window_pieces`) ...
@@ -235,6 +235,33 @@ impl NativeFront {
             }
             if window.is_empty() {
                 return Ok(());
+            }
+            if let [(ri, offset, len)] = window[..] {
+                if len >= FIXED_MIN_BYTES {
+                    // A large piece alone (a stream): the reader's own path,
+                    // which keeps its part and the part's CRCs between pieces.
+                    let h = held.pop().expect("one budget per piece");
+                    window.clear();
+                    let fixed = match out.ring.as_deref() {
+                        Some(ring) => reader.read_fixed(ring, offset, len).await,
+                        None => None,
+                    };
+                    let piece = match fixed {
+                        Some(r) => r.map(|(buf, start, end)| Piece::Registered { buf, start, end }),
+                        None => reader
+                            .read(offset, len)
+                            .await
+                            .map(|p| Piece::Copied(Chunk::Local(p))),
+                    };
+                    let piece = piece
+                        .map_err(|e| self.mid_read_failure(out.bucket, key, store_error(e)))?;
+                    let n = piece.len() as u64;
+                    self.send_piece(out, index, ri, offset, piece, h).await?;
+                    if n < len {
+                        pending.push_front((ri, offset + n, len - n));
+                    }
+                    continue;
+                }
             }
             let wants: Vec<(u64, u64)> = window.iter().map(|&(_, o, l)| (o, l)).collect();
             let results = reader.read_many(out.ring.as_deref(), &wants).await;
