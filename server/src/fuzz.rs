@@ -211,6 +211,7 @@ pub fn sigv4_auth(data: &[u8]) {
         raw_path,
         raw_query,
         headers: &headers,
+        virtual_bucket: None,
     };
     let lookup = |ak: &str| (ak == "AKIDEXAMPLE").then(|| "secret".to_string());
     let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
@@ -340,6 +341,7 @@ pub fn sigv4_unsigned_headers(data: &[u8]) {
             raw_path: &path,
             raw_query: &raw_query,
             headers: &views,
+            virtual_bucket: None,
         };
         sigv4::verify(&input, &lookup, now, Duration::from_secs(900))
     };

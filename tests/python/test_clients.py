@@ -360,7 +360,8 @@ def test_rclone(server, s3, bucket, data, tmp_path):
 # s3cmd
 # ---------------------------------------------------------------------------
 
-def test_s3cmd(server, s3, bucket, data, tmp_path):
+@pytest.mark.parametrize("sigv2", [False, True], ids=["sigv4", "sigv2"])
+def test_s3cmd(server, s3, bucket, data, tmp_path, sigv2):
     exe = require_exe("s3cmd")
     hostport = f"{server.host}:{server.s3_port}"
     cfg = tmp_path / "s3cfg"
@@ -372,7 +373,7 @@ def test_s3cmd(server, s3, bucket, data, tmp_path):
         f"host_bucket = {hostport}\n"      # no %(bucket)s: path-style requests
         f"bucket_location = {REGION}\n"
         "use_https = False\n"
-        "signature_v2 = False\n"
+        f"signature_v2 = {sigv2}\n"
         "socket_timeout = 30\n"
         "max_retries = 1\n")
     env = client_env(tmp_path / "home")

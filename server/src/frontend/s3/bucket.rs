@@ -15,17 +15,58 @@ const DELETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
 const DELETES_IN_FLIGHT_MAX: usize = 64;
 
 impl S3Front {
+    /// ListBuckets, in name order: all of them, or pages of `max-buckets`
+    /// (1 to 10,000) after `continuation-token` (the last name of the page
+    /// before, base64url), of the names starting with `prefix`.
     pub(super) async fn list_buckets(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
-        let buckets: Vec<xml::BucketEntry> = self
-            .shard
-            .bucket_list()
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let max = match req.q("max-buckets") {
+            None => usize::MAX,
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=10_000).contains(n))
+                .ok_or_else(|| {
+                    S3Error::invalid_argument("max-buckets must be an integer from 1 to 10000")
+                })?,
+        };
+        let after = match req.q("continuation-token") {
+            None => None,
+            Some(t) => Some(
+                b64.decode(t)
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .ok_or_else(|| {
+                        S3Error::invalid_argument("The continuation token provided is incorrect")
+                    })?,
+            ),
+        };
+        let prefix = req.q("prefix").unwrap_or("");
+        let mut names = self.shard.bucket_list();
+        names.sort();
+        let mut matching = names
             .into_iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .filter(|(n, _)| after.as_ref().is_none_or(|a| n > a));
+        let buckets: Vec<xml::BucketEntry> = matching
+            .by_ref()
+            .take(max)
             .map(|(name, created_unix_ms)| xml::BucketEntry {
                 name,
                 created_unix_ms,
             })
             .collect();
-        let body = xml::list_buckets(xml::OWNER_ID_DEFAULT, &buckets);
+        let token = match (matching.next(), buckets.last()) {
+            (Some(_), Some(last)) => Some(b64.encode(&last.name)),
+            _ => None,
+        };
+        let body = xml::list_buckets_page(
+            xml::OWNER_ID_DEFAULT,
+            &buckets,
+            token.as_deref(),
+            req.q("prefix"),
+        );
         self.respond_xml(conn, req, &body).await
     }
 

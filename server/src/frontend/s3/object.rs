@@ -322,6 +322,7 @@ impl S3Front {
             }
             head.push_header(name.clone(), value.clone());
         }
+        apply_response_overrides(req, &mut head)?;
         if status == 206 {
             head.push_header("Content-Range", content_range(start, start + len - 1, size));
         }
@@ -506,6 +507,38 @@ impl S3Front {
 /// taken.
 const INPUT_BYTES: usize = 256 * 1024;
 const INPUT_ROOM_MIN_BYTES: usize = 32 * 1024;
+
+/// GET and HEAD query parameters that replace a response header (S3's
+/// `response-*` overrides: what a presigned download link uses to name the
+/// file a browser saves), and the header each replaces.
+const RESPONSE_OVERRIDES: [(&str, &str); 6] = [
+    ("response-cache-control", "Cache-Control"),
+    ("response-content-disposition", "Content-Disposition"),
+    ("response-content-encoding", "Content-Encoding"),
+    ("response-content-language", "Content-Language"),
+    ("response-content-type", "Content-Type"),
+    ("response-expires", "Expires"),
+];
+
+/// Applies the request's `response-*` overrides to `head`: each replaces
+/// the header of its name, stored with the object or not. A value with a
+/// control character is refused (it would split the response head).
+fn apply_response_overrides(req: &Request, head: &mut ResponseHead) -> Result<(), S3Error> {
+    for (param, header) in RESPONSE_OVERRIDES {
+        let Some(value) = req.q(param) else {
+            continue;
+        };
+        if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            return Err(S3Error::invalid_argument(format!(
+                "{param} must not hold control characters"
+            )));
+        }
+        head.headers
+            .retain(|(n, _)| !n.eq_ignore_ascii_case(header));
+        head.push_header(header, value.to_string());
+    }
+    Ok(())
+}
 
 fn entity_too_large() -> S3Error {
     S3Error::new(

@@ -58,7 +58,7 @@ fn check_key_and_query(key: &str, raw_query: &str) -> Result<Vec<(String, String
 
 /// Query parameters naming S3 sub-resources that this slice does not serve;
 /// a request carrying one must not be mistaken for a plain GET/PUT.
-const SUBRESOURCES: [&str; 24] = [
+const SUBRESOURCES: [&str; 31] = [
     "acl",
     "cors",
     "delete",
@@ -83,6 +83,13 @@ const SUBRESOURCES: [&str; 24] = [
     "retention",
     "restore",
     "select",
+    "accelerate",
+    "analytics",
+    "metrics",
+    "inventory",
+    "intelligent-tiering",
+    "policyStatus",
+    "torrent",
 ];
 
 /// Declares [`S3Op`] with each variant's metric name beside it, and the
@@ -290,6 +297,9 @@ pub fn virtual_host_bucket(head: &RequestHead, domain: Option<&str>) -> Option<S
     let bucket = host.strip_suffix(domain)?.strip_suffix('.')?;
     (!bucket.is_empty()).then(|| bucket.to_string())
 }
+
+mod unimplemented;
+pub use unimplemented::unimplemented_name;
 
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ use md5::{Digest, Md5};
 use sha2::Sha256;
 
 use super::conditional::content_md5;
-use super::route::{route, virtual_host_bucket, Route, S3Op};
+use super::route::{route, unimplemented_name, virtual_host_bucket, Route, S3Op};
 use super::{xml, Conn, Request, S3Front};
 use crate::frontend::common::peer_is_loopback;
 use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
@@ -199,15 +199,18 @@ impl S3Front {
             S3Op::AbortMultipartUpload => self.abort_multipart(conn, req).await,
             S3Op::ListParts => self.list_parts(conn, req).await,
             S3Op::NotImplemented => {
-                let on = if req.key.is_empty() {
-                    "a bucket"
-                } else {
-                    "an object"
-                };
-                Err(S3Error::not_implemented(&format!(
-                    "{} on {on} with this query",
-                    req.head.method
-                )))
+                let query: Vec<(&str, &str)> = req
+                    .query
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                let on_object = !req.key.is_empty();
+                let what =
+                    unimplemented_name(&req.head.method, on_object, &query).unwrap_or_else(|| {
+                        let on = if on_object { "an object" } else { "a bucket" };
+                        format!("{} on {on} with this query", req.head.method)
+                    });
+                Err(S3Error::not_implemented(&what))
             }
             S3Op::MethodNotAllowed => Err(S3Error::new(
                 405,
@@ -286,11 +289,13 @@ impl S3Front {
                 value: v.as_slice(),
             })
             .collect();
+        let virtual_bucket = virtual_host_bucket(&req.head, self.cfg.domain.as_deref());
         let input = AuthInput {
             method: &req.head.method,
             raw_path: &req.head.path,
             raw_query: &req.head.query,
             headers: &headers,
+            virtual_bucket: virtual_bucket.as_deref(),
         };
         let creds = &self.cfg.credentials;
         let lookup = |ak: &str| (ak == creds.access_key).then(|| creds.secret_key.clone());

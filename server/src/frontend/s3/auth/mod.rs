@@ -1,9 +1,10 @@
-//! AWS Signature Version 4 verification for incoming S3 requests, and the
-//! `aws-chunked` body decoder used by streaming (per-chunk signed) uploads.
-//! This file holds the types, the entry point [`verify`] and small helpers;
-//! `header` checks the Authorization header, `presign` presigned URLs,
-//! `canonical` the canonical request and signature both share, `chunked`
-//! the aws-chunked decoder.
+//! AWS Signature Version 4 (and 2) verification for incoming S3 requests,
+//! and the `aws-chunked` body decoder used by streaming (per-chunk signed)
+//! uploads. This file holds the types, the entry point [`verify`] and small
+//! helpers; `header` checks the SigV4 Authorization header, `presign`
+//! SigV4 presigned URLs, `canonical` the canonical request and signature
+//! both share, `sigv2` Signature Version 2 (header and presigned),
+//! `chunked` the aws-chunked decoder.
 //!
 //! Pure synchronous code: the HTTP layer hands in the request target and the
 //! headers exactly as received and gets back who signed the request and how
@@ -22,6 +23,7 @@ mod canonical;
 mod chunked;
 mod header;
 mod presign;
+mod sigv2;
 #[cfg(test)]
 mod tests;
 
@@ -29,6 +31,7 @@ use canonical::*;
 pub use chunked::ChunkedDecoder;
 use header::*;
 use presign::*;
+pub use sigv2::sign_v2;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -71,6 +74,9 @@ pub struct AuthInput<'a> {
     pub raw_query: &'a str,
     /// In arrival order; duplicates possible.
     pub headers: &'a [HeaderView<'a>],
+    /// The bucket a virtual-hosted request names in its Host header (SigV2
+    /// signs `/bucket` + path; SigV4 signs the path as sent).
+    pub virtual_bucket: Option<&'a str>,
 }
 
 /// How the request body is protected, from `x-amz-content-sha256`.
@@ -294,7 +300,8 @@ impl AuthError {
 
 /// Verify header auth (`Authorization: AWS4-HMAC-SHA256 Credential=.., SignedHeaders=.., Signature=..`)
 /// or query auth (presigned URL: X-Amz-Algorithm, X-Amz-Credential, X-Amz-Date, X-Amz-Expires,
-/// X-Amz-SignedHeaders, X-Amz-Signature).
+/// X-Amz-SignedHeaders, X-Amz-Signature), or their Signature Version 2 forms
+/// (`Authorization: AWS AK:sig`; AWSAccessKeyId, Expires, Signature): `sigv2`.
 ///
 /// `secret_for(access_key)` returns the secret or None. `now` is the server clock; header auth
 /// rejects |now - request date| > `max_skew` with RequestTimeTooSkewed.
@@ -307,10 +314,13 @@ pub fn verify(
     let authorization = single_header(input.headers, "authorization", AuthError::Malformed)?;
     let query_auth = classify_query_auth(input.raw_query);
     match (authorization, query_auth) {
-        (Some(_), QueryAuth::SigV4) => Err(AuthError::ConflictingAuth),
+        (Some(_), QueryAuth::SigV4 | QueryAuth::SigV2) => Err(AuthError::ConflictingAuth),
+        (Some(value), _) if sigv2::is_v2_authorization(value) => {
+            sigv2::verify_v2_header(input, value, secret_for, now, max_skew)
+        }
         (Some(value), _) => verify_header_auth(input, value, secret_for, now, max_skew),
         (None, QueryAuth::SigV4) => verify_query_auth(input, secret_for, now, max_skew),
-        (None, QueryAuth::SigV2) => Err(AuthError::UnsupportedAlgorithm),
+        (None, QueryAuth::SigV2) => sigv2::verify_v2_query(input, secret_for, now),
         (None, QueryAuth::None) => Err(AuthError::Missing),
     }
 }
@@ -335,6 +345,20 @@ fn query_pairs(raw_query: &str) -> impl Iterator<Item = (&str, &str)> {
         .split('&')
         .filter(|pair| !pair.is_empty())
         .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// Decodes presigned-URL parameter `name` into `slot`, refusing one that
+/// is not UTF-8 or given twice.
+fn set_query_param(slot: &mut Option<String>, name: &str, value: &str) -> Result<(), AuthError> {
+    let decoded = percent_decode_str(value)
+        .decode_utf8()
+        .map_err(|_| AuthError::QueryMalformed(format!("{name} is not valid UTF-8")))?;
+    if slot.replace(decoded.into_owned()).is_some() {
+        return Err(AuthError::QueryMalformed(format!(
+            "{name} given more than once"
+        )));
+    }
+    Ok(())
 }
 
 /// The value of a header that must appear at most once.

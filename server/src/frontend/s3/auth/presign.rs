@@ -49,14 +49,7 @@ impl PresignParams {
                 "X-Amz-Content-Sha256" => &mut params.content_sha256,
                 _ => continue,
             };
-            let decoded = percent_decode_str(value)
-                .decode_utf8()
-                .map_err(|_| AuthError::QueryMalformed(format!("{name} is not valid UTF-8")))?;
-            if slot.replace(decoded.into_owned()).is_some() {
-                return Err(AuthError::QueryMalformed(format!(
-                    "{name} given more than once"
-                )));
-            }
+            set_query_param(slot, name, value)?;
         }
         Ok(params)
     }

@@ -26,6 +26,17 @@ pub struct BucketEntry {
 
 /// ListBuckets (`GET /`) response.
 pub fn list_buckets(owner_id: &str, buckets: &[BucketEntry]) -> String {
+    list_buckets_page(owner_id, buckets, None, None)
+}
+
+/// ListBuckets with paging: `continuation` when more buckets follow,
+/// `prefix` echoed when the request had one.
+pub fn list_buckets_page(
+    owner_id: &str,
+    buckets: &[BucketEntry],
+    continuation: Option<&str>,
+    prefix: Option<&str>,
+) -> String {
     let names_bytes: usize = buckets.iter().map(|b| b.name.len()).sum();
     let mut out = String::with_capacity(256 + names_bytes + buckets.len() * 96);
     push_open_root(&mut out, "ListAllMyBucketsResult");
@@ -41,7 +52,14 @@ pub fn list_buckets(owner_id: &str, buckets: &[BucketEntry]) -> String {
         );
         out.push_str("</Bucket>");
     }
-    out.push_str("</Buckets></ListAllMyBucketsResult>");
+    out.push_str("</Buckets>");
+    if let Some(token) = continuation {
+        push_element(&mut out, "ContinuationToken", token);
+    }
+    if let Some(prefix) = prefix {
+        push_element(&mut out, "Prefix", prefix);
+    }
+    out.push_str("</ListAllMyBucketsResult>");
     out
 }
 

@@ -1,0 +1,107 @@
+"""The small things of issue 20 (item 7, part): `response-*` overrides on
+GET and HEAD, ListBuckets paging and prefix (max-buckets,
+continuation-token), and NotImplemented answers that name the S3
+operation. boto3 where it speaks the feature, signed raw requests where
+the exact status and body matter."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from conftest import unique_bucket_name
+from signed import one_shard_server, request
+
+
+@pytest.fixture(scope="module")
+def env():
+    srv = one_shard_server("small-things")
+    try:
+        s3 = srv.client()
+        bucket = unique_bucket_name("small")
+        s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=bucket, Key="report.bin", Body=b"0123456789",
+                      ContentType="application/x-report", CacheControl="max-age=60")
+        yield srv, s3, bucket
+    finally:
+        srv.close()
+
+
+def test_response_overrides_replace_the_headers(env):
+    srv, s3, bucket = env
+    expires = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    got = s3.get_object(Bucket=bucket, Key="report.bin", ResponseContentType="text/plain",
+                        ResponseContentDisposition='attachment; filename="r.txt"',
+                        ResponseCacheControl="no-store", ResponseContentLanguage="fr",
+                        ResponseContentEncoding="identity", ResponseExpires=expires)
+    assert got["Body"].read() == b"0123456789"
+    h = got["ResponseMetadata"]["HTTPHeaders"]
+    assert h["content-type"] == "text/plain"
+    assert h["content-disposition"] == 'attachment; filename="r.txt"'
+    assert h["cache-control"] == "no-store"  # replaces the stored one
+    assert h["content-language"] == "fr"
+    assert h["content-encoding"] == "identity"
+    assert "2030" in h["expires"]
+    # With a range, and on HEAD.
+    got = s3.get_object(Bucket=bucket, Key="report.bin", Range="bytes=2-4",
+                        ResponseContentType="text/x-part")
+    assert got["Body"].read() == b"234" and got["ContentType"] == "text/x-part"
+    r = request(srv, "HEAD", f"/{bucket}/report.bin",
+                query=[("response-content-type", "text/x-head")])
+    assert r.status == 200 and r.headers["content-type"] == "text/x-head"
+    # Without overrides, the stored headers.
+    got = s3.get_object(Bucket=bucket, Key="report.bin")
+    assert got["ContentType"] == "application/x-report"
+    assert got["CacheControl"] == "max-age=60"
+
+
+def test_response_override_with_a_line_break_is_refused(env):
+    srv, s3, bucket = env
+    r = request(srv, "GET", f"/{bucket}/report.bin",
+                query=[("response-content-type", "text/plain\r\nSet-Cookie: x=1")])
+    assert (r.status, r.error_code()) == (400, "InvalidArgument"), r.body
+    assert "set-cookie" not in r.headers
+
+
+def test_list_buckets_pages_by_prefix(env):
+    srv, s3, bucket = env
+    prefix = unique_bucket_name("pg")
+    names = sorted(f"{prefix}-{i:02d}" for i in range(7))
+    for n in names:
+        s3.create_bucket(Bucket=n)
+    seen, token, pages = [], None, 0
+    while True:
+        kw = {"MaxBuckets": 3, "Prefix": prefix}
+        if token:
+            kw["ContinuationToken"] = token
+        page = s3.list_buckets(**kw)
+        pages += 1
+        seen += [b["Name"] for b in page["Buckets"]]
+        assert page.get("Prefix") == prefix
+        token = page.get("ContinuationToken")
+        if not token:
+            break
+    assert seen == names and pages == 3
+    everything = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert set(names) <= set(everything) and bucket in everything
+    for bad in (("max-buckets", "0"), ("max-buckets", "10001"), ("max-buckets", "x"),
+                ("continuation-token", "%%%")):
+        r = request(srv, "GET", "/", query=[bad])
+        assert (r.status, r.error_code()) == (400, "InvalidArgument"), (bad, r.body)
+
+
+@pytest.mark.parametrize("method,target,query,name", [
+    ("PUT", "bucket", "policy", "PutBucketPolicy"),
+    ("GET", "bucket", "accelerate", "GetBucketAccelerateConfiguration"),
+    ("PUT", "bucket", "versioning", "PutBucketVersioning"),
+    ("DELETE", "bucket", "lifecycle", "DeleteBucketLifecycle"),
+    ("GET", "object", "acl", "GetObjectAcl"),
+    ("PUT", "object", "tagging", "PutObjectTagging"),
+])
+def test_not_implemented_names_the_operation(env, method, target, query, name):
+    srv, s3, bucket = env
+    path = f"/{bucket}" + ("/report.bin" if target == "object" else "")
+    r = request(srv, method, path, query=[(query, "")], body=b"<x/>" if method == "PUT" else b"")
+    assert (r.status, r.error_code()) == (501, "NotImplemented"), r.body
+    assert f"{name} is not implemented".encode() in r.body, r.body
