@@ -105,3 +105,25 @@ def test_not_implemented_names_the_operation(env, method, target, query, name):
     r = request(srv, method, path, query=[(query, "")], body=b"<x/>" if method == "PUT" else b"")
     assert (r.status, r.error_code()) == (501, "NotImplemented"), r.body
     assert f"{name} is not implemented".encode() in r.body, r.body
+
+
+def test_versions_other_than_null_are_refused(env):
+    """Buckets are never versioned: the one version of an object is "null".
+    Any other version id is refused, so that deleting an old version can
+    never delete the current object."""
+    srv, s3, bucket = env
+    s3.put_object(Bucket=bucket, Key="v.bin", Body=b"keep me")
+    for method in ("GET", "HEAD", "DELETE"):
+        r = request(srv, method, f"/{bucket}/v.bin", query=[("versionId", "3HL4kqtJlcpXroDTD")])
+        assert r.status == 400, (method, r.body)
+        if method != "HEAD":
+            assert r.error_code() == "InvalidArgument", r.body
+    assert s3.get_object(Bucket=bucket, Key="v.bin")["Body"].read() == b"keep me"
+    out = s3.delete_objects(Bucket=bucket, Delete={"Objects": [
+        {"Key": "v.bin", "VersionId": "3HL4kqtJlcpXroDTD"}]})
+    assert [e["Code"] for e in out.get("Errors", [])] == ["NoSuchVersion"], out
+    assert s3.get_object(Bucket=bucket, Key="v.bin", VersionId="null")["Body"].read() == b"keep me"
+    s3.delete_object(Bucket=bucket, Key="v.bin", VersionId="null")
+    with pytest.raises(Exception) as e:
+        s3.head_object(Bucket=bucket, Key="v.bin")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404

@@ -161,9 +161,18 @@ impl S3Front {
         // Each key on its owner, a bounded number at once.
         let mut results: Vec<Result<(), S3Error>> = Vec::with_capacity(keys.len());
         for batch in keys.chunks(DELETES_IN_FLIGHT_MAX) {
-            let calls = batch.iter().map(|key| async move {
+            let calls = batch.iter().map(|(key, version)| async move {
                 if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
                     return Err(S3Error::invalid_argument("Invalid key"));
+                }
+                // Never versioned: only the "null" version exists (see
+                // `dispatch`); deleting another must not delete the object.
+                if version.as_deref().is_some_and(|v| v != "null") {
+                    return Err(S3Error::new(
+                        404,
+                        "NoSuchVersion",
+                        "The specified version does not exist.",
+                    ));
                 }
                 self.shard.delete_object(&req.bucket, key).await?;
                 Ok(())
@@ -172,17 +181,23 @@ impl S3Front {
         }
         let mut out = String::with_capacity(128 + keys.len() * 80);
         push_open_root(&mut out, "DeleteResult");
-        for (key, result) in keys.iter().zip(&results) {
+        for ((key, version), result) in keys.iter().zip(&results) {
             match result {
                 Ok(()) if quiet => {}
                 Ok(()) => {
                     out.push_str("<Deleted>");
                     push_element(&mut out, "Key", key);
+                    if let Some(v) = version {
+                        push_element(&mut out, "VersionId", v);
+                    }
                     out.push_str("</Deleted>");
                 }
                 Err(e) => {
                     out.push_str("<Error>");
                     push_element(&mut out, "Key", key);
+                    if let Some(v) = version {
+                        push_element(&mut out, "VersionId", v);
+                    }
                     push_element(&mut out, "Code", e.code);
                     push_element(&mut out, "Message", &e.message);
                     out.push_str("</Error>");

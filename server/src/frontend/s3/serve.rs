@@ -176,6 +176,13 @@ impl S3Front {
         loopback: bool,
     ) -> Result<(), S3Error> {
         let auth = self.authenticate(req, loopback)?;
+        // Buckets are never versioned: an object has one version, "null".
+        // Another version id names nothing, and is refused rather than
+        // ignored, so that deleting an old version never deletes the
+        // current object (S3 answers the same for unversioned buckets).
+        if req.q("versionId").is_some_and(|v| v != "null") {
+            return Err(S3Error::invalid_argument("Invalid version id specified"));
+        }
         match req.op {
             S3Op::ListBuckets => self.list_buckets(conn, req).await,
             S3Op::CreateBucket => self.create_bucket(conn, req).await,

@@ -57,20 +57,28 @@ pub fn parse_complete_multipart(body: &[u8]) -> Result<Vec<(u32, String)>, Strin
 /// Most keys in one DeleteObjects request (S3's limit).
 pub const DELETE_KEYS_MAX: usize = 1000;
 
-/// Parses a DeleteObjects body into (quiet, keys); a missing Key is an
+/// One object of a DeleteObjects body: its key and `VersionId`, if any.
+pub type DeleteEntry = (String, Option<String>);
+
+/// Parses a DeleteObjects body into (quiet, entries); a missing Key is an
 /// empty key, which the caller reports per key.
-pub fn parse_delete(body: &[u8]) -> Result<(bool, Vec<String>), String> {
+pub fn parse_delete(body: &[u8]) -> Result<(bool, Vec<DeleteEntry>), String> {
     let root = parse_xml(body)?
         .filter(|r| r.name == "Delete")
         .ok_or("The body must be a Delete element")?;
     let quiet = root
         .child("Quiet")
         .is_some_and(|q| q.text.trim().eq_ignore_ascii_case("true"));
-    let keys: Vec<String> = root
+    let keys: Vec<DeleteEntry> = root
         .children
         .iter()
         .filter(|c| c.name == "Object")
-        .map(|o| o.child("Key").map(|k| k.text.clone()).unwrap_or_default())
+        .map(|o| {
+            (
+                o.child("Key").map(|k| k.text.clone()).unwrap_or_default(),
+                o.child("VersionId").map(|v| v.text.trim().to_string()),
+            )
+        })
         .collect();
     if keys.len() > DELETE_KEYS_MAX {
         return Err(format!(
