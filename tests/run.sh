@@ -80,6 +80,11 @@ else
     PHASES+=("$(printf '%-34s %7s  %s' "cargo build / generate / test" "-" "skipped (PERCORE_SKIP_CARGO=1)")")
 fi
 
+# The Python package (tools/python: maturin builds the PyO3 extension into
+# the workspace's target dir, reusing the release build's dependencies).
+phase "python package: pip install ./tools/python"
+bash tools/python/install.sh
+
 phase "python tests"
 target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
 export PERCORE_BIN="${PERCORE_BIN:-$target_dir/release/percore}"

