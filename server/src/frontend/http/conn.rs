@@ -449,7 +449,7 @@ where
         close: bool,
     ) -> Result<(), HttpError> {
         let framing = FramingFields {
-            content_length_bytes: content_length,
+            content_length_bytes: Some(content_length),
             close,
             announce_keep_alive: self.request_version_minor == 0,
             date: self.date.now(),
@@ -460,6 +460,49 @@ where
             self.write_buffered().await?;
         }
         Ok(())
+    }
+
+    /// Buffers the head of a response whose body follows in chunks
+    /// (`Transfer-Encoding: chunked`: its length is not known up front);
+    /// the body is `write_chunk` calls, then `finish_chunks`. HTTP/1.1
+    /// requests only (a 1.0 client cannot parse chunks).
+    pub async fn write_response_chunked(&mut self, head: &ResponseHead) -> Result<(), HttpError> {
+        debug_assert!(self.request_version_minor >= 1);
+        let framing = FramingFields {
+            content_length_bytes: None,
+            close: false,
+            announce_keep_alive: false,
+            date: self.date.now(),
+        };
+        encode_head(&mut self.wbuf, head, &framing)?;
+        self.last_status = head.status;
+        Ok(())
+    }
+
+    /// Whether the request was HTTP/1.1 or later (chunked responses).
+    pub fn request_is_http11(&self) -> bool {
+        self.request_version_minor >= 1
+    }
+
+    /// One chunk of a chunked body (nothing for empty `bytes`: an empty
+    /// chunk would end the body).
+    pub async fn write_chunk(&mut self, bytes: &[u8]) -> Result<(), HttpError>
+    where
+        S: std::os::fd::AsRawFd,
+    {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let line = format!("{:x}\r\n", bytes.len());
+        self.write_body(line.as_bytes()).await?;
+        self.write_body_direct(bytes).await?;
+        self.write_body(b"\r\n").await
+    }
+
+    /// Ends a chunked body and sends what is buffered.
+    pub async fn finish_chunks(&mut self) -> Result<(), HttpError> {
+        self.write_body(b"0\r\n\r\n").await?;
+        self.flush().await
     }
 
     /// Response body bytes; small ones are coalesced with the head.

@@ -99,7 +99,9 @@ fn omits_content_length(status: u16) -> bool {
 }
 
 pub(crate) struct FramingFields<'a> {
-    pub content_length_bytes: u64,
+    /// The body's length; None: `Transfer-Encoding: chunked` (the body is
+    /// written in chunks, `HttpConn::write_chunk`).
+    pub content_length_bytes: Option<u64>,
     pub close: bool,
     /// The request was HTTP/1.0: persistence must be announced explicitly.
     pub announce_keep_alive: bool,
@@ -127,7 +129,12 @@ pub(crate) fn encode_head(
         let _ = write!(out, "{name}: {value}\r\n");
     }
     if !omits_content_length(head.status) {
-        let _ = write!(out, "Content-Length: {}\r\n", framing.content_length_bytes);
+        match framing.content_length_bytes {
+            Some(n) => {
+                let _ = write!(out, "Content-Length: {n}\r\n");
+            }
+            None => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        }
     }
     if framing.close {
         out.extend_from_slice(b"Connection: close\r\n");
@@ -177,7 +184,7 @@ mod tests {
     fn encode(head: &ResponseHead, length: u64, close: bool, keep_alive: bool) -> String {
         let mut out = Vec::new();
         let framing = FramingFields {
-            content_length_bytes: length,
+            content_length_bytes: Some(length),
             close,
             announce_keep_alive: keep_alive,
             date: b"Sun, 06 Nov 1994 08:49:37 GMT",
@@ -226,7 +233,7 @@ mod tests {
         for head in &bad {
             let mut out = b"kept".to_vec();
             let framing = FramingFields {
-                content_length_bytes: 0,
+                content_length_bytes: Some(0),
                 close: false,
                 announce_keep_alive: false,
                 date: b"",

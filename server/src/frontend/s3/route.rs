@@ -128,6 +128,8 @@ s3_ops! {
     ListMultipartUploads => "ListMultipartUploads",
     ListObjectVersions => "ListObjectVersions",
     DeleteObjects => "DeleteObjects",
+    /// percore's extension: many objects in one tar stream (`batch.rs`).
+    BatchGet => "BatchGet",
     ListObjectsV2 => "ListObjectsV2",
     ListObjects => "ListObjects",
     PutObject => "PutObject",
@@ -181,6 +183,7 @@ impl S3Op {
                 "GET" if has("versions") => S3Op::ListObjectVersions,
                 "GET" if has("versioning") => S3Op::GetBucketVersioning,
                 "POST" if has("delete") => S3Op::DeleteObjects,
+                "POST" if has("batchGet") => S3Op::BatchGet,
                 "GET" if list_type == Some("2") => S3Op::ListObjectsV2,
                 "GET" if !subresource => S3Op::ListObjects,
                 _ => S3Op::NotImplemented,

@@ -25,5 +25,8 @@ class LazyClient:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_client"] = None
+        # A native client holds sockets: reconnect after unpickling. Other
+        # clients (S3BatchClient) pickle as their settings.
+        if isinstance(self._client, Client):
+            state["_client"] = None
         return state

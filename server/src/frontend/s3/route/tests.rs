@@ -48,6 +48,8 @@ fn table() {
         ("GET", "/bucket?versions", &[], ListObjectVersions),
         ("GET", "/bucket?versioning", &[], GetBucketVersioning),
         ("POST", "/bucket?delete", &[], DeleteObjects),
+        ("POST", "/bucket?batchGet", &[], BatchGet),
+        ("POST", "/bucket?delete&batchGet", &[], DeleteObjects),
         ("POST", "/bucket", &[], NotImplemented),
         ("GET", "/bucket?list-type=2&prefix=a", &[], ListObjectsV2),
         ("GET", "/bucket?list-type=1", &[], ListObjects),
