@@ -136,6 +136,45 @@ def test_get_into(client, bkt):
         client.get_into(bkt, "nope", bytearray(10))
 
 
+def test_zero_lengths_and_many_ranges(client, bkt):
+    """A zero length is empty (on the wire it would mean "to the end"); more
+    ranges than the server takes per item are split, answers in order."""
+    data = os.urandom(64 * 1024)
+    client.put(bkt, "z", data)
+    assert client.get_ranges(bkt, "z", [(10, 0), (0, 3), (5, 0)]) == [b"", data[:3], b""]
+    assert client.get_ranges(bkt, "z", [(7, 0)]) == [b""]
+    buf = bytearray(b"untouched")
+    assert client.get_into(bkt, "z", buf, offset=100, length=0) == 0
+    assert buf == b"untouched"
+    with pytest.raises(percore.InvalidRange):   # at the end: unsatisfiable, as for a GET
+        client.get_into(bkt, "z", bytearray(10), offset=len(data))
+    many = [(i * 20, 7) for i in range(3000)]                         # > 1024 per item
+    got = client.get_ranges(bkt, "z", many)
+    assert got == [data[o:o + n] for o, n in many]
+    got = client.get_batch(bkt, ["z", ("z", many), ("z", [(1, 0)])])
+    assert got == [data, [data[o:o + n] for o, n in many], [b""]]
+    with pytest.raises(percore.NoSuchKey):
+        client.get_batch(bkt, [("nope", many)])
+    assert client.get_batch(bkt, [("nope", many)], missing="none") == [None]
+
+
+def test_pickled_client_keeps_its_settings(srv, bkt, client):
+    """A client pickles as its settings, keys included (spawned workers)."""
+    import pickle
+
+    c = percore.Client(srv.native_endpoint, "percore", "percore-secret", timeout=7.5)
+    c.put(bkt, "p", b"pickled")
+    c2 = pickle.loads(pickle.dumps(c))
+    assert c2.get(bkt, "p") == b"pickled" and c2.endpoint == c.endpoint
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_spawned_get, (c, bkt, "p")) == b"pickled"
+
+
+def _spawned_get(c, bucket, key):
+    return c.get(bucket, key)
+
+
 def test_get_into_numpy(client, bkt):
     np = pytest.importorskip("numpy")
     data = os.urandom(4096 * 3)
@@ -291,14 +330,13 @@ def test_gil_released_during_io(srv, bkt):
         assert entered.wait(5)
         # The thread is inside stat (the server cannot answer); Python here
         # still runs.
-        spins = 0
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            spins += 1
+            pass
         assert t.is_alive(), f"stat returned with the server stopped: {result}"
     finally:
         os.kill(srv.proc.pid, signal.SIGCONT)
     t.join(30)
     assert not t.is_alive()
     assert "error" not in result, result
-    assert result["stat"].size == 3 and spins > 0
+    assert result["stat"].size == 3

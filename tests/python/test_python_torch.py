@@ -245,3 +245,84 @@ def test_fsspec_and_pyarrow_columns(srv, client, monkeypatch):
         fs.cat_file(f"{bucket}/nope")
     fs.rm(f"{bucket}/t.parquet")
     assert not fs.exists(f"{bucket}/t.parquet")
+
+
+def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
+    """A ustar header block with a raw size field and a correct checksum."""
+    h = bytearray(512)
+    h[0:len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[124:136] = size_field.ljust(12, b"\0")[:12]
+    h[136:148] = b"00000000000\0"
+    h[156:157] = kind
+    h[257:263] = b"ustar\0"
+    h[263:265] = b"00"
+    h[148:156] = b" " * 8
+    h[148:156] = f"{sum(h):06o}\0 ".encode()
+    return bytes(h)
+
+
+def _pad(data: bytes) -> bytes:
+    return data + bytes(-len(data) % 512)
+
+
+def test_hostile_tars_are_refused_not_looped(client):
+    """tar_members reads untrusted bytes: a negative size, a pax record of
+    length 0 or one running past its header, an empty pax header, garbage in
+    a number field: each is a ValueError (never a loop, never a read of the
+    rest of the shard); GNU base-256 sizes and pax sizes are honoured."""
+    bucket = unique_bucket_name("hostile")
+    client.create_bucket(bucket)
+    end = bytes(1024)
+    bad = {
+        "negative": _header(b"a.bin", b"-0000001750") + bytes(2048) + end,
+        "pax-zero-len": _header(b"PaxHeaders/a", b"%011o" % 9, b"x") + _pad(b"0 path=x\n")
+        + _header(b"a.bin", b"00000000001") + _pad(b"z") + end,
+        "pax-past-end": _header(b"PaxHeaders/a", b"%011o" % 9, b"x") + _pad(b"99 path=x\n")
+        + _header(b"a.bin", b"00000000001") + _pad(b"z") + end,
+        "pax-empty": _header(b"PaxHeaders/a", b"00000000000", b"x")
+        + _header(b"a.bin", b"00000000001") + _pad(b"z") + end,
+        "garbage-size": _header(b"a.bin", b"12x4") + end,
+        "past-the-end": _header(b"a.bin", b"%011o" % 1_000_000) + end,
+    }
+    for name, blob in bad.items():
+        client.put(bucket, name, blob)
+        with pytest.raises(ValueError):
+            ptorch.tar_members(client, bucket, name)
+    # GNU base-256 size (3 bytes) and a pax size record overriding the field.
+    b256 = b"\x80" + bytes(10) + b"\x03"
+    pax = b"15 path=long/a\n10 size=4\n"
+    good = (_header(b"x.bin", b256) + _pad(b"abc")
+            + _header(b"PaxHeaders/y", b"%011o" % len(pax), b"x") + _pad(pax)
+            + _header(b"y.bin", b"00000000000") + _pad(b"wxyz") + end)
+    client.put(bucket, "good", good)
+    members = ptorch.tar_members(client, bucket, "good")
+    assert [(n, s) for n, _, s in members] == [("x.bin", 3), ("long/a", 4)]
+    assert client.get_ranges(bucket, "good", [(o, s) for _, o, s in members]) == [b"abc", b"wxyz"]
+
+
+def test_fsspec_edges(srv, client):
+    """Reads past the end are empty (fsspec's contract), more than 1024
+    ranges of a file go through, recursive rm deletes keys under a prefix."""
+    import fsspec
+
+    bucket = unique_bucket_name("fsedge")
+    client.create_bucket(bucket)
+    fs = fsspec.filesystem("percore", endpoint=srv.native_endpoint, skip_instance_cache=True)
+    data = os.urandom(50_000)
+    client.put(bucket, "d/f", data)
+    client.put(bucket, "d/sub/g", b"g")
+    client.put(bucket, "keep", b"k")
+    p = f"{bucket}/d/f"
+    assert fs.cat_file(p, 60_000, 70_000) == b""
+    assert fs.cat_file(p, -10) == data[-10:]
+    assert fs.cat_file(p, 49_990, None) == data[49_990:]
+    starts = [i * 40 for i in range(1300)]
+    got = fs.cat_ranges([p] * 1300, starts, [s + 30 for s in starts])
+    assert got == [data[s:s + 30] for s in starts]
+    assert fs.cat_ranges([p, p], [None, 49_995], [5, 60_000]) == [data[:5], data[49_995:]]
+    assert fs.info(f"{bucket}/d")["type"] == "directory"
+    fs.rm(f"{bucket}/d", recursive=True)
+    assert [e.key for e in client.list(bucket)] == ["keep"]
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"{bucket}/nope")

@@ -12,7 +12,7 @@ import io
 
 import pytest
 
-from percore.s3batch import BatchItem, S3BatchClient, batch_body
+from percore.s3batch import S3BatchClient, batch_body
 import percore
 from conftest import unique_bucket_name
 
@@ -75,11 +75,21 @@ def test_missing_keys_and_bad_ranges_inline(batch, objects):
 
 
 def _raw(server, body: bytes, bucket: str, query="batchGet", sign=True, headers=None,
-         version="HTTP/1.1"):
+         version="HTTP/1.1", unsigned_payload=False):
     """One request on a raw connection; returns (status, headers, body)."""
     c = S3BatchClient(server.endpoint)
     url = f"{server.endpoint}/{bucket}?{query}"
-    h = c._signed_headers("POST", url, body) if sign else {}
+    h = {}
+    if sign and unsigned_payload:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+        req = AWSRequest(method="POST", url=url, data=body,
+                         headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+        SigV4Auth(Credentials("percore", "percore-secret"), "s3", "us-east-1").add_auth(req)
+        h = dict(req.headers.items())
+    elif sign:
+        h = c._signed_headers("POST", url, body)
     h.update(headers or {})
     if version == "HTTP/1.0":
         import socket
@@ -108,6 +118,9 @@ def test_request_errors(server, objects):
     ok = batch_body(["s/001"])
     status, _, body = _raw(server, ok, bucket, sign=False)
     assert status == 403, body
+    # The body names what is read: it must be signed (no UNSIGNED-PAYLOAD).
+    status, _, body = _raw(server, ok, bucket, unsigned_payload=True)
+    assert status == 400 and b"signed body" in body, body
     status, _, body = _raw(server, ok, unique_bucket_name("missing"))
     assert status == 404 and b"NoSuchBucket" in body
     status, _, body = _raw(server, b"<BatchGet>", bucket)
@@ -193,4 +206,48 @@ def test_datasets_over_s3(server, objects):
     got = [x for b in loader for x in b]
     want = {k: v for k, v in objs.items() if k.startswith("s/")}
     assert len(got) == len(want) and dict(got) == want
-    assert isinstance(BatchItem(0, "k", b""), BatchItem)
+
+
+def test_webdataset_over_s3(server, s3):
+    """WebDataset shards through S3BatchClient (stat and ranged reads)."""
+    pytest.importorskip("torch")
+    import percore.torch as ptorch
+
+    bucket = unique_bucket_name("wds3")
+    s3.create_bucket(Bucket=bucket)
+    buf = io.BytesIO()
+    want = {}
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(30):
+            for ext in ("txt", "bin"):
+                data = os.urandom(i * 97) if ext == "bin" else str(i).encode()
+                info = tarfile.TarInfo(f"x/{i:03d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+                want.setdefault(f"x/{i:03d}", {})[ext] = data
+    s3.put_object(Bucket=bucket, Key="shard-0.tar", Body=buf.getvalue())
+    ds = ptorch.WebDataset(bucket, shards=["shard-0.tar"], client=S3BatchClient(server.endpoint))
+    got = {s["__key__"]: {"txt": s["txt"], "bin": s["bin"]} for s in ds}
+    assert got == want
+
+
+def test_the_documented_curl_example(server, objects, tmp_path):
+    """docs/s3.md's curl command, as written there, lists the batch."""
+    import re
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    bucket, objs = objects
+    doc = open(os.path.join(os.path.dirname(__file__), "../../docs/s3.md")).read()
+    cmd = re.search(r"\ncurl -s --aws-sigv4.*?\| tar [^\n]*", doc, re.S).group(0).strip()
+    cmd = cmd.replace("http://127.0.0.1:9000/data", f"{server.endpoint}/{bucket}")
+    (tmp_path / "req.xml").write_text(
+        "<BatchGet><Object><Key>s/001</Key></Object>"
+        "<Object><Key>s/002</Key><Range>bytes=0-99</Range></Object></BatchGet>")
+    out = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [ln.split()[-1] for ln in lines] == ["s/001", "s/002"]
+    assert int(lines[1].split()[2]) == min(100, len(objs["s/002"]))

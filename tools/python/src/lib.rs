@@ -225,11 +225,105 @@ fn wait<T: Send>(
     py.detach(|| s.rt.block_on(fut)).map_err(|e| to_py(py, e))
 }
 
-fn ranges_of(ranges: Vec<(u64, u64)>) -> Vec<pc::Range> {
-    ranges
-        .into_iter()
-        .map(|(offset, length)| pc::Range { offset, length })
-        .collect()
+/// What the caller asked for, item by item, mapped onto the items sent:
+/// a zero-length range is answered here (empty), never sent (on the wire a
+/// zero length means "to the end"); an item with more ranges than the
+/// server takes per item (`ranges_max`, from its Hello) is sent as several
+/// items of the same key.
+enum Want {
+    /// The whole object: this wire item.
+    Whole(usize),
+    /// Per requested range: None (empty) or (wire item, range within it).
+    Ranges(Vec<Option<(usize, usize)>>),
+}
+
+#[derive(Default)]
+struct Plan {
+    wire: Vec<(String, Vec<pc::Range>)>,
+    wants: Vec<Want>,
+}
+
+impl Plan {
+    fn whole(&mut self, key: String) {
+        self.wants.push(Want::Whole(self.wire.len()));
+        self.wire.push((key, Vec::new()));
+    }
+
+    fn ranges(&mut self, key: String, ranges: &[(u64, u64)], ranges_max: usize) {
+        let mut slots = Vec::with_capacity(ranges.len());
+        let mut current: Option<usize> = None;
+        for &(offset, length) in ranges {
+            if length == 0 {
+                slots.push(None);
+                continue;
+            }
+            let w = match current {
+                Some(w) if self.wire[w].1.len() < ranges_max => w,
+                _ => {
+                    self.wire.push((key.clone(), Vec::new()));
+                    self.wire.len() - 1
+                }
+            };
+            current = Some(w);
+            slots.push(Some((w, self.wire[w].1.len())));
+            self.wire[w].1.push(pc::Range { offset, length });
+        }
+        self.wants.push(Want::Ranges(slots));
+    }
+}
+
+type WireResults = Vec<Option<pc::Result<pc::Object>>>;
+
+/// One requested item's answer from the wire results: `Ok(None)` for a
+/// missing key when `keep_missing`.
+fn answer<'py>(
+    py: Python<'py>,
+    want: &Want,
+    results: &mut WireResults,
+    keep_missing: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let missing_or = |e: pc::Error| -> PyResult<Option<Bound<'py, PyAny>>> {
+        if keep_missing && e.status() == Some(pc::Status::NoSuchKey) {
+            Ok(None)
+        } else {
+            Err(to_py(py, e))
+        }
+    };
+    match want {
+        Want::Whole(w) => match results[*w].take() {
+            Some(Ok(obj)) => {
+                let data = obj
+                    .ranges
+                    .into_iter()
+                    .next()
+                    .map(|r| r.1)
+                    .unwrap_or_default();
+                Ok(Some(PyBytes::new(py, &data).into_any()))
+            }
+            Some(Err(e)) => missing_or(e),
+            None => Err(ProtocolError::new_err("an item was answered twice")),
+        },
+        Want::Ranges(slots) => {
+            for (w, _) in slots.iter().flatten() {
+                if matches!(results[*w], Some(Err(_))) {
+                    if let Some(Err(e)) = results[*w].take() {
+                        return missing_or(e);
+                    }
+                }
+            }
+            let parts = PyList::empty(py);
+            for slot in slots {
+                match slot {
+                    None => parts.append(PyBytes::new(py, b""))?,
+                    Some((w, i)) => match &results[*w] {
+                        Some(Ok(obj)) => parts.append(PyBytes::new(py, &obj.ranges[*i].1))?,
+                        _ => return Err(ProtocolError::new_err("a range was not answered")),
+                    },
+                }
+            }
+            Ok(Some(parts.into_any()))
+        }
+    }
 }
 
 /// A C-contiguous buffer exported by a Python object (bytes, bytearray,
@@ -279,21 +373,15 @@ impl Exported {
     fn ptr(&self) -> *mut u8 {
         self.view.buf.cast::<u8>()
     }
-
-    fn release(mut self, _py: Python<'_>) {
-        // SAFETY: the view was filled by a successful PyObject_GetBuffer and
-        // is released once, with the GIL held (`_py`).
-        unsafe { ffi::PyBuffer_Release(&mut *self.view) };
-        std::mem::forget(self);
-    }
 }
 
 impl Drop for Exported {
+    /// Releases the export (with the GIL: `attach` is a counter bump when
+    /// the caller holds it, as every caller here does).
     fn drop(&mut self) {
-        // Only reached if `release` was skipped (a panic): release under
-        // the GIL all the same.
         Python::attach(|_py| {
-            // SAFETY: as in `release`; this path runs at most once.
+            // SAFETY: the view was filled by a successful PyObject_GetBuffer
+            // and is released exactly once, here, with the GIL held.
             unsafe { ffi::PyBuffer_Release(&mut *self.view) }
         });
     }
@@ -309,7 +397,7 @@ struct Target {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (endpoint=None, access_key=None, secret_key=None, *, timeout=30.0, attempts=3, threads=2, shard_aware=true))]
+    #[pyo3(signature = (endpoint=None, access_key=None, secret_key=None, timeout=30.0, attempts=3, threads=2, shard_aware=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -350,6 +438,23 @@ impl Client {
     #[getter]
     fn endpoint(&self) -> &str {
         &self.cfg.endpoint
+    }
+
+    /// Pickles as its settings (keys included: a spawned DataLoader worker
+    /// needs them), never its connections; unpickling connects.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let args = (
+            self.cfg.endpoint.clone(),
+            self.cfg.access_key.clone(),
+            self.cfg.secret_key.clone(),
+            self.cfg.timeout.as_secs_f64(),
+            self.cfg.attempts,
+            self.threads,
+            self.cfg.shard_aware,
+        );
+        Ok((py.get_type::<Client>(), args)
+            .into_pyobject(py)?
+            .into_any())
     }
 
     /// The server's shard count (from its Hello).
@@ -406,7 +511,7 @@ impl Client {
                 // SAFETY: ptr/len describe the exported, pinned buffer.
                 Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })
             });
-            ex.release(py);
+            drop(ex);
             b
         };
         let s = self.session(py)?;
@@ -430,18 +535,32 @@ impl Client {
         bucket: &str,
         key: &str,
         ranges: Vec<(u64, u64)>,
-    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         if ranges.is_empty() {
-            return Ok(Vec::new());
+            return Ok(PyList::empty(py).into_any());
         }
-        let r = ranges_of(ranges);
         let s = self.session(py)?;
-        let obj = wait(py, &s, s.client.get(bucket, key, &r))?;
-        Ok(obj
-            .ranges
-            .iter()
-            .map(|(_, b)| PyBytes::new(py, b))
-            .collect())
+        let max = (s.client.hello().ranges_max.max(1)) as usize;
+        let mut plan = Plan::default();
+        plan.ranges(key.to_string(), &ranges, max);
+        let mut results: WireResults = match plan.wire.len() {
+            // Only zero-length ranges: nothing to read.
+            0 => Vec::new(),
+            // One item: a plain Get; its error stays a client error for
+            // `answer` to map.
+            1 => {
+                let r = &plan.wire[0].1;
+                vec![Some(
+                    py.detach(|| s.rt.block_on(s.client.get(bucket, key, r))),
+                )]
+            }
+            _ => wait(py, &s, s.client.get_batch(bucket, &plan.wire))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        let got = answer(py, &plan.wants[0], &mut results, false)?;
+        got.ok_or_else(|| ProtocolError::new_err("no answer"))
     }
 
     /// Many objects in one BatchGet per owner shard, all shards at once.
@@ -462,13 +581,13 @@ impl Client {
             "none" => true,
             _ => return Err(PyValueError::new_err("missing must be 'raise' or 'none'")),
         };
-        let mut items: Vec<(String, Vec<pc::Range>)> = Vec::new();
-        let mut ranged: Vec<bool> = Vec::new();
+        let s = self.session(py)?;
+        let max = (s.client.hello().ranges_max.max(1)) as usize;
+        let mut plan = Plan::default();
         for k in keys.try_iter()? {
             let k = k?;
-            if let Ok(s) = k.cast::<PyString>() {
-                items.push((s.to_str()?.to_string(), Vec::new()));
-                ranged.push(false);
+            if let Ok(name) = k.cast::<PyString>() {
+                plan.whole(name.to_str()?.to_string());
             } else {
                 let (name, rs): (String, Vec<(u64, u64)>) = k.extract().map_err(|_| {
                     PyTypeError::new_err(
@@ -480,36 +599,22 @@ impl Client {
                         "key {name:?}: an empty range list (pass the name alone for the whole object)"
                     )));
                 }
-                items.push((name, ranges_of(rs)));
-                ranged.push(true);
+                plan.ranges(name, &rs, max);
             }
         }
-        let s = self.session(py)?;
-        let results = wait(py, &s, s.client.get_batch(bucket, &items))?;
+        let mut results: WireResults = if plan.wire.is_empty() {
+            Vec::new()
+        } else {
+            wait(py, &s, s.client.get_batch(bucket, &plan.wire))?
+                .into_iter()
+                .map(Some)
+                .collect()
+        };
         let out = PyList::empty(py);
-        for (res, ranged) in results.into_iter().zip(ranged) {
-            match res {
-                Ok(obj) if ranged => {
-                    let parts: Vec<_> = obj
-                        .ranges
-                        .iter()
-                        .map(|(_, b)| PyBytes::new(py, b))
-                        .collect();
-                    out.append(parts)?;
-                }
-                Ok(obj) => {
-                    let data = obj
-                        .ranges
-                        .into_iter()
-                        .next()
-                        .map(|r| r.1)
-                        .unwrap_or_default();
-                    out.append(PyBytes::new(py, &data))?;
-                }
-                Err(e) if keep_missing && e.status() == Some(pc::Status::NoSuchKey) => {
-                    out.append(py.None())?;
-                }
-                Err(e) => return Err(to_py(py, e)),
+        for want in &plan.wants {
+            match answer(py, want, &mut results, keep_missing)? {
+                Some(v) => out.append(v)?,
+                None => out.append(py.None())?,
             }
         }
         Ok(out)
@@ -530,6 +635,10 @@ impl Client {
         length: Option<u64>,
     ) -> PyResult<usize> {
         let ex = Exported::get(buffer, true)?;
+        if length == Some(0) {
+            // On the wire a zero length means "to the end": nothing to read.
+            return Ok(0);
+        }
         let target = Target {
             ptr: ex.ptr() as usize,
             cap: ex.len(),
@@ -576,7 +685,7 @@ impl Client {
                 Ok((obj, written))
             })
         };
-        ex.release(py);
+        drop(ex);
         match (r, too_small) {
             (_, Some(end)) => Err(PyValueError::new_err(format!(
                 "the buffer holds {} bytes; the object needs at least {end}",

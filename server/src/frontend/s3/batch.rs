@@ -1,7 +1,8 @@
 //! percore's S3 extension for many objects in one request: BatchGet over
 //! HTTP, for clients that cannot speak the native protocol.
 //!
-//! `POST /{bucket}?batchGet` (SigV4 like any request) with an XML body
+//! `POST /{bucket}?batchGet` (SigV4 with a signed payload hash: the body
+//! names what is read) with an XML body
 //! (at most 1 MiB, 1000 `Object`s):
 //!
 //! ```xml
@@ -24,9 +25,10 @@
 //! records carry per-item metadata in a standard way.
 //!
 //! Items are opened and read on their owner shards up to
-//! `BATCH_IN_FLIGHT` at a time, ahead of the one being sent; an item up to
-//! `BATCH_INLINE_BYTES_MAX` is read whole ahead, a larger one is streamed
-//! piece by piece when its turn comes. A read that fails after its
+//! `BATCH_IN_FLIGHT` at a time, ahead of the one being sent (the read-ahead
+//! advances between members, not while one is being written); an item up
+//! to `BATCH_INLINE_BYTES_MAX` is read whole ahead, a larger one is opened
+//! again and streamed piece by piece when its turn comes. A read that fails after its
 //! member's header is out cuts the connection (a short tar), so wrong
 //! bytes are never served.
 
@@ -36,7 +38,7 @@ use super::{malformed, Conn, Request, S3Front};
 use crate::frontend::common::S3_KEY_BYTES_MAX;
 use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::frontend::http::{parse_range, RangeSpec, ResponseHead};
-use crate::frontend::s3::auth::Verified;
+use crate::frontend::s3::auth::{PayloadMode, Verified};
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml;
 use crate::shard::object::ObjectSource;
@@ -91,13 +93,10 @@ enum Fetched {
         start: u64,
         data: Vec<u8>,
     },
-    /// Open, to be streamed `start..start + len` when reached.
-    Open {
-        meta: Rc<ObjectMeta>,
-        source: ObjectSource,
-        start: u64,
-        len: u64,
-    },
+    /// Too large to read ahead: opened again, and streamed, when its turn
+    /// comes (holding it open meanwhile would pin a session on its owner
+    /// for as long as the members before it take to send).
+    Large,
 }
 
 /// `start..start+len` of an object of `size` bytes for a `Range` value.
@@ -138,12 +137,7 @@ impl S3Front {
             Err(e) => return Fetched::Failed(e),
         };
         if len > BATCH_INLINE_BYTES_MAX {
-            return Fetched::Open {
-                meta,
-                source,
-                start,
-                len,
-            };
+            return Fetched::Large;
         }
         let mut data = Vec::with_capacity(len as usize);
         let end = start + len;
@@ -177,6 +171,16 @@ impl S3Front {
                 "BatchGet requires Signature Version 4 (AWS4-HMAC-SHA256)",
             ));
         }
+        // The body names what is read: an unsigned body (UNSIGNED-PAYLOAD,
+        // a presigned URL) would let whoever holds the request read any key
+        // of the bucket. The payload hash must be signed.
+        if !matches!(auth.payload, PayloadMode::Sha256(_)) {
+            return Err(S3Error::new(
+                400,
+                "InvalidRequest",
+                "BatchGet needs a signed body: send x-amz-content-sha256 with the body's SHA-256 (not UNSIGNED-PAYLOAD, not a presigned URL)",
+            ));
+        }
         if !conn.request_is_http11() {
             return Err(S3Error::invalid_argument(
                 "BatchGet answers with a chunked body: send it over HTTP/1.1",
@@ -198,7 +202,7 @@ impl S3Front {
         let mut index = 0usize;
         while let Some(item) = fetched.next().await {
             let (key, range) = &items[index];
-            self.send_member(conn, req, index, key, range.is_some(), item)
+            self.send_member(conn, req, index, key, range.as_deref(), item)
                 .await?;
             index += 1;
         }
@@ -213,25 +217,39 @@ impl S3Front {
         req: &Request,
         index: usize,
         key: &str,
-        ranged: bool,
+        range: Option<&str>,
         item: Fetched,
     ) -> Result<(), S3Error> {
+        let ranged = range.is_some();
         let mut records: Vec<(&str, String)> = vec![
             ("path", key.to_string()),
             ("PERCORE.index", index.to_string()),
         ];
-        let (meta, start, len) = match &item {
-            Fetched::Failed(e) => {
+        // A large item is opened now: the version whose size goes into
+        // its header is the version streamed.
+        let mut large = None;
+        if let Fetched::Large = item {
+            large = Some(
+                match ObjectSource::open(&self.shard, &req.bucket, key).await {
+                    Err(e) => Err(S3Error::from(e)),
+                    Ok((source, meta)) => match item_range(range, meta.size_bytes) {
+                        Ok((start, len)) => Ok((source, meta, start, len)),
+                        Err(e) => Err(e),
+                    },
+                },
+            );
+        }
+        let (meta, start, len) = match (&item, &large) {
+            (Fetched::Failed(e), _) | (Fetched::Large, Some(Err(e))) => {
                 records.push(("PERCORE.error", e.code.to_string()));
                 records.push(("PERCORE.message", e.message.clone()));
                 let header = tar::member_header(index, &records, 0, 0);
                 conn.write_chunk(&header).await?;
                 return Ok(());
             }
-            Fetched::Bytes { meta, start, data } => (meta.clone(), *start, data.len() as u64),
-            Fetched::Open {
-                meta, start, len, ..
-            } => (meta.clone(), *start, *len),
+            (Fetched::Bytes { meta, start, data }, _) => (meta.clone(), *start, data.len() as u64),
+            (Fetched::Large, Some(Ok((_, meta, start, len)))) => (meta.clone(), *start, *len),
+            (Fetched::Large, None) => unreachable!("opened above"),
         };
         records.push(("PERCORE.etag", meta.etag.clone()));
         records.push(("PERCORE.size", meta.size_bytes.to_string()));
@@ -244,14 +262,9 @@ impl S3Front {
         }
         let header = tar::member_header(index, &records, len, meta.mtime_ms / 1000);
         conn.write_chunk(&header).await?;
-        match item {
-            Fetched::Bytes { data, .. } => conn.write_chunk(&data).await?,
-            Fetched::Open {
-                mut source,
-                start,
-                len,
-                ..
-            } => {
+        match (item, large) {
+            (Fetched::Bytes { data, .. }, _) => conn.write_chunk(&data).await?,
+            (Fetched::Large, Some(Ok((mut source, _, start, len)))) => {
                 let end = start + len;
                 let mut at = start;
                 while at < end {
@@ -269,7 +282,7 @@ impl S3Front {
                     }
                 }
             }
-            Fetched::Failed(_) => unreachable!("answered above"),
+            _ => unreachable!("failures are answered above"),
         }
         let pad = tar::padding(len);
         if pad > 0 {

@@ -6,9 +6,10 @@ from ._native import Client
 
 
 class LazyClient:
-    """Holds how to connect and opens the client on first use. Pickles
-    without its connection (spawned DataLoader workers reconnect); forked
-    ones keep the client, which reconnects on its own after a fork."""
+    """Holds how to connect and opens the client on first use. A client
+    pickles as its settings, keys included (spawned DataLoader workers
+    reconnect with them); forked workers keep the client, which reconnects
+    on its own after a fork."""
 
     def __init__(self, client: Client | None = None, endpoint=None, access_key=None,
                  secret_key=None):
@@ -22,11 +23,3 @@ class LazyClient:
         if self._client is None:
             self._client = Client(*self._args)
         return self._client
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        # A native client holds sockets: reconnect after unpickling. Other
-        # clients (S3BatchClient) pickle as their settings.
-        if isinstance(self._client, Client):
-            state["_client"] = None
-        return state

@@ -119,17 +119,23 @@ class PercoreFileSystem(AbstractFileSystem):
         return self.modified(path)
 
     # -- reading ------------------------------------------------------------
+    @staticmethod
+    def _clamp(start, end, size: int) -> tuple[int, int]:
+        """fsspec's slice semantics: None for the ends, negatives from the
+        end, everything clamped to the object."""
+        start = 0 if start is None else (size + start if start < 0 else start)
+        end = size if end is None else (size + end if end < 0 else end)
+        start = min(max(start, 0), size)
+        return start, min(max(end, start), size)
+
     def cat_file(self, path, start=None, end=None, **kwargs):
         path = self._strip_protocol(path)
         bucket, key = self._split(path)
         try:
             if start is None and end is None:
                 return self.client.get(bucket, key)
-            size = None
-            if (start is not None and start < 0) or (end is not None and end < 0) or end is None:
-                size = self.client.stat(bucket, key).size
-            start = 0 if start is None else (max(size + start, 0) if start < 0 else start)
-            end = size if end is None else (max(size + end, 0) if end < 0 else end)
+            size = self.client.stat(bucket, key).size
+            start, end = self._clamp(start, end, size)
             if end <= start:
                 return b""
             return self.client.get_ranges(bucket, key, [(start, end - start)])[0]
@@ -145,8 +151,12 @@ class PercoreFileSystem(AbstractFileSystem):
             by_file.setdefault(p, []).append(i)
         for p, idx in by_file.items():
             bucket, key = self._split(p)
-            want = [(starts[i], max(ends[i] - starts[i], 0)) for i in idx]
             try:
+                size = self.client.stat(bucket, key).size
+                want = []
+                for i in idx:
+                    s, e = self._clamp(starts[i], ends[i], size)
+                    want.append((s, e - s))
                 nonempty = [(i, r) for i, r in zip(idx, want) if r[1] > 0]
                 got = self.client.get_ranges(bucket, key, [r for _, r in nonempty])
                 for i in idx:
@@ -189,6 +199,24 @@ class PercoreFileSystem(AbstractFileSystem):
 
     def rmdir(self, path):
         pass  # prefixes vanish with their last key
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        """Deletes files; with ``recursive``, every key under a prefix.
+        Prefixes ("directories") and buckets themselves are not objects."""
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        for p in reversed(paths):
+            bucket, key = self._split(self._strip_protocol(p))
+            if not key:
+                continue
+            try:
+                if self.info(p)["type"] == _DIR:
+                    continue
+            except FileNotFoundError:
+                if not recursive:
+                    raise
+                continue
+            self.rm_file(p)
+        self.invalidate_cache()
 
     def rm_file(self, path):
         bucket, key = self._split(self._strip_protocol(path))

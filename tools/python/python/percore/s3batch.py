@@ -162,8 +162,10 @@ class S3BatchClient:
                         range=pax.get("PERCORE.range"), error=pax.get("PERCORE.error"),
                         message=pax.get("PERCORE.message"),
                         extra={k: v for k, v in pax.items() if k.startswith("PERCORE.")})
-        except tarfile.ReadError as e:
-            raise PercoreError(f"BatchGet stream cut or malformed: {e}") from e
+        except (tarfile.ReadError, http.client.HTTPException, OSError) as e:
+            if isinstance(e, PercoreError):
+                raise
+            raise PercoreError(f"BatchGet stream cut or malformed: {e!r}") from e
         finally:
             conn.close()
 
@@ -183,6 +185,8 @@ class S3BatchClient:
             if not group:
                 return
             got = list(self.iter_batch(bucket, group))
+            if [g.index for g in got] != list(range(weight)):
+                raise PercoreError(f"BatchGet answered {len(got)} members for {weight} objects")
             pos = 0
             for it in group:
                 n = 1 if isinstance(it, str) else len(it[1])
@@ -230,8 +234,11 @@ class S3BatchClient:
         return self._boto
 
     def stat(self, bucket: str, key: str):
+        """``.size`` and ``.etag``, as ``percore.Client.stat``."""
+        from types import SimpleNamespace
+
         h = self._s3().head_object(Bucket=bucket, Key=key)
-        return {"size": h["ContentLength"], "etag": h["ETag"].strip('"')}
+        return SimpleNamespace(size=h["ContentLength"], etag=h["ETag"].strip('"'))
 
     def list(self, bucket: str, prefix: str = ""):
         """Keys under ``prefix`` (objects with ``.key`` and ``.size``)."""

@@ -138,6 +138,12 @@ class IterableDataset(_TorchIterable):
     exactly across ``world_size`` ranks × DataLoader workers (every sample
     once per epoch). Samples are fetched ``batch`` keys per BatchGet, with up
     to ``prefetch`` BatchGets in flight ahead of the consumer.
+
+    When the sample count is not a multiple of ``world_size``, ranks get
+    one sample more or less; DDP then needs ``torch.distributed.algorithms.Join``,
+    or ``drop_last=True`` (each epoch drops the last ``n % world_size``
+    samples of its shuffle). ``set_epoch`` reaches the workers when they are
+    started per epoch (``persistent_workers=False``, DataLoader's default).
     """
 
     def __init__(self, bucket: str, keys: Sequence[str] | None = None,
@@ -145,6 +151,7 @@ class IterableDataset(_TorchIterable):
                  endpoint=None, access_key=None, secret_key=None,
                  shuffle: bool = True, seed: int = 0, batch: int = 64, prefetch: int = 4,
                  rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False,
                  transform: Callable[[str, bytes], Any] | None = None):
         if batch < 1 or prefetch < 1:
             raise ValueError("batch and prefetch must be at least 1")
@@ -154,6 +161,7 @@ class IterableDataset(_TorchIterable):
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.batch, self.prefetch = batch, prefetch
         self.rank, self.world_size = _rank_world(rank, world_size)
+        self.drop_last = drop_last
         self.transform = transform or _identity
 
     def set_epoch(self, epoch: int) -> None:
@@ -163,6 +171,8 @@ class IterableDataset(_TorchIterable):
         order = list(self.keys)
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(order)
+        if self.drop_last:
+            order = order[:len(order) - len(order) % self.world_size]
         # Ranks first (so a rank's share does not depend on its worker
         # count), then this rank's share across its DataLoader workers.
         info = get_worker_info()
@@ -171,7 +181,10 @@ class IterableDataset(_TorchIterable):
 
     def __len__(self) -> int:
         # Samples this rank yields per epoch (all its workers together).
-        return len(range(self.rank, len(self.keys), self.world_size))
+        n = len(self.keys)
+        if self.drop_last:
+            n -= n % self.world_size
+        return len(range(self.rank, n, self.world_size))
 
     def __iter__(self):
         keys = self._my_keys()
@@ -180,22 +193,25 @@ class IterableDataset(_TorchIterable):
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
+        def put(item) -> bool:
+            """Queues `item` unless the consumer has gone; False if gone."""
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def fetch():
             try:
                 for b in batches:
-                    blobs = client.get_batch(self.bucket, b)
-                    while not stop.is_set():
-                        try:
-                            q.put((b, blobs, None), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put((b, client.get_batch(self.bucket, b), None)):
                         return
             except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-                q.put((None, None, e))
+                put((None, None, e))
                 return
-            q.put((None, None, None))
+            put((None, None, None))
 
         t = threading.Thread(target=fetch, name="percore-prefetch", daemon=True)
         t.start()
@@ -209,7 +225,14 @@ class IterableDataset(_TorchIterable):
                 for k, data in zip(b, blobs):
                     yield self.transform(k, data)
         finally:
+            # The consumer stopped (or finished): the fetcher sees `stop`
+            # within 0.1 s and exits; drop what it queued.
             stop.set()
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
 
 
 # -- WebDataset tar shards --------------------------------------------------
@@ -218,10 +241,22 @@ _BLOCK = 512
 
 
 def _octal(field: bytes) -> int:
-    field = field.rstrip(b"\0 ").lstrip(b" ")
-    if field and field[0] & 0x80:  # GNU base-256
+    """A numeric header field: octal digits, or GNU base-256 (high bit set).
+    Refuses signs and anything else a hostile tar might put there."""
+    if field and field[0] & 0x80:
+        if field[0] != 0x80:
+            raise ValueError("negative base-256 number in a tar header")
         return int.from_bytes(field[1:], "big")
-    return int(field or b"0", 8)
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    if not digits:
+        return 0
+    if not all(0x30 <= b <= 0x37 for b in digits):
+        raise ValueError(f"bad number {field!r} in a tar header")
+    return int(digits, 8)
+
+
+#: Largest pax or GNU long-name record read from a tar header.
+_META_BYTES_MAX = 1 << 20
 
 
 def tar_members(client: Client, bucket: str, key: str,
@@ -235,6 +270,7 @@ def tar_members(client: Client, bucket: str, key: str,
     buf, buf_at = b"", 0
     pos = 0
     long_name: str | None = None
+    pax_size: int | None = None
     while pos + _BLOCK <= size:
         if not (buf_at <= pos and pos + _BLOCK <= buf_at + len(buf)):
             buf_at = pos
@@ -246,18 +282,26 @@ def tar_members(client: Client, bucket: str, key: str,
             raise ValueError(f"{key}: bad tar header checksum at offset {pos}")
         msize = _octal(h[124:136])
         kind = h[156:157]
+        if pax_size is not None and kind not in (b"L", b"x"):
+            msize, pax_size = pax_size, None
         data_at = pos + _BLOCK
         end = data_at + (msize + _BLOCK - 1) // _BLOCK * _BLOCK
         if end > size:
             raise ValueError(f"{key}: member at {pos} runs past the end of the object")
         if kind in (b"L", b"x"):
+            if not 0 < msize <= _META_BYTES_MAX:
+                raise ValueError(f"{key}: a {msize}-byte tar metadata record at {pos}")
             meta = client.get_ranges(bucket, key, [(data_at, msize)])[0]
             if kind == b"L":
-                long_name = meta.rstrip(b"\0").decode()
+                long_name = meta.split(b"\0", 1)[0].decode()
             else:
-                for rec in _pax_records(meta):
-                    if rec[0] == "path":
-                        long_name = rec[1]
+                for name, value in _pax_records(meta, key):
+                    if name == "path":
+                        long_name = value
+                    elif name == "size":
+                        if not value.isdigit():
+                            raise ValueError(f"{key}: bad pax size {value!r}")
+                        pax_size = int(value)
         elif kind in (b"0", b"\0", b"7"):
             name = h[0:100].rstrip(b"\0").decode()
             prefix = h[345:500].rstrip(b"\0").decode() if h[257:262] == b"ustar" else ""
@@ -271,13 +315,22 @@ def tar_members(client: Client, bucket: str, key: str,
     return out
 
 
-def _pax_records(data: bytes):
+def _pax_records(data: bytes, key: str):
+    """``"<len> <name>=<value>\\n"`` records; a malformed one is an error
+    (never a loop: every record moves forward by at least 5 bytes)."""
     i = 0
-    while i < len(data):
-        sp = data.index(b" ", i)
-        n = int(data[i:sp])
-        k, _, v = data[sp + 1:i + n - 1].partition(b"=")
-        yield k.decode(), v.decode()
+    while i < len(data) and data[i] != 0:
+        sp = data.find(b" ", i, i + 21)
+        digits = data[i:sp] if sp > i else b""
+        if not digits.isdigit():
+            raise ValueError(f"{key}: malformed pax record at {i}")
+        n = int(digits)
+        if n < 5 or i + n > len(data) or data[i + n - 1] != 0x0A:
+            raise ValueError(f"{key}: malformed pax record at {i}")
+        k, eq, v = data[sp + 1:i + n - 1].partition(b"=")
+        if not eq:
+            raise ValueError(f"{key}: malformed pax record at {i}")
+        yield k.decode("utf-8", "replace"), v.decode("utf-8", "replace")
         i += n
 
 
