@@ -127,3 +127,50 @@ def test_versions_other_than_null_are_refused(env):
     with pytest.raises(Exception) as e:
         s3.head_object(Bucket=bucket, Key="v.bin")
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def _unsigned_payload(srv, method, path, query, headers, body):
+    """A SigV4 request whose body is not covered (UNSIGNED-PAYLOAD)."""
+    from urllib.parse import quote
+    from conftest import ACCESS_KEY, SECRET_KEY
+    from s3wire import Signer, send
+
+    hdrs = {"host": f"127.0.0.1:{srv.s3_port}", "content-length": str(len(body)), **headers}
+    signed, _ = Signer(ACCESS_KEY, SECRET_KEY).sign(method, path, hdrs, "UNSIGNED-PAYLOAD",
+                                                    query=query)
+    target = path + "?" + "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                                   for k, v in query)
+    return send("127.0.0.1", srv.s3_port, method, target, signed, body)
+
+
+def test_delete_objects_body_must_be_covered(env):
+    """DeleteObjects names what is deleted in its body: with an unsigned
+    payload it needs Content-MD5 or an x-amz-checksum-* header (as S3
+    requires), and either is verified."""
+    import base64
+    import hashlib
+    import zlib
+
+    srv, s3, bucket = env
+    for k in ("d1", "d2", "d3"):
+        s3.put_object(Bucket=bucket, Key=k, Body=b"x")
+    body = (b'<Delete><Object><Key>d1</Key></Object></Delete>')
+    q = [("delete", "")]
+    r = _unsigned_payload(srv, "POST", f"/{bucket}", q, {}, body)
+    assert r.status == 400 and b"Content-MD5" in r.body, r.body
+    md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+    r = _unsigned_payload(srv, "POST", f"/{bucket}", q, {"content-md5": md5},
+                          body.replace(b"d1", b"d2"))
+    assert r.status == 400 and b"BadDigest" in r.body, r.body
+    crc = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+    r = _unsigned_payload(srv, "POST", f"/{bucket}", q, {"x-amz-checksum-crc32": crc},
+                          body.replace(b"d1", b"d3"))
+    assert r.status == 400 and b"BadDigest" in r.body, r.body
+    names = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert {"d1", "d2", "d3"} <= names              # nothing was deleted so far
+    r = _unsigned_payload(srv, "POST", f"/{bucket}", q, {"content-md5": md5}, body)
+    assert r.status == 200, r.body
+    r = _unsigned_payload(srv, "POST", f"/{bucket}", q, {"x-amz-checksum-crc32": crc}, body)
+    assert r.status == 200, r.body
+    names = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert "d1" not in names and {"d2", "d3"} <= names

@@ -187,7 +187,7 @@ impl S3Front {
             ));
         }
         let body = self
-            .read_verified_body(conn, req, auth, xml::PARSE_BODY_BYTES_MAX)
+            .read_verified_body(conn, req, auth, xml::PARSE_BODY_BYTES_MAX, false)
             .await?;
         let items = parse_batch(&body).map_err(malformed)?;
         let head = ResponseHead::new(200)

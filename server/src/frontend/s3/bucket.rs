@@ -152,7 +152,7 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
         let body = self
-            .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX)
+            .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX, true)
             .await?;
         let (quiet, keys) = xml::parse_delete(&body).map_err(malformed)?;
         if keys.is_empty() {

@@ -85,7 +85,7 @@ impl S3Front {
         auth: &Verified,
     ) -> Result<(), S3Error> {
         let body = self
-            .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX)
+            .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX, false)
             .await?;
         let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
         let info = self

@@ -11,7 +11,7 @@ use sha2::Sha256;
 
 use super::conditional::content_md5;
 use super::route::{route, unimplemented_name, virtual_host_bucket, Route, S3Op};
-use super::{xml, Conn, Request, S3Front};
+use super::{checksum, xml, Conn, Request, S3Front};
 use crate::frontend::common::peer_is_loopback;
 use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
 use crate::frontend::s3::auth::{self, AuthInput, HeaderView, Verified};
@@ -346,14 +346,19 @@ impl S3Front {
         }
     }
 
-    /// Reads a small request body, verifying its SHA-256 when signed and
-    /// its Content-MD5 when sent.
+    /// Reads a small request body, verifying its SHA-256 when signed, its
+    /// Content-MD5 when sent and an `x-amz-checksum-*` header when sent.
+    /// `require_integrity` (DeleteObjects, as S3 requires): a body whose
+    /// hash the signature does not cover (UNSIGNED-PAYLOAD, SigV2) must
+    /// come with Content-MD5 or a checksum header, else a request captured
+    /// in its validity window could be replayed with another body.
     pub(super) async fn read_verified_body(
         &self,
         conn: &mut Conn,
         req: &Request,
         auth: &Verified,
         max: usize,
+        require_integrity: bool,
     ) -> Result<Vec<u8>, S3Error> {
         if auth.payload.is_streaming() {
             return Err(S3Error::invalid_argument(
@@ -363,11 +368,32 @@ impl S3Front {
         let body = self.read_small_body(conn, req, max).await?;
         let sha: [u8; 32] = Sha256::digest(&body).into();
         auth.payload.check_body_sha256(&sha)?;
-        if content_md5(&req.head)?.is_some_and(|want| want[..] != Md5::digest(&body)[..]) {
+        let mut covered = !matches!(auth.payload, auth::PayloadMode::Unsigned);
+        if let Some(want) = content_md5(&req.head)? {
+            if want[..] != Md5::digest(&body)[..] {
+                return Err(S3Error::new(
+                    400,
+                    "BadDigest",
+                    "The Content-MD5 you specified did not match what we received.",
+                ));
+            }
+            covered = true;
+        }
+        if let Some(expected) = checksum::expected(&req.head)? {
+            if let Some(value) = expected.value {
+                let mut h = checksum::Hasher::new(expected.algorithm);
+                h.update(&body);
+                if h.finish_base64() != value {
+                    return Err(checksum::mismatch(expected.algorithm));
+                }
+                covered = true;
+            }
+        }
+        if require_integrity && !covered {
             return Err(S3Error::new(
                 400,
-                "BadDigest",
-                "The Content-MD5 you specified did not match what we received.",
+                "InvalidRequest",
+                "Missing required header for this request: Content-MD5 (or an x-amz-checksum-* header, or a signed payload)",
             ));
         }
         Ok(body)
