@@ -326,3 +326,19 @@ def test_fsspec_edges(srv, client):
     assert [e.key for e in client.list(bucket)] == ["keep"]
     with pytest.raises(FileNotFoundError):
         fs.rm(f"{bucket}/nope")
+
+
+def test_get_into_torch_tensors(client):
+    """get_into writes into a CPU tensor's own memory (any dtype)."""
+    bucket = unique_bucket_name("tensor")
+    client.create_bucket(bucket)
+    data = os.urandom(4096)
+    client.put(bucket, "t", data)
+    t = torch.zeros(4096, dtype=torch.uint8)
+    assert client.get_into(bucket, "t", t) == 4096
+    assert bytes(t.numpy()) == data
+    f = torch.zeros(1024, dtype=torch.float32)
+    client.get_into(bucket, "t", f)
+    assert f.numpy().tobytes() == data
+    with pytest.raises(ValueError):
+        client.get_into(bucket, "t", torch.zeros(10, dtype=torch.uint8))

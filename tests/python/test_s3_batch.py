@@ -251,3 +251,27 @@ def test_the_documented_curl_example(server, objects, tmp_path):
     lines = out.stdout.splitlines()
     assert [ln.split()[-1] for ln in lines] == ["s/001", "s/002"]
     assert int(lines[1].split()[2]) == min(100, len(objs["s/002"]))
+
+
+def test_client_gone_mid_stream(server, objects):
+    """A client that reads a few KB of a large batch and hangs up: the
+    server drops the request (its read-ahead tasks with it) and keeps
+    serving everyone else."""
+    import socket
+
+    bucket, objs = objects
+    c = S3BatchClient(server.endpoint)
+    body = batch_body(["big"] * 20)
+    url = f"{server.endpoint}/{bucket}?batchGet"
+    h = c._signed_headers("POST", url, body)
+    h["Host"] = f"127.0.0.1:{server.s3_port}"
+    h["Content-Length"] = str(len(body))
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", server.s3_port), timeout=30) as sock:
+            head = f"POST /{bucket}?batchGet HTTP/1.1\r\n" + "".join(
+                f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
+            sock.sendall(head.encode() + body)
+            got = sock.recv(8192)
+            assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    assert c.get_batch(bucket, ["s/007", "big"]) == [objs["s/007"], objs["big"]]
+    server.assert_alive()

@@ -621,8 +621,8 @@ impl Client {
     }
 
     /// Reads the object (or `length` bytes from `offset`) into `buffer`, a
-    /// writable C-contiguous buffer (bytearray, numpy array, the numpy view
-    /// of a pinned torch tensor), with no copy beyond the socket read.
+    /// writable C-contiguous buffer (bytearray, numpy array, a CPU torch
+    /// tensor, pinned or not), with no copy beyond the socket read.
     /// Returns the number of bytes written; `ValueError` if it does not fit.
     #[pyo3(signature = (bucket, key, buffer, offset=0, length=None))]
     fn get_into(
@@ -634,7 +634,24 @@ impl Client {
         offset: u64,
         length: Option<u64>,
     ) -> PyResult<usize> {
-        let ex = Exported::get(buffer, true)?;
+        let ex = match Exported::get(buffer, true) {
+            Ok(ex) => ex,
+            // A torch tensor has no buffer protocol; on the CPU (pinned or
+            // not) its `.numpy()` shares its memory, and the export keeps
+            // that array alive until it is released.
+            Err(e) if buffer.hasattr("data_ptr")? && buffer.hasattr("numpy")? => {
+                let array = buffer.call_method0("numpy").map_err(|te| {
+                    let err = PyTypeError::new_err(
+                        "a torch tensor must be on the CPU (pinned or not) to read into",
+                    );
+                    err.set_cause(py, Some(te));
+                    err
+                })?;
+                drop(e);
+                Exported::get(&array, true)?
+            }
+            Err(e) => return Err(e),
+        };
         if length == Some(0) {
             // On the wire a zero length means "to the end": nothing to read.
             return Ok(0);

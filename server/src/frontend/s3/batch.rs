@@ -25,14 +25,14 @@
 //! records carry per-item metadata in a standard way.
 //!
 //! Items are opened and read on their owner shards up to
-//! `BATCH_IN_FLIGHT` at a time, ahead of the one being sent (the read-ahead
-//! advances between members, not while one is being written); an item up
+//! `BATCH_IN_FLIGHT` at a time, as tasks that run while earlier members are
+//! being written; an item up
 //! to `BATCH_INLINE_BYTES_MAX` is read whole ahead, a larger one is opened
 //! again and streamed piece by piece when its turn comes. A read that fails after its
 //! member's header is out cuts the connection (a short tar), so wrong
 //! bytes are never served.
 
-use futures::stream::{self, StreamExt};
+use std::collections::VecDeque;
 
 use super::{malformed, Conn, Request, S3Front};
 use crate::frontend::common::S3_KEY_BYTES_MAX;
@@ -42,6 +42,7 @@ use crate::frontend::s3::auth::{PayloadMode, Verified};
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml;
 use crate::shard::object::ObjectSource;
+use crate::shard::Shard;
 use crate::store::record::ObjectMeta;
 use std::rc::Rc;
 
@@ -122,13 +123,21 @@ fn item_range(range: Option<&str>, size: u64) -> Result<(u64, u64), S3Error> {
     }
 }
 
-impl S3Front {
-    /// Opens an item on its owner and, when small, reads it whole.
-    async fn fetch_item(&self, bucket: &str, key: &str, range: Option<&str>) -> Fetched {
+/// Opens an item on its owner and, when small, reads it whole. A task of
+/// its own (owned arguments), so that it runs while earlier members are
+/// being written.
+async fn fetch_item(
+    shard: Rc<Shard>,
+    bucket: String,
+    key: String,
+    range: Option<String>,
+) -> Fetched {
+    let (bucket, key, range) = (bucket.as_str(), key.as_str(), range.as_deref());
+    {
         if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
             return Fetched::Failed(S3Error::invalid_argument("Invalid key"));
         }
-        let (mut source, meta) = match ObjectSource::open(&self.shard, bucket, key).await {
+        let (mut source, meta) = match ObjectSource::open(&shard, bucket, key).await {
             Ok(x) => x,
             Err(e) => return Fetched::Failed(e.into()),
         };
@@ -153,7 +162,9 @@ impl S3Front {
         }
         Fetched::Bytes { meta, start, data }
     }
+}
 
+impl S3Front {
     /// `POST /{bucket}?batchGet`: see the module doc.
     pub(super) async fn batch_get(
         &self,
@@ -195,16 +206,27 @@ impl S3Front {
             .with_header("x-percore-batch-items", items.len().to_string())
             .with_header("x-amz-request-id", req.request_id.clone());
         conn.write_response_chunked(&head).await?;
-        let bucket = req.bucket.as_str();
-        let mut fetched = stream::iter(items.iter())
-            .map(|(key, range)| self.fetch_item(bucket, key, range.as_deref()))
-            .buffered(BATCH_IN_FLIGHT);
-        let mut index = 0usize;
-        while let Some(item) = fetched.next().await {
-            let (key, range) = &items[index];
+        // Up to BATCH_IN_FLIGHT fetches run as tasks ahead of the member
+        // being written (dropped, hence cancelled, if the request ends).
+        let mut ahead: VecDeque<glommio::Task<Fetched>> = VecDeque::new();
+        let mut started = 0usize;
+        for (index, (key, range)) in items.iter().enumerate() {
+            while started < items.len() && ahead.len() < BATCH_IN_FLIGHT {
+                let (k, r) = &items[started];
+                ahead.push_back(glommio::spawn_local(fetch_item(
+                    self.shard.clone(),
+                    req.bucket.clone(),
+                    k.clone(),
+                    r.clone(),
+                )));
+                started += 1;
+            }
+            let item = ahead
+                .pop_front()
+                .expect("the item's task was started")
+                .await;
             self.send_member(conn, req, index, key, range.as_deref(), item)
                 .await?;
-            index += 1;
         }
         conn.write_chunk(&[0u8; 2 * tar::BLOCK]).await?;
         conn.finish_chunks().await?;
