@@ -411,6 +411,7 @@ pub fn aws_chunked(data: &[u8]) {
         seed_signature: [7; 32],
         amz_date: "20231114T221320Z".into(),
         scope: "20231114/us-east-1/s3/aws4_request".into(),
+        content_md5_signed: false,
     };
     let announced = (seed & 0x80 != 0).then_some(u64::from(seed & 0x3f));
     let run = |pieces: &[&[u8]]| {

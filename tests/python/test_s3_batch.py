@@ -255,13 +255,18 @@ def test_the_documented_curl_example(server, objects, tmp_path):
 
 def test_client_gone_mid_stream(server, objects):
     """A client that reads a few KB of a large batch and hangs up: the
-    server drops the request (its read-ahead tasks with it) and keeps
-    serving everyone else."""
+    server drops the request and its read-ahead tasks (cross-shard sessions
+    go back to zero) and keeps serving everyone else."""
     import socket
+    import time
+
+    from conftest import metric
 
     bucket, objs = objects
     c = S3BatchClient(server.endpoint)
-    body = batch_body(["big"] * 20)
+    small = [k for k in objs if k.startswith("s/")][:40]
+    keys = [k for pair in zip(["big"] * 40, small) for k in pair]
+    body = batch_body(keys)
     url = f"{server.endpoint}/{bucket}?batchGet"
     h = c._signed_headers("POST", url, body)
     h["Host"] = f"127.0.0.1:{server.s3_port}"
@@ -271,7 +276,15 @@ def test_client_gone_mid_stream(server, objects):
             head = f"POST /{bucket}?batchGet HTTP/1.1\r\n" + "".join(
                 f"{k}: {v}\r\n" for k, v in h.items()) + "\r\n"
             sock.sendall(head.encode() + body)
-            got = sock.recv(8192)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                chunk = sock.recv(8192)
+                assert chunk, got
+                got += chunk
             assert got.startswith(b"HTTP/1.1 200"), got[:200]
     assert c.get_batch(bucket, ["s/007", "big"]) == [objs["s/007"], objs["big"]]
+    deadline = time.monotonic() + 20
+    while metric(server, "percore_cross_shard_sessions") != 0:
+        assert time.monotonic() < deadline, "cross-shard sessions left open"
+        time.sleep(0.2)
     server.assert_alive()

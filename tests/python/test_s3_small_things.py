@@ -174,3 +174,51 @@ def test_delete_objects_body_must_be_covered(env):
     assert r.status == 200, r.body
     names = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert "d1" not in names and {"d2", "d3"} <= names
+
+
+def test_presigned_delete_objects_needs_a_signed_digest(env):
+    """A presigned DeleteObjects URL (UNSIGNED-PAYLOAD, Content-MD5 not
+    signed): whoever holds it cannot pick the keys by sending another body
+    with a matching Content-MD5."""
+    import base64
+    import hashlib
+    import urllib.request
+
+    srv, s3, bucket = env
+    s3.put_object(Bucket=bucket, Key="victim", Body=b"v")
+    from botocore.auth import S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    presign = AWSRequest(method="POST", url=f"http://127.0.0.1:{srv.s3_port}/{bucket}?delete=")
+    S3SigV4QueryAuth(Credentials("percore", "percore-secret"), "s3", "us-east-1",
+                     expires=300).add_auth(presign)
+    url = presign.url
+    body = b"<Delete><Object><Key>victim</Key></Object></Delete>"
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode()})
+    try:
+        urllib.request.urlopen(req, timeout=30)
+        status = 200
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read()
+    assert status == 400 and b"Content-MD5" in text
+    assert s3.get_object(Bucket=bucket, Key="victim")["Body"].read() == b"v"
+
+
+def test_complete_with_an_object_checksum_header(env):
+    """x-amz-checksum-* on CompleteMultipartUpload is the object's checksum,
+    not the XML body's: it must not be checked against the body."""
+    import base64
+    import zlib
+
+    srv, s3, bucket = env
+    up = s3.create_multipart_upload(Bucket=bucket, Key="mpu-ck")
+    part = b"p" * 1000
+    etag = s3.upload_part(Bucket=bucket, Key="mpu-ck", UploadId=up["UploadId"], PartNumber=1,
+                          Body=part)["ETag"]
+    crc = base64.b64encode(zlib.crc32(part).to_bytes(4, "big")).decode()
+    s3.complete_multipart_upload(
+        Bucket=bucket, Key="mpu-ck", UploadId=up["UploadId"], ChecksumCRC32=crc,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert s3.get_object(Bucket=bucket, Key="mpu-ck")["Body"].read() == part

@@ -144,6 +144,9 @@ struct Session {
 struct Client {
     cfg: pc::Config,
     threads: usize,
+    /// The keys came from the environment: pickled as None, so that the
+    /// process that unpickles reads its own environment.
+    keys_from_env: bool,
     /// Locked only with the GIL held and never across I/O (see the module
     /// doc: a fork must not copy it locked).
     session: Mutex<Option<Arc<Session>>>,
@@ -274,6 +277,18 @@ impl Plan {
 
 type WireResults = Vec<Option<pc::Result<pc::Object>>>;
 
+/// Ranges per item the server takes (its Hello; 0, from a server that
+/// does not say, is the protocol's limit), never above the protocol's.
+fn ranges_max(c: &pc::Client) -> usize {
+    match c.hello().ranges_max {
+        0 => RANGES_MAX,
+        n => (n as usize).min(RANGES_MAX),
+    }
+}
+
+/// The native protocol's ranges per item (`percore_protocol::native::RANGES_MAX`).
+const RANGES_MAX: usize = 1024;
+
 /// One requested item's answer from the wire results: `Ok(None)` for a
 /// missing key when `keep_missing`.
 fn answer<'py>(
@@ -311,13 +326,35 @@ fn answer<'py>(
                     }
                 }
             }
+            // An item split over several wire items is read in several
+            // opens: all must have read the same version.
+            let mut etag: Option<&str> = None;
+            for (w, _) in slots.iter().flatten() {
+                if let Some(Ok(obj)) = &results[*w] {
+                    match etag {
+                        Some(e) if e != obj.etag => {
+                            return Err(ProtocolError::new_err(
+                                "the object changed while its ranges were read (more ranges than one request takes); read again",
+                            ))
+                        }
+                        _ => etag = Some(&obj.etag),
+                    }
+                }
+            }
             let parts = PyList::empty(py);
             for slot in slots {
                 match slot {
                     None => parts.append(PyBytes::new(py, b""))?,
-                    Some((w, i)) => match &results[*w] {
-                        Some(Ok(obj)) => parts.append(PyBytes::new(py, &obj.ranges[*i].1))?,
-                        _ => return Err(ProtocolError::new_err("a range was not answered")),
+                    Some((w, i)) => match results[*w]
+                        .as_ref()
+                        .map(|r| r.as_ref().map(|o| o.ranges.get(*i)))
+                    {
+                        Some(Ok(Some((_, b)))) => parts.append(PyBytes::new(py, b))?,
+                        _ => {
+                            return Err(ProtocolError::new_err(
+                                "the server did not answer every range",
+                            ))
+                        }
                     },
                 }
             }
@@ -387,6 +424,27 @@ impl Drop for Exported {
     }
 }
 
+/// A numpy uint8 view of a torch tensor's own memory (any dtype; pinned
+/// or not), or a TypeError saying why there is none.
+fn tensor_bytes<'py>(py: Python<'py>, t: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let t = t.call_method0("detach")?;
+    let device: String = t.getattr("device")?.getattr("type")?.extract()?;
+    if device != "cpu" {
+        return Err(PyTypeError::new_err(format!(
+            "a torch tensor on {device} cannot be read into: use a CPU tensor (pinned for a fast copy to the GPU)"
+        )));
+    }
+    if !t.call_method0("is_contiguous")?.extract::<bool>()? {
+        return Err(PyTypeError::new_err(
+            "a torch tensor must be contiguous to be read into",
+        ));
+    }
+    let uint8 = py.import("torch")?.getattr("uint8")?;
+    t.call_method0("flatten")?
+        .call_method1("view", (uint8,))?
+        .call_method0("numpy")
+}
+
 /// Where `get_into` writes: a raw pointer into an exported buffer.
 struct Target {
     /// The buffer's address (an integer: the pointer crosses threads).
@@ -417,6 +475,7 @@ impl Client {
         if threads == 0 || threads > 256 {
             return Err(PyValueError::new_err("threads must be 1..=256"));
         }
+        let keys_from_env = access_key.is_none() && secret_key.is_none();
         let mut cfg = pc::Config::new(
             endpoint.unwrap_or_else(|| env_or("PERCORE_ENDPOINT", "127.0.0.1:9100")),
             access_key.unwrap_or_else(|| env_or("PERCORE_ACCESS_KEY", "percore")),
@@ -428,6 +487,7 @@ impl Client {
         let c = Client {
             cfg,
             threads,
+            keys_from_env,
             session: Mutex::new(None),
         };
         // Connect now, so a wrong endpoint or key fails here.
@@ -440,13 +500,16 @@ impl Client {
         &self.cfg.endpoint
     }
 
-    /// Pickles as its settings (keys included: a spawned DataLoader worker
-    /// needs them), never its connections; unpickling connects.
+    /// Pickles as its settings, never its connections; unpickling
+    /// connects. Keys given to the constructor travel in the pickle (a
+    /// spawned DataLoader worker needs them: keep such pickles private);
+    /// keys from the environment do not (the other process reads its own).
     fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let key = |k: &str| (!self.keys_from_env).then(|| k.to_string());
         let args = (
             self.cfg.endpoint.clone(),
-            self.cfg.access_key.clone(),
-            self.cfg.secret_key.clone(),
+            key(&self.cfg.access_key),
+            key(&self.cfg.secret_key),
             self.cfg.timeout.as_secs_f64(),
             self.cfg.attempts,
             self.threads,
@@ -540,7 +603,7 @@ impl Client {
             return Ok(PyList::empty(py).into_any());
         }
         let s = self.session(py)?;
-        let max = (s.client.hello().ranges_max.max(1)) as usize;
+        let max = ranges_max(&s.client);
         let mut plan = Plan::default();
         plan.ranges(key.to_string(), &ranges, max);
         let mut results: WireResults = match plan.wire.len() {
@@ -582,7 +645,7 @@ impl Client {
             _ => return Err(PyValueError::new_err("missing must be 'raise' or 'none'")),
         };
         let s = self.session(py)?;
-        let max = (s.client.hello().ranges_max.max(1)) as usize;
+        let max = ranges_max(&s.client);
         let mut plan = Plan::default();
         for k in keys.try_iter()? {
             let k = k?;
@@ -640,15 +703,8 @@ impl Client {
             // not) its `.numpy()` shares its memory, and the export keeps
             // that array alive until it is released.
             Err(e) if buffer.hasattr("data_ptr")? && buffer.hasattr("numpy")? => {
-                let array = buffer.call_method0("numpy").map_err(|te| {
-                    let err = PyTypeError::new_err(
-                        "a torch tensor must be on the CPU (pinned or not) to read into",
-                    );
-                    err.set_cause(py, Some(te));
-                    err
-                })?;
                 drop(e);
-                Exported::get(&array, true)?
+                Exported::get(&tensor_bytes(py, buffer)?, true)?
             }
             Err(e) => return Err(e),
         };

@@ -34,6 +34,7 @@
 
 use std::collections::VecDeque;
 
+use super::serve::BodyCheck;
 use super::{malformed, Conn, Request, S3Front};
 use crate::frontend::common::S3_KEY_BYTES_MAX;
 use crate::frontend::datapath::GET_PIECE_BYTES;
@@ -189,7 +190,7 @@ impl S3Front {
             return Err(S3Error::new(
                 400,
                 "InvalidRequest",
-                "BatchGet needs a signed body: send x-amz-content-sha256 with the body's SHA-256 (not UNSIGNED-PAYLOAD, not a presigned URL)",
+                "BatchGet needs a signed body: x-amz-content-sha256 (or a presigned X-Amz-Content-Sha256) with the body's SHA-256; UNSIGNED-PAYLOAD is refused",
             ));
         }
         if !conn.request_is_http11() {
@@ -198,7 +199,13 @@ impl S3Front {
             ));
         }
         let body = self
-            .read_verified_body(conn, req, auth, xml::PARSE_BODY_BYTES_MAX, false)
+            .read_verified_body(
+                conn,
+                req,
+                auth,
+                xml::PARSE_BODY_BYTES_MAX,
+                BodyCheck::Verify,
+            )
             .await?;
         let items = parse_batch(&body).map_err(malformed)?;
         let head = ResponseHead::new(200)
@@ -292,7 +299,8 @@ impl S3Front {
                 while at < end {
                     let want = (end - at).min(GET_PIECE_BYTES);
                     match source.read(at, want).await {
-                        Ok(chunk) if !chunk.is_empty() => {
+                        // Never more than asked: the member's size is out.
+                        Ok(chunk) if !chunk.is_empty() && chunk.len() as u64 <= want => {
                             conn.write_chunk(&chunk).await?;
                             at += chunk.len() as u64;
                         }

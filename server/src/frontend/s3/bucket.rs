@@ -2,6 +2,7 @@
 //! GetBucketLocation, GetBucketVersioning, and DeleteObjects (a POST on the
 //! bucket that deletes many keys, each on its owner shard).
 
+use super::serve::BodyCheck;
 use super::{malformed, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
 use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
 use crate::frontend::http::ResponseHead;
@@ -152,7 +153,7 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
         let body = self
-            .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX, true)
+            .read_verified_body(conn, req, auth, DELETE_BODY_BYTES_MAX, BodyCheck::Covered)
             .await?;
         let (quiet, keys) = xml::parse_delete(&body).map_err(malformed)?;
         if keys.is_empty() {

@@ -2,6 +2,7 @@
 //! in `copy`), CompleteMultipartUpload, AbortMultipartUpload, ListParts and
 //! ListMultipartUploads (merged across shards).
 
+use super::serve::BodyCheck;
 use super::{malformed, parse_limit, quoted, Conn, Request, S3Front};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
@@ -85,7 +86,13 @@ impl S3Front {
         auth: &Verified,
     ) -> Result<(), S3Error> {
         let body = self
-            .read_verified_body(conn, req, auth, COMPLETE_BODY_BYTES_MAX, false)
+            .read_verified_body(
+                conn,
+                req,
+                auth,
+                COMPLETE_BODY_BYTES_MAX,
+                BodyCheck::Complete,
+            )
             .await?;
         let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
         let info = self

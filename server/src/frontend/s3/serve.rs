@@ -346,19 +346,15 @@ impl S3Front {
         }
     }
 
-    /// Reads a small request body, verifying its SHA-256 when signed, its
-    /// Content-MD5 when sent and an `x-amz-checksum-*` header when sent.
-    /// `require_integrity` (DeleteObjects, as S3 requires): a body whose
-    /// hash the signature does not cover (UNSIGNED-PAYLOAD, SigV2) must
-    /// come with Content-MD5 or a checksum header, else a request captured
-    /// in its validity window could be replayed with another body.
+    /// Reads a small request body, verifying its SHA-256 when signed and
+    /// its Content-MD5 when sent; see [`BodyCheck`] for checksum headers.
     pub(super) async fn read_verified_body(
         &self,
         conn: &mut Conn,
         req: &Request,
         auth: &Verified,
         max: usize,
-        require_integrity: bool,
+        check: BodyCheck,
     ) -> Result<Vec<u8>, S3Error> {
         if auth.payload.is_streaming() {
             return Err(S3Error::invalid_argument(
@@ -377,9 +373,16 @@ impl S3Front {
                     "The Content-MD5 you specified did not match what we received.",
                 ));
             }
-            covered = true;
+            // An unsigned Content-MD5 proves nothing: whoever holds a
+            // presigned URL can send any body with a matching one.
+            covered |= auth.content_md5_signed;
         }
-        if let Some(expected) = checksum::expected(&req.head)? {
+        // x-amz-* headers are signed (the auth layer refuses unsigned ones).
+        let checksum_header = match check {
+            BodyCheck::Complete => None,
+            BodyCheck::Verify | BodyCheck::Covered => checksum::expected(&req.head)?,
+        };
+        if let Some(expected) = checksum_header {
             if let Some(value) = expected.value {
                 let mut h = checksum::Hasher::new(expected.algorithm);
                 h.update(&body);
@@ -389,7 +392,7 @@ impl S3Front {
                 covered = true;
             }
         }
-        if require_integrity && !covered {
+        if matches!(check, BodyCheck::Covered) && !covered {
             return Err(S3Error::new(
                 400,
                 "InvalidRequest",
@@ -398,4 +401,18 @@ impl S3Front {
         }
         Ok(body)
     }
+}
+
+/// How `read_verified_body` treats `x-amz-checksum-*` headers.
+pub(super) enum BodyCheck {
+    /// CompleteMultipartUpload: they are the completed object's checksum,
+    /// not the body's; not checked here.
+    Complete,
+    /// Verified against the body when sent.
+    Verify,
+    /// Verified when sent, and the body must be covered by the signature,
+    /// a signed Content-MD5 or a checksum header (DeleteObjects, as S3
+    /// requires): else a request captured in its validity window could be
+    /// replayed with another body.
+    Covered,
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
-from . import Client, NoSuchBucket, NoSuchKey
+from . import Client, InvalidRange, NoSuchBucket, NoSuchKey
 from ._lazy import LazyClient
 
 _DIR = "directory"
@@ -134,11 +134,16 @@ class PercoreFileSystem(AbstractFileSystem):
         try:
             if start is None and end is None:
                 return self.client.get(bucket, key)
-            size = self.client.stat(bucket, key).size
-            start, end = self._clamp(start, end, size)
+            if start is None or start < 0 or end is None or end < 0:
+                size = self.client.stat(bucket, key).size   # only to resolve the bounds
+                start, end = self._clamp(start, end, size)
             if end <= start:
                 return b""
+            # The server cuts a range at the end; one starting past it is
+            # InvalidRange, which fsspec expects as empty.
             return self.client.get_ranges(bucket, key, [(start, end - start)])[0]
+        except InvalidRange:
+            return b""
         except (NoSuchKey, NoSuchBucket):
             raise FileNotFoundError(path) from None
 
@@ -152,13 +157,24 @@ class PercoreFileSystem(AbstractFileSystem):
         for p, idx in by_file.items():
             bucket, key = self._split(p)
             try:
-                size = self.client.stat(bucket, key).size
-                want = []
-                for i in idx:
-                    s, e = self._clamp(starts[i], ends[i], size)
-                    want.append((s, e - s))
-                nonempty = [(i, r) for i, r in zip(idx, want) if r[1] > 0]
-                got = self.client.get_ranges(bucket, key, [r for _, r in nonempty])
+                plain = all(starts[i] is not None and starts[i] >= 0 and ends[i] is not None
+                            and ends[i] >= 0 for i in idx)
+                try:
+                    if not plain:
+                        raise InvalidRange("bounds to resolve")
+                    want = [(starts[i], max(ends[i] - starts[i], 0)) for i in idx]
+                    nonempty = [(i, r) for i, r in zip(idx, want) if r[1] > 0]
+                    got = self.client.get_ranges(bucket, key, [r for _, r in nonempty])
+                except InvalidRange:
+                    # None or negative bounds, or a range starting past the
+                    # end: resolve them against the size (one Stat).
+                    size = self.client.stat(bucket, key).size
+                    want = []
+                    for i in idx:
+                        s, e = self._clamp(starts[i], ends[i], size)
+                        want.append((s, e - s))
+                    nonempty = [(i, r) for i, r in zip(idx, want) if r[1] > 0]
+                    got = self.client.get_ranges(bucket, key, [r for _, r in nonempty])
                 for i in idx:
                     out[i] = b""
                 for (i, _), data in zip(nonempty, got):

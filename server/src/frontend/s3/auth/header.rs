@@ -63,6 +63,7 @@ pub(super) fn verify_header_auth(
         seed_signature: parsed.signature,
         amz_date,
         scope: credential.scope.to_string(),
+        content_md5_signed: signs(parsed.signed_headers, "content-md5"),
     })
 }
 

@@ -138,6 +138,10 @@ pub struct Verified {
     pub amz_date: String,
     /// "20130524/us-east-1/s3/aws4_request".
     pub scope: String,
+    /// Content-MD5 is covered by the signature (SigV4: named in
+    /// SignedHeaders; SigV2: always in its string-to-sign), so a body it
+    /// matches is the body the signer meant.
+    pub content_md5_signed: bool,
 }
 
 impl std::fmt::Debug for Verified {
@@ -486,4 +490,11 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let day_of_year = (153 * month_from_march + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     era * 146_097 + day_of_era - 719_468
+}
+
+/// Whether `name` is one of the `;`-separated SignedHeaders.
+pub(super) fn signs(signed_headers: &str, name: &str) -> bool {
+    signed_headers
+        .split(';')
+        .any(|h| h.trim().eq_ignore_ascii_case(name))
 }

@@ -130,6 +130,7 @@ pub(super) fn verify_query_auth(
         seed_signature: signature,
         amz_date: amz_date.to_string(),
         scope: credential.scope.to_string(),
+        content_md5_signed: super::signs(signed_headers, "content-md5"),
     })
 }
 

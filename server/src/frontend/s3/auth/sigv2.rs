@@ -221,6 +221,7 @@ fn verified(input: &AuthInput, access_key: &str) -> Result<Verified, AuthError> 
         seed_signature: [0; 32],
         amz_date: String::new(),
         scope: String::new(),
+        content_md5_signed: true,
     })
 }
 

@@ -981,6 +981,7 @@ fn example_verified(seed: &str, payload: PayloadMode) -> Verified {
         seed_signature: hex32(seed),
         amz_date: EXAMPLE_DATE.into(),
         scope: "20130524/us-east-1/s3/aws4_request".into(),
+        content_md5_signed: false,
     }
 }
 
