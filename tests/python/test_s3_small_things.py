@@ -96,7 +96,7 @@ def test_list_buckets_pages_by_prefix(env):
     ("GET", "bucket", "accelerate", "GetBucketAccelerateConfiguration"),
     ("PUT", "bucket", "versioning", "PutBucketVersioning"),
     ("DELETE", "bucket", "lifecycle", "DeleteBucketLifecycle"),
-    ("GET", "object", "acl", "GetObjectAcl"),
+    ("GET", "object", "legal-hold", "GetObjectLegalHold"),
     ("PUT", "object", "tagging", "PutObjectTagging"),
 ])
 def test_not_implemented_names_the_operation(env, method, target, query, name):
@@ -222,3 +222,33 @@ def test_complete_with_an_object_checksum_header(env):
         Bucket=bucket, Key="mpu-ck", UploadId=up["UploadId"], ChecksumCRC32=crc,
         MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]})
     assert s3.get_object(Bucket=bucket, Key="mpu-ck")["Body"].read() == part
+
+
+def test_acls_of_the_single_owner(env):
+    """Get*Acl answer the owner's FULL_CONTROL; Put*Acl accept what grants
+    no more (private) and refuse wider ACLs with NotImplemented instead of
+    ignoring them."""
+    from botocore.exceptions import ClientError
+
+    srv, s3, bucket = env
+    for acl in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key="report.bin")):
+        assert acl["Owner"]["ID"] == "percore"
+        assert [(g["Grantee"]["ID"], g["Grantee"]["Type"], g["Permission"]) for g in acl["Grants"]] \
+            == [("percore", "CanonicalUser", "FULL_CONTROL")]
+    s3.put_bucket_acl(Bucket=bucket, ACL="private")
+    s3.put_object_acl(Bucket=bucket, Key="report.bin", ACL="private")
+    s3.put_object_acl(Bucket=bucket, Key="report.bin", ACL="bucket-owner-full-control")
+    for call in (lambda: s3.put_object_acl(Bucket=bucket, Key="report.bin", ACL="public-read"),
+                 lambda: s3.put_bucket_acl(Bucket=bucket, ACL="public-read-write"),
+                 lambda: s3.put_object_acl(Bucket=bucket, Key="report.bin",
+                                           GrantRead='uri="http://acs.amazonaws.com/groups/global/AllUsers"')):
+        with pytest.raises(ClientError) as ei:
+            call()
+        assert ei.value.response["Error"]["Code"] == "NotImplemented"
+    with pytest.raises(ClientError) as ei:
+        s3.get_object_acl(Bucket=bucket, Key="no-such-key")
+    assert ei.value.response["Error"]["Code"] == "NoSuchKey"
+    with pytest.raises(ClientError) as ei:
+        s3.get_bucket_acl(Bucket=unique_bucket_name("gone"))
+    assert ei.value.response["Error"]["Code"] == "NoSuchBucket"
+    assert s3.get_object(Bucket=bucket, Key="report.bin")["Body"].read() == b"0123456789"

@@ -25,6 +25,7 @@ pub mod etag;
 pub mod route;
 pub mod xml;
 
+mod acl;
 mod batch;
 mod bucket;
 mod conditional;

@@ -130,6 +130,10 @@ s3_ops! {
     DeleteObjects => "DeleteObjects",
     /// percore's extension: many objects in one tar stream (`batch.rs`).
     BatchGet => "BatchGet",
+    GetBucketAcl => "GetBucketAcl",
+    PutBucketAcl => "PutBucketAcl",
+    GetObjectAcl => "GetObjectAcl",
+    PutObjectAcl => "PutObjectAcl",
     ListObjectsV2 => "ListObjectsV2",
     ListObjects => "ListObjects",
     PutObject => "PutObject",
@@ -179,6 +183,8 @@ impl S3Op {
                 "HEAD" => S3Op::HeadBucket,
                 "DELETE" if query.is_empty() => S3Op::DeleteBucket,
                 "GET" if has("location") => S3Op::GetBucketLocation,
+                "GET" if has("acl") => S3Op::GetBucketAcl,
+                "PUT" if has("acl") => S3Op::PutBucketAcl,
                 "GET" if has("uploads") => S3Op::ListMultipartUploads,
                 "GET" if has("versions") => S3Op::ListObjectVersions,
                 "GET" if has("versioning") => S3Op::GetBucketVersioning,
@@ -204,6 +210,13 @@ impl S3Op {
         }
         if method == "GET" && has("attributes") {
             return S3Op::GetObjectAttributes;
+        }
+        if has("acl") {
+            return match method {
+                "GET" => S3Op::GetObjectAcl,
+                "PUT" => S3Op::PutObjectAcl,
+                _ => S3Op::NotImplemented,
+            };
         }
         if subresource {
             return S3Op::NotImplemented;

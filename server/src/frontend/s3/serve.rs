@@ -194,6 +194,8 @@ impl S3Front {
             S3Op::ListObjectVersions => self.list_object_versions(conn, req).await,
             S3Op::DeleteObjects => self.delete_objects(conn, req, &auth).await,
             S3Op::BatchGet => self.batch_get(conn, req, &auth).await,
+            S3Op::GetBucketAcl | S3Op::GetObjectAcl => self.get_acl(conn, req).await,
+            S3Op::PutBucketAcl | S3Op::PutObjectAcl => self.put_acl(conn, req, &auth).await,
             S3Op::ListObjectsV2 => self.list_objects(conn, req, true).await,
             S3Op::ListObjects => self.list_objects(conn, req, false).await,
             S3Op::PutObject | S3Op::CopyObject => self.put_object(conn, req, &auth).await,
