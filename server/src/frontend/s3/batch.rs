@@ -134,35 +134,33 @@ async fn fetch_item(
     range: Option<String>,
 ) -> Fetched {
     let (bucket, key, range) = (bucket.as_str(), key.as_str(), range.as_deref());
-    {
-        if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
-            return Fetched::Failed(S3Error::invalid_argument("Invalid key"));
-        }
-        let (mut source, meta) = match ObjectSource::open(&shard, bucket, key).await {
-            Ok(x) => x,
-            Err(e) => return Fetched::Failed(e.into()),
-        };
-        let (start, len) = match item_range(range, meta.size_bytes) {
-            Ok(r) => r,
-            Err(e) => return Fetched::Failed(e),
-        };
-        if len > BATCH_INLINE_BYTES_MAX {
-            return Fetched::Large;
-        }
-        let mut data = Vec::with_capacity(len as usize);
-        let end = start + len;
-        while start + (data.len() as u64) < end {
-            let at = start + data.len() as u64;
-            match source.read(at, end - at).await {
-                Ok(chunk) if chunk.is_empty() => {
-                    return Fetched::Failed(S3Error::internal("object shorter than its metadata"))
-                }
-                Ok(chunk) => data.extend_from_slice(&chunk),
-                Err(e) => return Fetched::Failed(e.into()),
-            }
-        }
-        Fetched::Bytes { meta, start, data }
+    if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
+        return Fetched::Failed(S3Error::invalid_argument("Invalid key"));
     }
+    let (mut source, meta) = match ObjectSource::open(&shard, bucket, key).await {
+        Ok(x) => x,
+        Err(e) => return Fetched::Failed(e.into()),
+    };
+    let (start, len) = match item_range(range, meta.size_bytes) {
+        Ok(r) => r,
+        Err(e) => return Fetched::Failed(e),
+    };
+    if len > BATCH_INLINE_BYTES_MAX {
+        return Fetched::Large;
+    }
+    let mut data = Vec::with_capacity(len as usize);
+    let end = start + len;
+    while start + (data.len() as u64) < end {
+        let at = start + data.len() as u64;
+        match source.read(at, end - at).await {
+            Ok(chunk) if chunk.is_empty() => {
+                return Fetched::Failed(S3Error::internal("object shorter than its metadata"))
+            }
+            Ok(chunk) => data.extend_from_slice(&chunk),
+            Err(e) => return Fetched::Failed(e.into()),
+        }
+    }
+    Fetched::Bytes { meta, start, data }
 }
 
 impl S3Front {
