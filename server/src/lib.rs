@@ -15,6 +15,7 @@
 //! - `tools`: offline tools run by the binary (`fsck`, `doctor`).
 
 pub mod boot;
+pub mod bucket_config;
 pub mod digest;
 pub mod frontend;
 #[cfg(any(test, fuzzing))]

@@ -80,6 +80,9 @@ pub struct FileConfig {
     pub object_cache_mb: Option<u64>,
     pub scrub_interval_s: Option<u64>,
     pub scrub_mb_per_sec: Option<u64>,
+    pub lifecycle_interval_s: Option<u64>,
+    pub lifecycle_actions_per_sec: Option<u64>,
+    pub lifecycle_day_s: Option<u64>,
     pub connections_per_shard_max: Option<usize>,
     pub header_timeout_s: Option<u64>,
     pub idle_timeout_s: Option<u64>,
@@ -118,6 +121,12 @@ pub struct ServerConfig {
     pub scrub_interval_s: u64,
     /// Scrub read rate, MB/s.
     pub scrub_mb_per_sec: u64,
+    /// Seconds between lifecycle passes on each shard (0: off).
+    pub lifecycle_interval_s: u64,
+    /// Lifecycle deletes and aborts per second per shard.
+    pub lifecycle_actions_per_sec: u64,
+    /// Length of a lifecycle day in seconds (86,400; shorter in tests).
+    pub lifecycle_day_s: u64,
     /// Open connections per shard and front door (S3, native); past it a
     /// new connection is closed at once.
     pub connections_per_shard_max: usize,
@@ -467,6 +476,24 @@ impl ServerConfig {
             object_cache_mb: object_cache_mb(&l, args, f.object_cache_mb)?,
             scrub_interval_s: l.setting("scrub_interval_s", None, f.scrub_interval_s, 24 * 3600)?,
             scrub_mb_per_sec,
+            lifecycle_interval_s: l.setting(
+                "lifecycle_interval_s",
+                None,
+                f.lifecycle_interval_s,
+                3600,
+            )?,
+            lifecycle_actions_per_sec: l.bounded(
+                "lifecycle_actions_per_sec",
+                (None, f.lifecycle_actions_per_sec),
+                1000,
+                1..=1_000_000,
+            )?,
+            lifecycle_day_s: l.bounded(
+                "lifecycle_day_s",
+                (None, f.lifecycle_day_s),
+                86_400,
+                1..=86_400,
+            )?,
             connections_per_shard_max: l.bounded(
                 "connections_per_shard_max",
                 (None, f.connections_per_shard_max),

@@ -75,6 +75,11 @@ async fn run_shard_inner(s: ShardSetup, wiring: Wiring) -> Result<(), String> {
     } else {
         shard.wait_started().await;
     }
+    shard.start_lifecycle(crate::shard::lifecycle::LifecycleSettings {
+        interval: Duration::from_secs(s.cfg.lifecycle_interval_s),
+        actions_per_sec: s.cfg.lifecycle_actions_per_sec,
+        day_ms: s.cfg.lifecycle_day_s.saturating_mul(1000),
+    });
     let fronts = Fronts::start(&s, &shard);
     if let Some((state, _)) = &admin {
         state.set_ready(shard.clone());

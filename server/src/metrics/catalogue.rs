@@ -44,6 +44,25 @@ const NATIVE_COUNTERS: &[Entry<ShardMetrics>] = &[
     ),
 ];
 
+/// Lifecycle runner counters of the shard's own metrics.
+const LIFECYCLE_COUNTERS: &[Entry<ShardMetrics>] = &[
+    (
+        "percore_lifecycle_expired_objects_total",
+        "Objects deleted by lifecycle Expiration rules.",
+        |m| m.lifecycle_expired.get(),
+    ),
+    (
+        "percore_lifecycle_aborted_uploads_total",
+        "Multipart uploads aborted by AbortIncompleteMultipartUpload rules.",
+        |m| m.lifecycle_aborted.get(),
+    ),
+    (
+        "percore_lifecycle_passes_total",
+        "Lifecycle passes run.",
+        |m| m.lifecycle_passes.get(),
+    ),
+];
+
 /// S3 front-door counters of the shard's own metrics.
 const S3_COUNTERS: &[Entry<ShardMetrics>] = &[
     (
@@ -304,6 +323,7 @@ pub fn own_snapshot(metrics: &ShardMetrics, out: &mut ShardSnapshot) {
     metrics.snapshot_into(out);
     push(&mut out.counters, NATIVE_COUNTERS, metrics);
     push(&mut out.counters, S3_COUNTERS, metrics);
+    push(&mut out.counters, LIFECYCLE_COUNTERS, metrics);
 }
 
 /// One shard's full snapshot for a scrape: its own metrics plus `raw`.

@@ -113,6 +113,10 @@ pub struct ShardMetrics {
     pub native_auth_failures: Cell<u64>,
     pub native_bytes_in: Cell<u64>,
     pub native_bytes_out: Cell<u64>,
+    /// Lifecycle runner: objects expired, uploads aborted, passes run.
+    pub lifecycle_expired: Cell<u64>,
+    pub lifecycle_aborted: Cell<u64>,
+    pub lifecycle_passes: Cell<u64>,
 }
 
 impl ShardMetrics {

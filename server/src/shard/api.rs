@@ -56,6 +56,25 @@ impl Shard {
         }
     }
 
+    /// Replaces (Some, URL-encoded) or removes the object's tags on its
+    /// owner, keeping its bytes, ETag and modification time.
+    pub async fn set_object_tags(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        tags: Option<String>,
+    ) -> Result<(), ShardError> {
+        let op = Op::SetTags {
+            bucket: bucket.into(),
+            key: key.into(),
+            tags,
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Creates the bucket on the bucket-owner shard, which publishes it to
     /// every shard before answering. Ok(false): it existed already.
     pub async fn create_bucket(self: &Rc<Self>, name: &str) -> Result<bool, ShardError> {

@@ -12,6 +12,8 @@ pub struct BucketView {
     pub created_ms: u64,
     /// Set while shard 0 checks emptiness for a DeleteBucket.
     pub locked: bool,
+    /// Tags, CORS and lifecycle rules (see `bucket_config`).
+    pub config: crate::bucket_config::BucketConfig,
 }
 impl Shard {
     pub fn bucket_exists(&self, name: &str) -> bool {
@@ -42,6 +44,7 @@ impl Shard {
                 .await;
             }
         }
+        self.publish_bucket_configs().await;
     }
 
     pub(super) async fn bucket_create(self: &Rc<Self>, name: String) -> Reply {
@@ -97,6 +100,12 @@ impl Shard {
             created_ms: None,
         })
         .await;
+        // Its configuration goes too; a failure leaves documents that no
+        // longer apply (they name the old bucket's creation time) and
+        // that the next start drops.
+        if let Err(e) = self.store.bucket_configs_drop(&name).await {
+            tracing::warn!(bucket = %name, "could not drop a deleted bucket's configuration: {e}");
+        }
         Reply::Ok
     }
 
@@ -150,13 +159,18 @@ impl Shard {
                 if created {
                     self.purge_multipart(&name).await;
                 }
-                self.buckets.borrow_mut().insert(
-                    name,
-                    BucketView {
-                        created_ms,
-                        locked: false,
-                    },
-                );
+                let mut buckets = self.buckets.borrow_mut();
+                let same = buckets.get(&name).is_some_and(|b| b.created_ms == created_ms);
+                if !same {
+                    buckets.insert(
+                        name,
+                        BucketView {
+                            created_ms,
+                            locked: false,
+                            config: Default::default(),
+                        },
+                    );
+                }
             }
             None => {
                 self.buckets.borrow_mut().remove(&name);

@@ -11,6 +11,7 @@ use super::buckets::WriteInProgress;
 use super::msg::{Op, Reply, SessionId, ShardError};
 use super::sessions::Session;
 use super::{store_error, Shard};
+use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::store::record::ObjectMeta;
 use crate::store::{PutCondition, PutWriter};
 
@@ -77,6 +78,14 @@ impl Shard {
             } => self.put_finish(session, etag, headers).await,
             Op::Delete { bucket, key } => match self.store.delete(&bucket, &key).await {
                 Ok(existed) => Reply::Deleted(existed),
+                Err(e) => Reply::Err(store_error(e)),
+            },
+            Op::SetTags { bucket, key, tags } => match self
+                .store
+                .set_object_header(&bucket, &key, OBJECT_TAGS_HEADER, tags)
+                .await
+            {
+                Ok(()) => Reply::Ok,
                 Err(e) => Reply::Err(store_error(e)),
             },
             Op::List {
@@ -147,6 +156,16 @@ impl Shard {
             }
             Op::Start => self.start().await,
             Op::BucketUnlock { name } => self.bucket_unlock(name),
+            Op::BucketConfigSet { name, kind, doc } => {
+                self.bucket_config_set(name, kind, doc).await
+            }
+            Op::BucketConfigApply {
+                name,
+                created_ms,
+                kind,
+                seq,
+                doc,
+            } => self.bucket_config_apply(&name, created_ms, kind, seq, doc),
         }
     }
 

@@ -17,8 +17,10 @@
 //! messages).
 
 pub mod api;
+mod bucket_config;
 mod buckets;
 mod handlers;
+pub mod lifecycle;
 pub mod msg;
 pub mod object;
 mod sessions;

@@ -51,6 +51,12 @@ pub enum Op {
         bucket: String,
         key: String,
     },
+    /// Replace (Some, URL-encoded) or remove an object's tags.
+    SetTags {
+        bucket: String,
+        key: String,
+        tags: Option<String>,
+    },
     List {
         bucket: String,
         prefix: String,
@@ -108,6 +114,22 @@ pub enum Op {
     },
     BucketUnlock {
         name: String,
+    },
+    /// To the bucket-owner shard: store (Some) or remove (None) a bucket
+    /// configuration document, then apply it everywhere.
+    BucketConfigSet {
+        name: String,
+        kind: crate::bucket_config::ConfigKind,
+        doc: Option<Bytes>,
+    },
+    /// From the bucket-owner shard: the document written at `seq` for the
+    /// bucket created at `created_ms`.
+    BucketConfigApply {
+        name: String,
+        created_ms: u64,
+        kind: crate::bucket_config::ConfigKind,
+        seq: u64,
+        doc: Option<Bytes>,
     },
     /// From the bucket-owner shard at start-up: buckets are published,
     /// start serving.

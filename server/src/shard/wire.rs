@@ -170,6 +170,7 @@ impl Shard {
         let must_deliver = matches!(
             op,
             Op::BucketApply { .. }
+                | Op::BucketConfigApply { .. }
                 | Op::BucketUnlock { .. }
                 | Op::Start
                 | Op::ReadClose { .. }

@@ -24,6 +24,24 @@ impl Store {
         Ok(true)
     }
 
+    /// The seq of the key's current live version, if it has one.
+    pub fn live_seq(&self, bucket: &str, key: &str) -> Option<u64> {
+        self.lookup(bucket, key)
+            .filter(|e| matches!(e.state, State::Live(_)))
+            .map(|e| e.seq)
+    }
+
+    /// Deletes the key only if `seq` is still its current version and no
+    /// write to it is in flight (checked in the poll that takes the
+    /// tombstone's seq, so a later write wins). Returns whether it did.
+    pub async fn delete_version(&self, bucket: &str, key: &str, seq: u64) -> Result<bool> {
+        if self.is_writing(bucket, key) || self.live_seq(bucket, key) != Some(seq) {
+            return Ok(false);
+        }
+        self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+        Ok(true)
+    }
+
     pub(super) async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
         let _writing = self.start_writing(bucket, key);
         let seq = self.take_seq()?;

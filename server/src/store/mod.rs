@@ -28,8 +28,10 @@
 //! | `put.rs` | `PutWriter`: streamed PUTs, PUT conditions |
 //! | `read.rs` | `open_read`, `ObjectReader`, the header and CRC caches' use |
 //! | `delete.rs` | DELETE (tombstones) |
+//! | `meta_update.rs` | rewriting an object's metadata (tags) without its bytes |
 //! | `list.rs` | listing keys, counting objects |
 //! | `buckets.rs` | bucket records on the bucket-owner shard |
+//! | `bucket_config.rs` | bucket configuration documents (CORS, lifecycle, tagging) |
 //! | `mpu.rs` | multipart uploads |
 //! | `recovery.rs` | rebuilding the index from the segments at start-up |
 //! | `compaction.rs` | relocating live records out of mostly-dead segments |
@@ -37,6 +39,7 @@
 //! | `record_cache.rs` | bounded caches keyed by record place |
 //! | `object_cache.rs` | the object cache: verified payloads, S3-FIFO, keyed by record place |
 
+pub mod bucket_config;
 mod buckets;
 mod commit;
 mod compaction;
@@ -44,6 +47,7 @@ mod delete;
 pub mod file;
 mod index;
 mod list;
+mod meta_update;
 pub mod mpu;
 mod object_cache;
 mod put;
@@ -107,6 +111,9 @@ pub enum PutCondition {
     /// Only if the current ETag is one of these (`*`: any). The S3 front
     /// door parses the header's list (`frontend::s3::etag`).
     IfMatch(Vec<String>),
+    /// Only if the current version is still the one of this seq (a
+    /// rewrite of an object's metadata, see `meta_update`).
+    IfSeq(u64),
 }
 
 impl StoreError {

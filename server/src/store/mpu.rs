@@ -430,7 +430,7 @@ impl Store {
     /// Appends the completed object's record (a new seq, the parts'
     /// extents) with their segments pinned, and installs it unless a part
     /// moved meanwhile. Returns its seq and what the index holds.
-    async fn write_completed(
+    pub(super) async fn write_completed(
         &self,
         bucket: &str,
         key: &str,

@@ -346,6 +346,14 @@ impl Store {
             (PutCondition::IfNoneMatchAny, None) => Ok(None),
             (PutCondition::IfNoneMatchAny, Some(_)) => Err(StoreError::PreconditionFailed),
             (PutCondition::IfMatch(_), None) => Err(StoreError::NotFound),
+            (PutCondition::IfSeq(_), None) => Err(StoreError::NotFound),
+            (PutCondition::IfSeq(want), Some((seq, _))) => {
+                if *want == seq {
+                    Ok(Some(seq))
+                } else {
+                    Err(StoreError::ConditionalConflict)
+                }
+            }
             (PutCondition::IfMatch(list), Some((seq, info))) => {
                 if list.iter().any(|t| t == "*" || **t == *info.etag) {
                     Ok(Some(seq))

@@ -67,6 +67,9 @@ where
     /// For metrics and access logs: the last status written, and body
     /// bytes read and written over the connection's life.
     pub last_status: u16,
+    /// Headers added to every response to the current request (CORS),
+    /// cleared when the next request's head is read.
+    pub extra_headers: Vec<(std::borrow::Cow<'static, str>, String)>,
     pub body_bytes_read: u64,
     pub body_bytes_written: u64,
 }
@@ -93,6 +96,7 @@ where
             read_failed: false,
             date: DateCache::default(),
             last_status: 0,
+            extra_headers: Vec::new(),
             body_bytes_read: 0,
             body_bytes_written: 0,
         }
@@ -141,6 +145,7 @@ where
     /// requests (or an earlier request left the stream unusable). Any unread
     /// body of the previous request is discarded first.
     pub async fn read_head(&mut self) -> Result<Option<RequestHead>, HttpError> {
+        self.extra_headers.clear();
         if !self.read_failed && !self.body.is_finished() && self.discard_body().await.is_err() {
             self.read_failed = true;
         }
@@ -454,7 +459,8 @@ where
             announce_keep_alive: self.request_version_minor == 0,
             date: self.date.now(),
         };
-        encode_head(&mut self.wbuf, head, &framing)?;
+        let head = Self::with_extra(&self.extra_headers, head);
+        encode_head(&mut self.wbuf, &head, &framing)?;
         self.last_status = head.status;
         if self.wbuf.len() >= WRITE_COALESCE_BYTES {
             self.write_buffered().await?;
@@ -474,9 +480,23 @@ where
             announce_keep_alive: false,
             date: self.date.now(),
         };
-        encode_head(&mut self.wbuf, head, &framing)?;
+        let head = Self::with_extra(&self.extra_headers, head);
+        encode_head(&mut self.wbuf, &head, &framing)?;
         self.last_status = head.status;
         Ok(())
+    }
+
+    /// `head` plus `extra` (borrowed as is when there are none).
+    fn with_extra<'h>(
+        extra: &[(std::borrow::Cow<'static, str>, String)],
+        head: &'h ResponseHead,
+    ) -> std::borrow::Cow<'h, ResponseHead> {
+        if extra.is_empty() {
+            return std::borrow::Cow::Borrowed(head);
+        }
+        let mut h = head.clone();
+        h.headers.extend(extra.iter().cloned());
+        std::borrow::Cow::Owned(h)
     }
 
     /// Whether the request was HTTP/1.1 or later (chunked responses).

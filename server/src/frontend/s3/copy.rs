@@ -12,6 +12,7 @@ use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::store::record::ObjectMeta;
 
 /// `x-amz-copy-source`: `[/]bucket/key[?versionId=null]`, URL-encoded.
@@ -151,7 +152,7 @@ impl S3Front {
                 "This copy request is illegal because it is trying to copy an object to itself without changing the object's metadata, storage class, website redirect location or encryption attributes.",
             ));
         }
-        let meta = if replace {
+        let mut meta = if replace {
             self.object_meta_from_request(req)?
         } else {
             ObjectMeta {
@@ -160,6 +161,21 @@ impl S3Front {
                 ..Default::default()
             }
         };
+        // Tags follow x-amz-tagging-directive, apart from the metadata.
+        meta.headers.retain(|(n, _)| n != OBJECT_TAGS_HEADER);
+        let tags = match req.head.header_str("x-amz-tagging-directive") {
+            None => src_tags(&src_meta),
+            Some(v) if v.eq_ignore_ascii_case("COPY") => src_tags(&src_meta),
+            Some(v) if v.eq_ignore_ascii_case("REPLACE") => super::object::request_tags(req)?,
+            Some(_) => {
+                return Err(S3Error::invalid_argument(
+                    "Unknown tagging directive: use COPY or REPLACE",
+                ))
+            }
+        };
+        if let Some(tags) = tags {
+            meta.headers.push((OBJECT_TAGS_HEADER.to_string(), tags));
+        }
         let mut sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
         let etag = self
             .copy_bytes(&mut source, &mut sink, 0, src_meta.size_bytes)
@@ -229,4 +245,11 @@ mod tests {
             assert_eq!(parse_copy_range(bad, 100).unwrap_err().status, 400, "{bad}");
         }
     }
+}
+
+fn src_tags(meta: &ObjectMeta) -> Option<String> {
+    meta.headers
+        .iter()
+        .find(|(n, _)| n == OBJECT_TAGS_HEADER)
+        .map(|(_, v)| v.clone())
 }

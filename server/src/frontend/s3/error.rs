@@ -113,3 +113,9 @@ impl From<HttpError> for S3Error {
         S3Error::new(e.status(), code, e.to_string())
     }
 }
+
+impl From<crate::bucket_config::ConfigError> for S3Error {
+    fn from(e: crate::bucket_config::ConfigError) -> S3Error {
+        S3Error::new(e.status, e.code, e.message)
+    }
+}

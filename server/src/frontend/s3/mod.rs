@@ -29,6 +29,7 @@ mod acl;
 mod batch;
 mod bucket;
 mod conditional;
+mod config;
 mod copy;
 mod list;
 mod multipart;

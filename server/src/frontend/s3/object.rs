@@ -23,6 +23,7 @@ use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER, OBJECT_TAGS_MAX};
 use crate::store::record::ObjectMeta;
 use crate::store::ObjectInfo;
 
@@ -60,6 +61,9 @@ impl S3Front {
                 user_bytes += name.len() - "x-amz-meta-".len() + value.len();
             }
             headers.push((name.clone(), value));
+        }
+        if let Some(tags) = request_tags(req)? {
+            headers.push((OBJECT_TAGS_HEADER.to_string(), tags));
         }
         if headers.len() > METADATA_HEADERS_MAX {
             return Err(S3Error::new(
@@ -318,6 +322,11 @@ impl S3Front {
                     head.push_header(name.clone(), value.clone());
                     head.push_header("x-amz-checksum-type", "FULL_OBJECT");
                 }
+                continue;
+            }
+            if name == OBJECT_TAGS_HEADER {
+                let count = value.split('&').filter(|p| !p.is_empty()).count();
+                head.push_header("x-amz-tagging-count", count.to_string());
                 continue;
             }
             head.push_header(name.clone(), value.clone());
@@ -688,4 +697,14 @@ impl BodyDigests {
         }
         Ok((hex::encode(digest), stored))
     }
+}
+
+/// The request's `x-amz-tagging`, checked and normalized (None: absent or
+/// empty).
+pub(super) fn request_tags(req: &Request) -> Result<Option<String>, S3Error> {
+    let Some(raw) = req.head.header_str("x-amz-tagging") else {
+        return Ok(None);
+    };
+    let tags = TagSet::parse_query(raw, OBJECT_TAGS_MAX)?;
+    Ok((!tags.0.is_empty()).then(|| tags.to_query()))
 }

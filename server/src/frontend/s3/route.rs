@@ -134,6 +134,21 @@ s3_ops! {
     PutBucketAcl => "PutBucketAcl",
     GetObjectAcl => "GetObjectAcl",
     PutObjectAcl => "PutObjectAcl",
+    GetBucketTagging => "GetBucketTagging",
+    PutBucketTagging => "PutBucketTagging",
+    DeleteBucketTagging => "DeleteBucketTagging",
+    GetBucketCors => "GetBucketCors",
+    PutBucketCors => "PutBucketCors",
+    DeleteBucketCors => "DeleteBucketCors",
+    GetBucketLifecycleConfiguration => "GetBucketLifecycleConfiguration",
+    PutBucketLifecycleConfiguration => "PutBucketLifecycleConfiguration",
+    DeleteBucketLifecycle => "DeleteBucketLifecycle",
+    GetObjectTagging => "GetObjectTagging",
+    PutObjectTagging => "PutObjectTagging",
+    DeleteObjectTagging => "DeleteObjectTagging",
+    /// A browser's CORS preflight (`OPTIONS` on a bucket or object):
+    /// answered from the bucket's CORS rules without authentication.
+    CorsPreflight => "CorsPreflight",
     ListObjectsV2 => "ListObjectsV2",
     ListObjects => "ListObjects",
     PutObject => "PutObject",
@@ -176,6 +191,9 @@ impl S3Op {
                 _ => S3Op::MethodNotAllowed,
             };
         }
+        if method == "OPTIONS" {
+            return S3Op::CorsPreflight;
+        }
         if !has_key {
             let list_type = query.iter().find(|(n, _)| *n == "list-type").map(|p| p.1);
             return match method {
@@ -185,6 +203,15 @@ impl S3Op {
                 "GET" if has("location") => S3Op::GetBucketLocation,
                 "GET" if has("acl") => S3Op::GetBucketAcl,
                 "PUT" if has("acl") => S3Op::PutBucketAcl,
+                "GET" if has("tagging") => S3Op::GetBucketTagging,
+                "PUT" if has("tagging") => S3Op::PutBucketTagging,
+                "DELETE" if has("tagging") => S3Op::DeleteBucketTagging,
+                "GET" if has("cors") => S3Op::GetBucketCors,
+                "PUT" if has("cors") => S3Op::PutBucketCors,
+                "DELETE" if has("cors") => S3Op::DeleteBucketCors,
+                "GET" if has("lifecycle") => S3Op::GetBucketLifecycleConfiguration,
+                "PUT" if has("lifecycle") => S3Op::PutBucketLifecycleConfiguration,
+                "DELETE" if has("lifecycle") => S3Op::DeleteBucketLifecycle,
                 "GET" if has("uploads") => S3Op::ListMultipartUploads,
                 "GET" if has("versions") => S3Op::ListObjectVersions,
                 "GET" if has("versioning") => S3Op::GetBucketVersioning,
@@ -215,6 +242,14 @@ impl S3Op {
             return match method {
                 "GET" => S3Op::GetObjectAcl,
                 "PUT" => S3Op::PutObjectAcl,
+                _ => S3Op::NotImplemented,
+            };
+        }
+        if has("tagging") {
+            return match method {
+                "GET" => S3Op::GetObjectTagging,
+                "PUT" => S3Op::PutObjectTagging,
+                "DELETE" => S3Op::DeleteObjectTagging,
                 _ => S3Op::NotImplemented,
             };
         }

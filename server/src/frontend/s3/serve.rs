@@ -12,6 +12,7 @@ use sha2::Sha256;
 use super::conditional::content_md5;
 use super::route::{route, unimplemented_name, virtual_host_bucket, Route, S3Op};
 use super::{checksum, xml, Conn, Request, S3Front};
+use crate::bucket_config::ConfigKind::{Cors, Lifecycle, Tagging};
 use crate::frontend::common::peer_is_loopback;
 use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
 use crate::frontend::s3::auth::{self, AuthInput, HeaderView, Verified};
@@ -175,6 +176,10 @@ impl S3Front {
         req: &Request,
         loopback: bool,
     ) -> Result<(), S3Error> {
+        self.add_cors_headers(conn, req);
+        if req.op == S3Op::CorsPreflight {
+            return self.cors_preflight(conn, req).await;
+        }
         let auth = self.authenticate(req, loopback)?;
         // Buckets are never versioned: an object has one version, "null".
         // Another version id names nothing, and is refused rather than
@@ -196,6 +201,23 @@ impl S3Front {
             S3Op::BatchGet => self.batch_get(conn, req, &auth).await,
             S3Op::GetBucketAcl | S3Op::GetObjectAcl => self.get_acl(conn, req).await,
             S3Op::PutBucketAcl | S3Op::PutObjectAcl => self.put_acl(conn, req, &auth).await,
+            S3Op::GetBucketTagging => self.get_bucket_config(conn, req, Tagging).await,
+            S3Op::GetBucketCors => self.get_bucket_config(conn, req, Cors).await,
+            S3Op::GetBucketLifecycleConfiguration => {
+                self.get_bucket_config(conn, req, Lifecycle).await
+            }
+            S3Op::PutBucketTagging => self.put_bucket_config(conn, req, &auth, Tagging).await,
+            S3Op::PutBucketCors => self.put_bucket_config(conn, req, &auth, Cors).await,
+            S3Op::PutBucketLifecycleConfiguration => {
+                self.put_bucket_config(conn, req, &auth, Lifecycle).await
+            }
+            S3Op::DeleteBucketTagging => self.delete_bucket_config(conn, req, Tagging).await,
+            S3Op::DeleteBucketCors => self.delete_bucket_config(conn, req, Cors).await,
+            S3Op::DeleteBucketLifecycle => self.delete_bucket_config(conn, req, Lifecycle).await,
+            S3Op::GetObjectTagging => self.get_object_tagging(conn, req).await,
+            S3Op::PutObjectTagging => self.put_object_tagging(conn, req, &auth).await,
+            S3Op::DeleteObjectTagging => self.delete_object_tagging(conn, req).await,
+            S3Op::CorsPreflight => self.cors_preflight(conn, req).await,
             S3Op::ListObjectsV2 => self.list_objects(conn, req, true).await,
             S3Op::ListObjects => self.list_objects(conn, req, false).await,
             S3Op::PutObject | S3Op::CopyObject => self.put_object(conn, req, &auth).await,

@@ -1,0 +1,143 @@
+//! Bucket configurations across shards: a Put or Delete of one goes to the
+//! bucket-owner shard, which writes the document durably
+//! (`store::bucket_config`) and then applies it on every shard before it
+//! answers, so a request that starts after the answer, on any shard, sees
+//! it. Applies carry the write's seq (a late, older one is ignored) and
+//! the bucket's creation time (one for a bucket since deleted and created
+//! again is ignored).
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+
+use super::msg::{Op, Reply, ShardError};
+use super::{store_error, Shard, BUCKET_OWNER_SHARD};
+use crate::bucket_config::{BucketConfig, ConfigKind};
+
+impl Shard {
+    /// This shard's view of `bucket`'s configuration (None: no bucket).
+    pub fn bucket_config(&self, bucket: &str) -> Option<BucketConfig> {
+        self.buckets
+            .borrow()
+            .get(bucket)
+            .filter(|b| !b.locked)
+            .map(|b| b.config.clone())
+    }
+
+    /// Stores (Some) or removes (None) the `kind` configuration of
+    /// `bucket`; the document must already be checked (normalized XML).
+    pub async fn set_bucket_config(
+        self: &Rc<Self>,
+        bucket: &str,
+        kind: ConfigKind,
+        doc: Option<Bytes>,
+    ) -> Result<(), ShardError> {
+        let op = Op::BucketConfigSet {
+            name: bucket.into(),
+            kind,
+            doc,
+        };
+        match self.call(BUCKET_OWNER_SHARD, op).await {
+            Reply::Ok => Ok(()),
+            Reply::Err(e) => Err(e),
+            other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// BucketConfigSet, on the bucket-owner shard.
+    pub(super) async fn bucket_config_set(
+        self: &Rc<Self>,
+        name: String,
+        kind: ConfigKind,
+        doc: Option<Bytes>,
+    ) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        let Some(created_ms) = self
+            .buckets
+            .borrow()
+            .get(&name)
+            .filter(|b| !b.locked)
+            .map(|b| b.created_ms)
+        else {
+            return Reply::Err(ShardError::NoSuchBucket);
+        };
+        let seq = match self
+            .store
+            .bucket_config_set(&name, created_ms, kind.name(), doc.clone())
+            .await
+        {
+            Ok(seq) => seq,
+            Err(e) => return Reply::Err(store_error(e)),
+        };
+        self.call_all(|| Op::BucketConfigApply {
+            name: name.clone(),
+            created_ms,
+            kind,
+            seq,
+            doc: doc.clone(),
+        })
+        .await;
+        Reply::Ok
+    }
+
+    /// BucketConfigApply, on every shard.
+    pub(super) fn bucket_config_apply(
+        &self,
+        name: &str,
+        created_ms: u64,
+        kind: ConfigKind,
+        seq: u64,
+        doc: Option<Bytes>,
+    ) -> Reply {
+        if let Some(view) = self.buckets.borrow_mut().get_mut(name) {
+            if view.created_ms == created_ms {
+                view.config.apply(kind, seq, doc.as_deref());
+            }
+        }
+        Reply::Ok
+    }
+
+    /// At start-up, on the bucket-owner shard once the buckets are out:
+    /// the stored configurations of live buckets go to every shard; those
+    /// of deleted buckets are dropped.
+    pub(super) async fn publish_bucket_configs(self: &Rc<Self>) {
+        let docs = match self.store.bucket_configs().await {
+            Ok(docs) => docs,
+            Err(e) => {
+                // Serving without them would drop CORS rules and run no
+                // lifecycle: loud, but the data path stays up.
+                tracing::error!("could not read the bucket configurations: {e}");
+                return;
+            }
+        };
+        for d in docs {
+            let Some(kind) = ConfigKind::from_name(&d.kind) else {
+                tracing::warn!(bucket = %d.bucket, kind = %d.kind, "unknown bucket configuration kept unused");
+                continue;
+            };
+            let live = self
+                .buckets
+                .borrow()
+                .get(&d.bucket)
+                .is_some_and(|b| b.created_ms == d.bucket_created_ms);
+            if !live {
+                if let Err(e) = self
+                    .store
+                    .bucket_config_set(&d.bucket, d.bucket_created_ms, &d.kind, None)
+                    .await
+                {
+                    tracing::warn!(bucket = %d.bucket, "could not drop a deleted bucket's configuration: {e}");
+                }
+                continue;
+            }
+            self.call_all(|| Op::BucketConfigApply {
+                name: d.bucket.clone(),
+                created_ms: d.bucket_created_ms,
+                kind,
+                seq: d.seq,
+                doc: Some(d.doc.clone()),
+            })
+            .await;
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Bucket configuration documents (tagging, CORS, lifecycle): small inline
+//! records in a namespace no bucket name can take, kept by the
+//! bucket-owner shard beside the bucket records. Each carries the creation
+//! time of the bucket it was written for, so that a document left behind
+//! by a deleted bucket (a crash between the deletion and the clean-up)
+//! never applies to a new bucket of the same name.
+
+use bytes::Bytes;
+use md5::{Digest, Md5};
+
+use super::index::State;
+use super::record::ObjectMeta;
+use super::{ListItem, Result, Store, StoreError};
+
+/// Namespace of configuration documents: real bucket names are 3..=63
+/// characters of `[a-z0-9.-]`, so this never collides with one.
+pub(super) const CONFIG_NAMESPACE: &str = "\u{1}config";
+/// The stored header holding the owning bucket's creation time (ms).
+const BUCKET_CREATED_HEADER: &str = "x-percore-bucket-created-ms";
+/// Largest document stored (the S3 front door's parse limit is lower).
+pub const CONFIG_DOC_BYTES_MAX: usize = 256 * 1024;
+
+/// One stored configuration document.
+#[derive(Debug, Clone)]
+pub struct ConfigDoc {
+    pub bucket: String,
+    /// The configuration's kind ("cors", "lifecycle", "tagging").
+    pub kind: String,
+    /// Creation time of the bucket it was written for.
+    pub bucket_created_ms: u64,
+    /// Orders documents of one bucket and kind: a later write has a larger
+    /// seq on every shard that applies it.
+    pub seq: u64,
+    pub doc: Bytes,
+}
+
+fn doc_key(bucket: &str, kind: &str) -> String {
+    format!("{bucket}/{kind}")
+}
+
+impl Store {
+    /// Durably replaces (Some) or removes (None) the `kind` document of
+    /// `bucket`; returns the write's seq.
+    pub async fn bucket_config_set(
+        &self,
+        bucket: &str,
+        bucket_created_ms: u64,
+        kind: &str,
+        doc: Option<Bytes>,
+    ) -> Result<u64> {
+        let key = doc_key(bucket, kind);
+        match doc {
+            Some(doc) => {
+                if doc.len() > CONFIG_DOC_BYTES_MAX {
+                    return Err(StoreError::Invalid(format!(
+                        "a bucket configuration document is at most {CONFIG_DOC_BYTES_MAX} bytes"
+                    )));
+                }
+                let meta = ObjectMeta {
+                    etag: hex::encode(Md5::digest(&doc)),
+                    headers: vec![(
+                        BUCKET_CREATED_HEADER.to_string(),
+                        bucket_created_ms.to_string(),
+                    )],
+                    ..ObjectMeta::default()
+                };
+                self.put(CONFIG_NAMESPACE, &key, meta, doc).await?;
+            }
+            None => {
+                self.write_tombstone(CONFIG_NAMESPACE, &key, super::record::Kind::Tombstone)
+                    .await?;
+            }
+        }
+        // Installed before the write returned, and nothing awaited since.
+        Ok(self.lookup(CONFIG_NAMESPACE, &key).map_or(0, |e| e.seq))
+    }
+
+    /// Every stored document, read and checked.
+    pub async fn bucket_configs(&self) -> Result<Vec<ConfigDoc>> {
+        let mut docs = Vec::new();
+        let items = self.list(CONFIG_NAMESPACE, "", "", None, usize::MAX);
+        for item in items {
+            let ListItem::Object { key, .. } = item else {
+                continue;
+            };
+            let Some((bucket, kind)) = key.split_once('/') else {
+                continue;
+            };
+            let seq = match self.lookup(CONFIG_NAMESPACE, &key) {
+                Some(e) if matches!(e.state, State::Live(_)) => e.seq,
+                _ => continue,
+            };
+            let mut reader = self.open_read(CONFIG_NAMESPACE, &key).await?;
+            let bucket_created_ms = reader
+                .meta
+                .headers
+                .iter()
+                .find(|(n, _)| n == BUCKET_CREATED_HEADER)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            let size = reader.size_bytes();
+            let payload = reader.read(0, size).await?;
+            docs.push(ConfigDoc {
+                bucket: bucket.to_string(),
+                kind: kind.to_string(),
+                bucket_created_ms,
+                seq,
+                doc: Bytes::copy_from_slice(&payload),
+            });
+        }
+        Ok(docs)
+    }
+
+    /// Removes every document of `bucket` (after its deletion).
+    pub async fn bucket_configs_drop(&self, bucket: &str) -> Result<usize> {
+        let prefix = format!("{bucket}/");
+        let keys: Vec<String> = self
+            .list(CONFIG_NAMESPACE, &prefix, "", None, usize::MAX)
+            .into_iter()
+            .filter_map(|item| match item {
+                ListItem::Object { key, .. } => Some(key),
+                ListItem::Prefix(_) => None,
+            })
+            .collect();
+        for key in &keys {
+            self.delete(CONFIG_NAMESPACE, key).await?;
+        }
+        Ok(keys.len())
+    }
+}
