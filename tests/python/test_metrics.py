@@ -106,23 +106,27 @@ def test_counters_move_by_the_workload(server_factory, shards):
 def test_unsupported_operations_are_counted_as_what_they_got(server_factory):
     """One router decides both the handler and the metric name: a request
     answered 501 is counted as NotImplemented (PUT /bucket?tagging used to
-    be counted as CreateBucket), never as the operation it resembles."""
+    be counted as CreateBucket), never as the operation it resembles; a
+    sub-resource percore serves is counted under its own name."""
     srv = server_factory(shards=1)
     s3 = srv.client()
     s3.create_bucket(Bucket="unsupported")
     s3.put_object(Bucket="unsupported", Key="k", Body=b"x")
     before = scrape(srv)
     with s3_error("NotImplemented", 501):
-        s3.put_bucket_tagging(Bucket="unsupported",
-                              Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
+        s3.put_bucket_policy(Bucket="unsupported", Policy='{"Statement": []}')
     with s3_error("NotImplemented", 501):
-        s3.get_object_tagging(Bucket="unsupported", Key="k")
+        s3.get_object_legal_hold(Bucket="unsupported", Key="k")
+    s3.put_bucket_tagging(Bucket="unsupported", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})
+    s3.get_object_tagging(Bucket="unsupported", Key="k")
     after = scrape(srv)
 
     def delta(name, **want):
         return total(after, name, **want) - total(before, name, **want)
 
     assert delta("percore_s3_requests_total", op="NotImplemented", status=501) == 2
+    assert delta("percore_s3_requests_total", op="PutBucketTagging", status=204) == 1
+    assert delta("percore_s3_requests_total", op="GetObjectTagging", status=200) == 1
     assert delta("percore_s3_requests_total", op="CreateBucket") == 0
     assert delta("percore_s3_requests_total", op="GetObject") == 0
 

@@ -95,9 +95,9 @@ def test_list_buckets_pages_by_prefix(env):
     ("PUT", "bucket", "policy", "PutBucketPolicy"),
     ("GET", "bucket", "accelerate", "GetBucketAccelerateConfiguration"),
     ("PUT", "bucket", "versioning", "PutBucketVersioning"),
-    ("DELETE", "bucket", "lifecycle", "DeleteBucketLifecycle"),
+    ("DELETE", "bucket", "website", "DeleteBucketWebsite"),
     ("GET", "object", "legal-hold", "GetObjectLegalHold"),
-    ("PUT", "object", "tagging", "PutObjectTagging"),
+    ("PUT", "object", "retention", "PutObjectRetention"),
 ])
 def test_not_implemented_names_the_operation(env, method, target, query, name):
     srv, s3, bucket = env

@@ -433,6 +433,7 @@ impl ServerConfig {
             );
         }
         let (access_key, secret_key, default_credentials) = credentials(env)?;
+        let (lifecycle_interval_s, lifecycle_actions_per_sec, lifecycle_day_s) = lifecycle(&l, &f)?;
         Ok(ServerConfig {
             data: l.setting("data", args.data.clone(), f.data, DATA_DIR_DEFAULT.into())?,
             s3: l.setting("s3", args.s3, f.s3, addr(S3_ADDR_DEFAULT))?,
@@ -476,24 +477,9 @@ impl ServerConfig {
             object_cache_mb: object_cache_mb(&l, args, f.object_cache_mb)?,
             scrub_interval_s: l.setting("scrub_interval_s", None, f.scrub_interval_s, 24 * 3600)?,
             scrub_mb_per_sec,
-            lifecycle_interval_s: l.setting(
-                "lifecycle_interval_s",
-                None,
-                f.lifecycle_interval_s,
-                3600,
-            )?,
-            lifecycle_actions_per_sec: l.bounded(
-                "lifecycle_actions_per_sec",
-                (None, f.lifecycle_actions_per_sec),
-                1000,
-                1..=1_000_000,
-            )?,
-            lifecycle_day_s: l.bounded(
-                "lifecycle_day_s",
-                (None, f.lifecycle_day_s),
-                86_400,
-                1..=86_400,
-            )?,
+            lifecycle_interval_s,
+            lifecycle_actions_per_sec,
+            lifecycle_day_s,
             connections_per_shard_max: l.bounded(
                 "connections_per_shard_max",
                 (None, f.connections_per_shard_max),
@@ -532,6 +518,26 @@ impl ServerConfig {
             admin_open_writes: admin_open_writes(env, f.admin_open_writes),
         })
     }
+}
+
+/// The lifecycle runner's settings: interval (0: off), actions per second
+/// per shard, and the length of a day in seconds (shorter only in tests).
+fn lifecycle(l: &Layers, f: &FileConfig) -> Result<(u64, u64, u64), String> {
+    Ok((
+        l.setting("lifecycle_interval_s", None, f.lifecycle_interval_s, 3600)?,
+        l.bounded(
+            "lifecycle_actions_per_sec",
+            (None, f.lifecycle_actions_per_sec),
+            1000,
+            1..=1_000_000,
+        )?,
+        l.bounded(
+            "lifecycle_day_s",
+            (None, f.lifecycle_day_s),
+            86_400,
+            1..=86_400,
+        )?,
+    ))
 }
 
 #[cfg(test)]

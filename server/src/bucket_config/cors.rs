@@ -90,7 +90,9 @@ impl CorsRule {
         }
         let id = only_child(rule, "ID")?.map(|e| e.text.trim().to_string());
         if id.as_ref().is_some_and(|id| id.len() > 255) {
-            return Err(ConfigError::invalid_argument("A CORSRule ID is at most 255 characters"));
+            return Err(ConfigError::invalid_argument(
+                "A CORSRule ID is at most 255 characters",
+            ));
         }
         let origins = texts(rule, "AllowedOrigin")?;
         let methods = texts(rule, "AllowedMethod")?;
@@ -132,7 +134,9 @@ impl CorsRule {
     }
 
     fn matches_origin(&self, origin: &str) -> bool {
-        self.origins.iter().any(|p| wildcard_match(p, origin, false))
+        self.origins
+            .iter()
+            .any(|p| wildcard_match(p, origin, false))
     }
 
     /// Whether every header the browser asks to send is allowed.

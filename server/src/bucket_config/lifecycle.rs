@@ -75,7 +75,20 @@ fn parse_midnight(s: &str) -> Option<u64> {
     if parts.next().is_some() || !(1970..=9999).contains(&y) || !(1..=12).contains(&m) {
         return None;
     }
-    let month_days = [31, 28 + u32::from(y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)), 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let month_days = [
+        31,
+        28 + u32::from(y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)),
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
     if d == 0 || d > month_days[m as usize - 1] {
         return None;
     }
@@ -97,10 +110,34 @@ fn parse_tag(e: &XmlElement) -> Result<(String, String), ConfigError> {
 }
 
 fn parse_size(e: &XmlElement) -> Result<u64, ConfigError> {
-    e.text
-        .trim()
-        .parse::<u64>()
-        .map_err(|_| ConfigError::invalid_argument("Object size limits must be non-negative integers"))
+    e.text.trim().parse::<u64>().map_err(|_| {
+        ConfigError::invalid_argument("Object size limits must be non-negative integers")
+    })
+}
+
+/// `<Expiration>`: Days, Date or ExpiredObjectDeleteMarker (None when that
+/// is false).
+fn parse_expiration(e: &XmlElement) -> Result<Option<Expiration>, ConfigError> {
+    let d = only_child(e, "Days")?;
+    let date = only_child(e, "Date")?;
+    let marker = only_child(e, "ExpiredObjectDeleteMarker")?;
+    Ok(match (d, date, marker) {
+        (Some(d), None, None) => Some(Expiration::Days(days(d, "Expiration Days")?)),
+        (None, Some(date), None) => Some(Expiration::Date(parse_midnight(&date.text).ok_or_else(
+            || {
+                ConfigError::invalid_argument(
+                    "Expiration Date must be midnight UTC in ISO 8601 (2027-01-31T00:00:00Z)",
+                )
+            },
+        )?)),
+        (None, None, Some(m)) if m.text.trim() == "true" => Some(Expiration::DeleteMarkersOnly),
+        (None, None, Some(_)) => None,
+        _ => {
+            return Err(ConfigError::malformed(
+                "Expiration takes one of Days, Date or ExpiredObjectDeleteMarker",
+            ))
+        }
+    })
 }
 
 impl Filter {
@@ -128,7 +165,9 @@ impl Filter {
                 "ObjectSizeGreaterThan" => filter.size_greater_than = Some(parse_size(p)?),
                 "ObjectSizeLessThan" => filter.size_less_than = Some(parse_size(p)?),
                 other => {
-                    return Err(ConfigError::malformed(format!("unexpected <{other}> in Filter")))
+                    return Err(ConfigError::malformed(format!(
+                        "unexpected <{other}> in Filter"
+                    )))
                 }
             }
         }
@@ -140,7 +179,9 @@ impl Filter {
             }
         }
         if filter.tags.len() > super::tagging::OBJECT_TAGS_MAX {
-            return Err(ConfigError::invalid_argument("A Filter lists at most 10 tags"));
+            return Err(ConfigError::invalid_argument(
+                "A Filter lists at most 10 tags",
+            ));
         }
         Ok(filter)
     }
@@ -192,8 +233,13 @@ impl Rule {
     fn parse(r: &XmlElement, index: usize) -> Result<Rule, ConfigError> {
         for c in &r.children {
             match c.name.as_str() {
-                "ID" | "Status" | "Filter" | "Prefix" | "Expiration"
-                | "AbortIncompleteMultipartUpload" | "NoncurrentVersionExpiration" => {}
+                "ID"
+                | "Status"
+                | "Filter"
+                | "Prefix"
+                | "Expiration"
+                | "AbortIncompleteMultipartUpload"
+                | "NoncurrentVersionExpiration" => {}
                 "Transition" | "NoncurrentVersionTransition" => {
                     return Err(ConfigError::not_implemented(format!(
                         "Lifecycle {} (percore has one storage class)",
@@ -201,13 +247,17 @@ impl Rule {
                     )))
                 }
                 other => {
-                    return Err(ConfigError::malformed(format!("unexpected <{other}> in Rule")))
+                    return Err(ConfigError::malformed(format!(
+                        "unexpected <{other}> in Rule"
+                    )))
                 }
             }
         }
         let id = match only_child(r, "ID")? {
             Some(e) if e.text.trim().len() > 255 => {
-                return Err(ConfigError::invalid_argument("A rule ID is at most 255 characters"))
+                return Err(ConfigError::invalid_argument(
+                    "A rule ID is at most 255 characters",
+                ))
             }
             Some(e) if !e.text.trim().is_empty() => e.text.trim().to_string(),
             _ => format!("rule-{}", index + 1),
@@ -219,7 +269,9 @@ impl Rule {
         };
         let filter = match (only_child(r, "Filter")?, only_child(r, "Prefix")?) {
             (Some(_), Some(_)) => {
-                return Err(ConfigError::malformed("A Rule has a Filter or a Prefix, not both"))
+                return Err(ConfigError::malformed(
+                    "A Rule has a Filter or a Prefix, not both",
+                ))
             }
             (Some(f), None) => Filter::parse(f)?,
             (None, Some(p)) => Filter {
@@ -229,38 +281,17 @@ impl Rule {
             },
             (None, None) => Filter::default(),
         };
-        let expiration = match only_child(r, "Expiration")? {
-            None => None,
-            Some(e) => {
-                let d = only_child(e, "Days")?;
-                let date = only_child(e, "Date")?;
-                let marker = only_child(e, "ExpiredObjectDeleteMarker")?;
-                match (d, date, marker) {
-                    (Some(d), None, None) => Some(Expiration::Days(days(d, "Expiration Days")?)),
-                    (None, Some(date), None) => Some(Expiration::Date(
-                        parse_midnight(&date.text).ok_or_else(|| {
-                            ConfigError::invalid_argument(
-                                "Expiration Date must be midnight UTC in ISO 8601 (2027-01-31T00:00:00Z)",
-                            )
-                        })?,
-                    )),
-                    (None, None, Some(m)) if m.text.trim() == "true" => {
-                        Some(Expiration::DeleteMarkersOnly)
-                    }
-                    (None, None, Some(_)) => None,
-                    _ => {
-                        return Err(ConfigError::malformed(
-                            "Expiration takes one of Days, Date or ExpiredObjectDeleteMarker",
-                        ))
-                    }
-                }
-            }
-        };
+        let expiration = only_child(r, "Expiration")?
+            .map(parse_expiration)
+            .transpose()?
+            .flatten();
         let abort_incomplete_days = match only_child(r, "AbortIncompleteMultipartUpload")? {
             None => None,
             Some(a) => Some(days(
                 only_child(a, "DaysAfterInitiation")?.ok_or_else(|| {
-                    ConfigError::malformed("AbortIncompleteMultipartUpload needs DaysAfterInitiation")
+                    ConfigError::malformed(
+                        "AbortIncompleteMultipartUpload needs DaysAfterInitiation",
+                    )
                 })?,
                 "DaysAfterInitiation",
             )?),
@@ -350,7 +381,11 @@ impl Lifecycle {
             out.push_str("<Rule>");
             push_element(&mut out, "ID", &r.id);
             r.filter.push_xml(&mut out);
-            push_element(&mut out, "Status", if r.enabled { "Enabled" } else { "Disabled" });
+            push_element(
+                &mut out,
+                "Status",
+                if r.enabled { "Enabled" } else { "Disabled" },
+            );
             match r.expiration {
                 Some(Expiration::Days(n)) => {
                     out.push_str("<Expiration>");

@@ -136,13 +136,18 @@ impl BucketConfig {
             ConfigKind::Tagging => tagging::TagSet::parse_xml(doc, tagging::BUCKET_TAGS_MAX)
                 .map(|t| self.tagging = Some(Rc::new(t))),
             ConfigKind::Cors => cors::Cors::parse(doc).map(|c| self.cors = Some(Rc::new(c))),
-            ConfigKind::Lifecycle => lifecycle::Lifecycle::parse(doc)
-                .map(|l| self.lifecycle = Some(Rc::new(l))),
+            ConfigKind::Lifecycle => {
+                lifecycle::Lifecycle::parse(doc).map(|l| self.lifecycle = Some(Rc::new(l)))
+            }
         });
         match parsed {
             None | Some(Err(_)) => {
                 if let Some(Err(e)) = parsed {
-                    tracing::warn!(kind = kind.name(), "stored bucket configuration ignored: {}", e.message);
+                    tracing::warn!(
+                        kind = kind.name(),
+                        "stored bucket configuration ignored: {}",
+                        e.message
+                    );
                 }
                 match kind {
                     ConfigKind::Tagging => self.tagging = None,

@@ -11,17 +11,42 @@ fn tags_round_trip_and_limits() {
         <Tag><Key>a b</Key><Value>x/y@z</Value></Tag></TagSet></Tagging>";
     let t = TagSet::parse_xml(xml, OBJECT_TAGS_MAX).unwrap();
     assert_eq!(t.0.len(), 2);
-    assert_eq!(TagSet::parse_xml(t.to_xml().as_bytes(), OBJECT_TAGS_MAX).unwrap(), t);
-    assert_eq!(TagSet::parse_query(&t.to_query(), OBJECT_TAGS_MAX).unwrap(), t);
+    assert_eq!(
+        TagSet::parse_xml(t.to_xml().as_bytes(), OBJECT_TAGS_MAX).unwrap(),
+        t
+    );
+    assert_eq!(
+        TagSet::parse_query(&t.to_query(), OBJECT_TAGS_MAX).unwrap(),
+        t
+    );
     assert_eq!(
         TagSet::parse_query("a=1&b=two+words&c=%2F", 10).unwrap().0,
-        vec![("a".into(), "1".into()), ("b".into(), "two words".into()), ("c".into(), "/".into())]
+        vec![
+            ("a".into(), "1".into()),
+            ("b".into(), "two words".into()),
+            ("c".into(), "/".into())
+        ]
     );
     let eleven: String = (0..11).map(|i| format!("k{i}=v&")).collect();
-    assert_eq!(TagSet::parse_query(&eleven, OBJECT_TAGS_MAX).unwrap_err().code, "BadRequest");
+    assert_eq!(
+        TagSet::parse_query(&eleven, OBJECT_TAGS_MAX)
+            .unwrap_err()
+            .code,
+        "BadRequest"
+    );
     assert!(TagSet::parse_query(&eleven, BUCKET_TAGS_MAX).is_ok());
-    for bad in ["a=1&a=2", "=v", "aws:x=1", "k=<script>", &format!("{}=v", "k".repeat(129))] {
-        assert_eq!(TagSet::parse_query(bad, 10).unwrap_err().code, "InvalidTag", "{bad}");
+    for bad in [
+        "a=1&a=2",
+        "=v",
+        "aws:x=1",
+        "k=<script>",
+        &format!("{}=v", "k".repeat(129)),
+    ] {
+        assert_eq!(
+            TagSet::parse_query(bad, 10).unwrap_err().code,
+            "InvalidTag",
+            "{bad}"
+        );
     }
     assert!(TagSet::parse_query(&format!("k={}", "v".repeat(256)), 10).is_ok());
     assert!(TagSet::parse_query(&format!("k={}", "v".repeat(257)), 10).is_err());
@@ -38,12 +63,26 @@ fn cors_parse_match_and_render() {
     </CORSConfiguration>"#;
     let c = Cors::parse(xml).unwrap();
     assert_eq!(Cors::parse(c.to_xml().as_bytes()).unwrap(), c);
-    let r = c.find("https://app.example.com", "PUT", &["x-amz-date", "content-type"]).unwrap();
+    let r = c
+        .find(
+            "https://app.example.com",
+            "PUT",
+            &["x-amz-date", "content-type"],
+        )
+        .unwrap();
     assert_eq!(r.max_age_secs, Some(600));
-    assert_eq!(r.allow_origin("https://app.example.com"), "https://app.example.com");
-    assert!(c.find("https://app.example.com", "PUT", &["authorization"]).is_none());
+    assert_eq!(
+        r.allow_origin("https://app.example.com"),
+        "https://app.example.com"
+    );
+    assert!(c
+        .find("https://app.example.com", "PUT", &["authorization"])
+        .is_none());
     assert!(c.find("https://evil.com", "PUT", &[]).is_none());
-    assert!(c.find("https://example.com", "PUT", &[]).is_none(), "the * needs its dot");
+    assert!(
+        c.find("https://example.com", "PUT", &[]).is_none(),
+        "the * needs its dot"
+    );
     let any = c.find("https://evil.com", "GET", &[]).unwrap();
     assert_eq!(any.allow_origin("https://evil.com"), "*");
     assert!(c.find("https://evil.com", "DELETE", &[]).is_none());
@@ -73,13 +112,19 @@ fn lifecycle_parse_render_and_expiry() {
     assert_eq!(Lifecycle::parse(l.to_xml().as_bytes()).unwrap(), l);
     assert_eq!(l.rules[1].id, "rule-2");
     assert_eq!(l.enabled().count(), 2);
-    assert_eq!(l.rules[1].expiration, Some(Expiration::Date(1_577_836_800_000)));
+    assert_eq!(
+        l.rules[1].expiration,
+        Some(Expiration::Date(1_577_836_800_000))
+    );
     assert!(l.rules[1].filter.matches("tmp/a", 11));
     assert!(!l.rules[1].filter.matches("tmp/a", 10));
     assert!(!l.rules[1].filter.matches("tm", 100));
     // Seven days after, rounded up to midnight UTC.
     let mtime = 1_700_000_000_000; // 2023-11-14T22:13:20Z
-    assert_eq!(l.rules[0].expires_at_ms(mtime, DAY), Some(1_700_611_200_000));
+    assert_eq!(
+        l.rules[0].expires_at_ms(mtime, DAY),
+        Some(1_700_611_200_000)
+    );
     assert_eq!(l.rules[0].expires_at_ms(7 * DAY, DAY), Some(14 * DAY));
     assert_eq!(l.rules[0].expires_at_ms(1500, 1000), Some(9000));
     for bad in [
@@ -117,7 +162,10 @@ fn applies_follow_the_write_order() {
     .unwrap()
     .to_xml();
     assert!(c.apply(ConfigKind::Cors, 5, Some(cors.as_bytes())));
-    assert!(!c.apply(ConfigKind::Cors, 4, None), "an older removal arrives late");
+    assert!(
+        !c.apply(ConfigKind::Cors, 4, None),
+        "an older removal arrives late"
+    );
     assert!(c.cors.is_some());
     assert!(c.apply(ConfigKind::Cors, 6, None));
     assert!(c.cors.is_none());

@@ -392,8 +392,12 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count, "a metric name appears twice");
-        // ... + object cache counters and gauges + MD5 engine counters.
-        assert_eq!(count, 5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4);
+        // ... + object cache counters and gauges + MD5 engine counters
+        // + lifecycle counters.
+        assert_eq!(
+            count,
+            5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4 + 3
+        );
     }
 
     /// Values come from the named fields; device stages are the store's.

@@ -160,7 +160,9 @@ impl Shard {
                     self.purge_multipart(&name).await;
                 }
                 let mut buckets = self.buckets.borrow_mut();
-                let same = buckets.get(&name).is_some_and(|b| b.created_ms == created_ms);
+                let same = buckets
+                    .get(&name)
+                    .is_some_and(|b| b.created_ms == created_ms);
                 if !same {
                     buckets.insert(
                         name,
@@ -201,6 +203,28 @@ impl Shard {
             b.locked = false;
         }
         Reply::Ok
+    }
+
+    /// The bucket operations of `execute`.
+    pub(super) async fn execute_bucket_op(self: &Rc<Self>, op: Op) -> Reply {
+        match op {
+            Op::BucketCreate { name } => self.bucket_create(name).await,
+            Op::BucketDelete { name } => self.bucket_delete(name).await,
+            Op::BucketApply { name, created_ms } => self.bucket_apply(name, created_ms).await,
+            Op::BucketLock { name } => self.bucket_lock(name),
+            Op::BucketUnlock { name } => self.bucket_unlock(name),
+            Op::BucketConfigSet { name, kind, doc } => {
+                self.bucket_config_set(name, kind, doc).await
+            }
+            Op::BucketConfigApply {
+                name,
+                created_ms,
+                kind,
+                seq,
+                doc,
+            } => self.bucket_config_apply(&name, created_ms, kind, seq, doc),
+            other => Reply::Err(ShardError::Internal(format!("not a bucket op: {other:?}"))),
+        }
     }
 
     /// Start: the bucket view is complete; serve.

@@ -80,14 +80,7 @@ impl Shard {
                 Ok(existed) => Reply::Deleted(existed),
                 Err(e) => Reply::Err(store_error(e)),
             },
-            Op::SetTags { bucket, key, tags } => match self
-                .store
-                .set_object_header(&bucket, &key, OBJECT_TAGS_HEADER, tags)
-                .await
-            {
-                Ok(()) => Reply::Ok,
-                Err(e) => Reply::Err(store_error(e)),
-            },
+            Op::SetTags { bucket, key, tags } => self.set_tags(&bucket, &key, tags).await,
             Op::List {
                 bucket,
                 prefix,
@@ -115,10 +108,7 @@ impl Shard {
                 bucket,
                 key,
                 upload_id,
-            } => match self.store.mpu_abort(&bucket, &key, &upload_id).await {
-                Ok(()) => Reply::Ok,
-                Err(e) => Reply::Err(store_error(e)),
-            },
+            } => done(self.store.mpu_abort(&bucket, &key, &upload_id).await),
             Op::MpuParts {
                 bucket,
                 key,
@@ -145,28 +135,27 @@ impl Shard {
                 &upload_id_marker,
                 limit,
             )),
-            Op::BucketCreate { name } => self.bucket_create(name).await,
-            Op::BucketDelete { name } => self.bucket_delete(name).await,
-            Op::BucketApply { name, created_ms } => self.bucket_apply(name, created_ms).await,
-            Op::BucketLock { name } => self.bucket_lock(name),
+            op @ (Op::BucketCreate { .. }
+            | Op::BucketDelete { .. }
+            | Op::BucketApply { .. }
+            | Op::BucketLock { .. }
+            | Op::BucketUnlock { .. }
+            | Op::BucketConfigSet { .. }
+            | Op::BucketConfigApply { .. }) => self.execute_bucket_op(op).await,
             Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
             Op::DropCache => {
                 self.store.drop_object_cache();
                 Reply::Ok
             }
             Op::Start => self.start().await,
-            Op::BucketUnlock { name } => self.bucket_unlock(name),
-            Op::BucketConfigSet { name, kind, doc } => {
-                self.bucket_config_set(name, kind, doc).await
-            }
-            Op::BucketConfigApply {
-                name,
-                created_ms,
-                kind,
-                seq,
-                doc,
-            } => self.bucket_config_apply(&name, created_ms, kind, seq, doc),
         }
+    }
+
+    async fn set_tags(&self, bucket: &str, key: &str, tags: Option<String>) -> Reply {
+        let set = self
+            .store
+            .set_object_header(bucket, key, OBJECT_TAGS_HEADER, tags);
+        done(set.await)
     }
 
     async fn read_open(&self, bucket: &str, key: &str) -> Reply {
@@ -308,4 +297,9 @@ impl Shard {
             Err(e) => Reply::Err(store_error(e)),
         }
     }
+}
+
+/// Ok, or the store's error.
+fn done(r: crate::store::Result<()>) -> Reply {
+    r.map_or_else(|e| Reply::Err(store_error(e)), |()| Reply::Ok)
 }

@@ -109,22 +109,23 @@ impl Shard {
                 }
                 if let Some(days) = rule.abort_incomplete_days {
                     let age_ms = u64::from(days).saturating_mul(settings.day_ms);
-                    report.aborted += self.abort_old_uploads(&bucket, rule, now, age_ms, &mut pacer).await;
+                    report.aborted += self
+                        .abort_old_uploads(&bucket, rule, now, age_ms, &mut pacer)
+                        .await;
                 }
             }
         }
         let m = self.metrics();
-        m.lifecycle_expired.set(m.lifecycle_expired.get() + report.expired);
-        m.lifecycle_aborted.set(m.lifecycle_aborted.get() + report.aborted);
+        m.lifecycle_expired
+            .set(m.lifecycle_expired.get() + report.expired);
+        m.lifecycle_aborted
+            .set(m.lifecycle_aborted.get() + report.aborted);
         m.lifecycle_passes.set(m.lifecycle_passes.get() + 1);
         report
     }
 
     /// Whether the object's tags include every tag the rule asks for.
     async fn has_rule_tags(&self, bucket: &str, key: &str, rule: &Rule) -> bool {
-        if rule.filter.tags.is_empty() {
-            return true;
-        }
         let Ok(reader) = self.store.open_read(bucket, key).await else {
             return false;
         };
@@ -156,6 +157,9 @@ impl Shard {
                 break;
             };
             after = last.name().to_string();
+            // A pass over millions of keys that are not due must not hold
+            // the shard: requests run between pages.
+            glommio::yield_if_needed().await;
             for item in page {
                 let ListItem::Object {
                     key,
@@ -177,15 +181,24 @@ impl Shard {
                 let Some(seq) = self.store.live_seq(bucket, &key) else {
                     continue;
                 };
-                if !self.has_rule_tags(bucket, &key, rule).await {
-                    continue;
+                // Reading the tags is a device read: paced like a delete.
+                if !rule.filter.tags.is_empty() {
+                    pacer.take().await;
+                    if !self.has_rule_tags(bucket, &key, rule).await {
+                        continue;
+                    }
                 }
                 pacer.take().await;
                 match self.store.delete_version(bucket, &key, seq).await {
                     Ok(true) => expired += 1,
                     Ok(false) => {}
                     Err(e) => {
-                        tracing::warn!(shard = self.id, bucket, key, "lifecycle expiry failed: {e}");
+                        tracing::warn!(
+                            shard = self.id,
+                            bucket,
+                            key,
+                            "lifecycle expiry failed: {e}"
+                        );
                         return expired;
                     }
                 }
@@ -205,13 +218,18 @@ impl Shard {
         let mut aborted = 0;
         let (mut key_marker, mut id_marker) = (String::new(), String::new());
         loop {
-            let page = self
-                .store
-                .mpu_list(bucket, &rule.filter.prefix, &key_marker, &id_marker, PAGE_KEYS);
+            let page = self.store.mpu_list(
+                bucket,
+                &rule.filter.prefix,
+                &key_marker,
+                &id_marker,
+                PAGE_KEYS,
+            );
             let Some(last) = page.last() else {
                 break;
             };
             (key_marker, id_marker) = (last.key.clone(), last.upload_id.clone());
+            glommio::yield_if_needed().await;
             for u in page {
                 if u.initiated_ms.saturating_add(age_ms) > now {
                     continue;
@@ -219,7 +237,9 @@ impl Shard {
                 pacer.take().await;
                 match self.store.mpu_abort(bucket, &u.key, &u.upload_id).await {
                     Ok(()) => aborted += 1,
-                    Err(e) => tracing::debug!(shard = self.id, bucket, key = %u.key, "lifecycle abort skipped: {e}"),
+                    Err(e) => {
+                        tracing::debug!(shard = self.id, bucket, key = %u.key, "lifecycle abort skipped: {e}")
+                    }
                 }
             }
         }

@@ -45,14 +45,23 @@ fn cors_forbidden(message: &str) -> S3Error {
 fn cors_headers(rule: &CorsRule, origin: &str) -> Vec<(std::borrow::Cow<'static, str>, String)> {
     let allow_origin = rule.allow_origin(origin);
     let mut h: Vec<(std::borrow::Cow<'static, str>, String)> = vec![
-        ("Access-Control-Allow-Origin".into(), allow_origin.to_string()),
-        ("Access-Control-Allow-Methods".into(), rule.methods.join(", ")),
+        (
+            "Access-Control-Allow-Origin".into(),
+            allow_origin.to_string(),
+        ),
+        (
+            "Access-Control-Allow-Methods".into(),
+            rule.methods.join(", "),
+        ),
     ];
     if allow_origin != "*" {
         h.push(("Access-Control-Allow-Credentials".into(), "true".into()));
     }
     if !rule.expose.is_empty() {
-        h.push(("Access-Control-Expose-Headers".into(), rule.expose.join(", ")));
+        h.push((
+            "Access-Control-Expose-Headers".into(),
+            rule.expose.join(", "),
+        ));
     }
     if let Some(age) = rule.max_age_secs {
         h.push(("Access-Control-Max-Age".into(), age.to_string()));
@@ -84,15 +93,27 @@ impl S3Front {
     }
 
     /// `OPTIONS`: a browser asks whether it may send a request.
-    pub(super) async fn cors_preflight(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+    pub(super) async fn cors_preflight(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
         let origin = req.head.header_str("origin").ok_or_else(|| {
-            S3Error::new(400, "BadRequest", "Insufficient information. Origin request header needed.")
+            S3Error::new(
+                400,
+                "BadRequest",
+                "Insufficient information. Origin request header needed.",
+            )
         })?;
         let method = req
             .head
             .header_str("access-control-request-method")
             .ok_or_else(|| {
-                S3Error::new(400, "BadRequest", "Invalid Access-Control-Request-Method: null")
+                S3Error::new(
+                    400,
+                    "BadRequest",
+                    "Invalid Access-Control-Request-Method: null",
+                )
             })?;
         let requested = req
             .head
@@ -151,7 +172,13 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
         let body = self
-            .read_verified_body(conn, req, auth, xml::PARSE_BODY_BYTES_MAX, BodyCheck::Covered)
+            .read_verified_body(
+                conn,
+                req,
+                auth,
+                xml::PARSE_BODY_BYTES_MAX,
+                BodyCheck::Covered,
+            )
             .await?;
         let doc = match kind {
             ConfigKind::Tagging => TagSet::parse_xml(&body, BUCKET_TAGS_MAX)?.to_xml(),
@@ -161,8 +188,13 @@ impl S3Front {
         self.shard
             .set_bucket_config(&req.bucket, kind, Some(Bytes::from(doc)))
             .await?;
-        let status = if kind == ConfigKind::Tagging { 204 } else { 200 };
-        self.respond(conn, req, ResponseHead::new(status), b"").await
+        let status = if kind == ConfigKind::Tagging {
+            204
+        } else {
+            200
+        };
+        self.respond(conn, req, ResponseHead::new(status), b"")
+            .await
     }
 
     pub(super) async fn delete_bucket_config(
@@ -172,7 +204,9 @@ impl S3Front {
         kind: ConfigKind,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.shard.set_bucket_config(&req.bucket, kind, None).await?;
+        self.shard
+            .set_bucket_config(&req.bucket, kind, None)
+            .await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
@@ -200,7 +234,13 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
         let body = self
-            .read_verified_body(conn, req, auth, xml::PARSE_BODY_BYTES_MAX, BodyCheck::Covered)
+            .read_verified_body(
+                conn,
+                req,
+                auth,
+                xml::PARSE_BODY_BYTES_MAX,
+                BodyCheck::Covered,
+            )
             .await?;
         let tags = TagSet::parse_xml(&body, OBJECT_TAGS_MAX)?;
         let value = (!tags.0.is_empty()).then(|| tags.to_query());
@@ -216,7 +256,9 @@ impl S3Front {
         req: &Request,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.shard.set_object_tags(&req.bucket, &req.key, None).await?;
+        self.shard
+            .set_object_tags(&req.bucket, &req.key, None)
+            .await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 }

@@ -7,12 +7,12 @@ use md5::{Digest, Md5};
 use super::conditional::check_conditions_with;
 use super::route::percent_decode;
 use super::{quoted, Conn, Request, S3Front};
+use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
 use crate::frontend::datapath::GET_PIECE_BYTES;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
-use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::store::record::ObjectMeta;
 
 /// `x-amz-copy-source`: `[/]bucket/key[?versionId=null]`, URL-encoded.
@@ -229,6 +229,13 @@ impl S3Front {
     }
 }
 
+fn src_tags(meta: &ObjectMeta) -> Option<String> {
+    meta.headers
+        .iter()
+        .find(|(n, _)| n == OBJECT_TAGS_HEADER)
+        .map(|(_, v)| v.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_copy_range;
@@ -245,11 +252,4 @@ mod tests {
             assert_eq!(parse_copy_range(bad, 100).unwrap_err().status, 400, "{bad}");
         }
     }
-}
-
-fn src_tags(meta: &ObjectMeta) -> Option<String> {
-    meta.headers
-        .iter()
-        .find(|(n, _)| n == OBJECT_TAGS_HEADER)
-        .map(|(_, v)| v.clone())
 }

@@ -13,6 +13,7 @@ use super::{
     http_date, quoted, Conn, Request, S3Front, METADATA_HEADERS_MAX, STORED_HEADERS,
     USER_METADATA_BYTES_MAX,
 };
+use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER, OBJECT_TAGS_MAX};
 use crate::frontend::common::PUT_BYTES_MAX;
 use crate::frontend::datapath::{
     self, read_piece, Piece, PieceBuilder, SendError, GET_PIECE_BYTES,
@@ -23,7 +24,6 @@ use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
-use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER, OBJECT_TAGS_MAX};
 use crate::store::record::ObjectMeta;
 use crate::store::ObjectInfo;
 

@@ -35,15 +35,17 @@ fn table() {
         ("PUT", "/", &[], MethodNotAllowed),
         ("PUT", "/bucket", &[], CreateBucket),
         ("PUT", "/bucket/", &[], CreateBucket),
-        // The case the two old tables disagreed on: dispatch answered 501,
-        // the metrics counted a CreateBucket.
-        ("PUT", "/bucket?tagging", &[], NotImplemented),
+        // The case the two old tables disagreed on (dispatch answered 501,
+        // the metrics counted a CreateBucket); a sub-resource is never a
+        // CreateBucket.
+        ("PUT", "/bucket?tagging", &[], PutBucketTagging),
+        ("PUT", "/bucket?policy", &[], NotImplemented),
         ("PUT", "/bucket?acl", &[], PutBucketAcl),
         ("GET", "/bucket?acl", &[], GetBucketAcl),
         ("HEAD", "/bucket", &[], HeadBucket),
         ("HEAD", "/bucket?anything", &[], HeadBucket),
         ("DELETE", "/bucket", &[], DeleteBucket),
-        ("DELETE", "/bucket?tagging", &[], NotImplemented),
+        ("DELETE", "/bucket?tagging", &[], DeleteBucketTagging),
         ("GET", "/bucket?location", &[], GetBucketLocation),
         ("GET", "/bucket?uploads", &[], ListMultipartUploads),
         ("GET", "/bucket?versions", &[], ListObjectVersions),
@@ -56,11 +58,10 @@ fn table() {
         ("GET", "/bucket?list-type=1", &[], ListObjects),
         ("GET", "/bucket", &[], ListObjects),
         ("GET", "/bucket?prefix=a&marker=b", &[], ListObjects),
-        ("GET", "/bucket?tagging", &[], NotImplemented),
-        ("OPTIONS", "/bucket", &[], NotImplemented),
+        ("GET", "/bucket?tagging", &[], GetBucketTagging),
         ("PUT", "/bucket/key", &[], PutObject),
         ("PUT", "/bucket/key", COPY, CopyObject),
-        ("PUT", "/bucket/key?tagging", &[], NotImplemented),
+        ("PUT", "/bucket/key?tagging", &[], PutObjectTagging),
         ("GET", "/bucket/a/b/c", &[], GetObject),
         ("GET", "/bucket/key?acl", &[], GetObjectAcl),
         ("PUT", "/bucket/key?acl", &[], PutObjectAcl),
@@ -118,6 +119,42 @@ fn table() {
     }
 }
 
+/// The configuration sub-resources and CORS preflights.
+#[test]
+fn configuration_table() {
+    use S3Op::*;
+    let cases: &[Case] = &[
+        ("DELETE", "/bucket?cors", &[], DeleteBucketCors),
+        ("DELETE", "/bucket?lifecycle", &[], DeleteBucketLifecycle),
+        ("PUT", "/bucket?cors", &[], PutBucketCors),
+        (
+            "GET",
+            "/bucket?lifecycle",
+            &[],
+            GetBucketLifecycleConfiguration,
+        ),
+        (
+            "PUT",
+            "/bucket?lifecycle",
+            &[],
+            PutBucketLifecycleConfiguration,
+        ),
+        ("DELETE", "/bucket?website", &[], NotImplemented),
+        ("GET", "/bucket?cors", &[], GetBucketCors),
+        ("OPTIONS", "/bucket", &[], CorsPreflight),
+        ("OPTIONS", "/bucket/key?uploadId=1", &[], CorsPreflight),
+        ("OPTIONS", "/", &[], MethodNotAllowed),
+        ("GET", "/bucket/key?tagging", &[], GetObjectTagging),
+        ("DELETE", "/bucket/key?tagging", &[], DeleteObjectTagging),
+        ("POST", "/bucket/key?tagging", &[], NotImplemented),
+        ("PUT", "/bucket/key?legal-hold", &[], NotImplemented),
+    ];
+    for &(method, target, headers, want) in cases {
+        let r = route(&head(method, target, headers), None);
+        assert_eq!(r.op, want, "{method} {target}");
+    }
+}
+
 #[test]
 fn virtual_host_table() {
     let h = |method, target| {
@@ -129,7 +166,8 @@ fn virtual_host_table() {
     let r = h("GET", "/");
     assert_eq!(r.op, S3Op::ListObjects);
     assert_eq!(r.target.unwrap().bucket, "bucket");
-    assert_eq!(h("PUT", "/?tagging").op, S3Op::NotImplemented);
+    assert_eq!(h("PUT", "/?tagging").op, S3Op::PutBucketTagging);
+    assert_eq!(h("PUT", "/?policy").op, S3Op::NotImplemented);
     assert_eq!(h("PUT", "/").op, S3Op::CreateBucket);
     let r = h("PUT", "/dir/key");
     assert_eq!(r.op, S3Op::PutObject);
@@ -158,7 +196,7 @@ fn refused_targets_keep_their_operation() {
         ),
         (
             "PUT",
-            "/bucket?tagging=%00",
+            "/bucket?policy=%00",
             "InvalidArgument",
             S3Op::NotImplemented,
         ),
