@@ -405,6 +405,7 @@ pub fn aws_chunked(data: &[u8]) {
         _ => PayloadMode::StreamingUnsignedTrailer,
     };
     let verified = Verified {
+        principal: crate::access::Principal::Anonymous,
         access_key: "AKIDEXAMPLE".into(),
         payload: mode,
         signing_key: sigv4::signing_key("secret", "20231114", "us-east-1", "s3"),

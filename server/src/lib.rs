@@ -14,6 +14,7 @@
 //! - `metrics`: counters, histograms and the catalogue of metric names.
 //! - `tools`: offline tools run by the binary (`fsck`, `doctor`).
 
+pub mod access;
 pub mod boot;
 pub mod bucket_config;
 pub mod digest;

@@ -1,6 +1,7 @@
 //! The `percore` binary.
 
 mod cli;
+mod users_cli;
 
 use clap::{Parser, Subcommand};
 use percore_server::boot::config::{ServeArgs, ServerConfig};
@@ -45,6 +46,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Users and their keys (through the admin endpoint).
+    #[command(subcommand)]
+    User(users_cli::UserCommand),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -73,6 +77,7 @@ fn main() {
     }));
     let result = match cli.command {
         Command::Client(cmd) => cli::run(cmd),
+        Command::User(cmd) => users_cli::run(cmd),
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
             .and_then(percore_server::boot::serve),
         Command::Fsck { data, json } => {

@@ -168,7 +168,16 @@ fn owned_keys(shard: &Shard, bucket: &str, n: usize) -> Vec<String> {
 }
 
 async fn create_bucket(shard: &Rc<Shard>, name: &str) {
-    match shard.call(0, Op::BucketCreate { name: name.into() }).await {
+    match shard
+        .call(
+            0,
+            Op::BucketCreate {
+                name: name.into(),
+                owner: None,
+            },
+        )
+        .await
+    {
         Reply::Created(true) => {}
         other => panic!("create bucket {name}: {other:?}"),
     }

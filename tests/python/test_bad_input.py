@@ -214,7 +214,7 @@ case("malformed CompleteMultipartUpload XML", {400}, "MalformedXML")(
 case("DeleteObjects with a DTD", {400})(
     lambda s: signed_request(s, "POST", f"/{BUCKET}", body=b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY x "y">]><Delete><Object><Key>&x;</Key></Object></Delete>',
                              query=[("delete", "")]))
-case("unsupported subresource", {501})(lambda s: signed_request(s, "GET", f"/{BUCKET}", query=[("policy", "")]))
+case("unsupported subresource", {501})(lambda s: signed_request(s, "GET", f"/{BUCKET}", query=[("website", "")]))
 case("method not allowed on service", {405})(lambda s: signed_request(s, "DELETE", "/"))
 case("pipelined garbage after a good request", {200})(
     lambda s: signed_request(s, "GET", f"/{BUCKET}/canary") + b"\x16\x03\x01garbage\r\n\r\n")

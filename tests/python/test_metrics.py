@@ -114,7 +114,8 @@ def test_unsupported_operations_are_counted_as_what_they_got(server_factory):
     s3.put_object(Bucket="unsupported", Key="k", Body=b"x")
     before = scrape(srv)
     with s3_error("NotImplemented", 501):
-        s3.put_bucket_policy(Bucket="unsupported", Policy='{"Statement": []}')
+        s3.put_bucket_website(Bucket="unsupported",
+                              WebsiteConfiguration={"IndexDocument": {"Suffix": "index.html"}})
     with s3_error("NotImplemented", 501):
         s3.get_object_legal_hold(Bucket="unsupported", Key="k")
     s3.put_bucket_tagging(Bucket="unsupported", Tagging={"TagSet": [{"Key": "a", "Value": "b"}]})

@@ -92,7 +92,7 @@ def test_list_buckets_pages_by_prefix(env):
 
 
 @pytest.mark.parametrize("method,target,query,name", [
-    ("PUT", "bucket", "policy", "PutBucketPolicy"),
+    ("PUT", "bucket", "encryption", "PutBucketEncryption"),
     ("GET", "bucket", "accelerate", "GetBucketAccelerateConfiguration"),
     ("PUT", "bucket", "versioning", "PutBucketVersioning"),
     ("DELETE", "bucket", "website", "DeleteBucketWebsite"),

@@ -20,16 +20,32 @@ pub enum ConfigKind {
     Tagging,
     Cors,
     Lifecycle,
+    /// The user who created the bucket (absent: the root principal).
+    Owner,
+    /// The bucket policy (JSON, as given).
+    Policy,
+    /// The canned ACL: `public-read` (absent: private).
+    Acl,
 }
 
 impl ConfigKind {
-    pub const ALL: [ConfigKind; 3] = [ConfigKind::Tagging, ConfigKind::Cors, ConfigKind::Lifecycle];
+    pub const ALL: [ConfigKind; 6] = [
+        ConfigKind::Tagging,
+        ConfigKind::Cors,
+        ConfigKind::Lifecycle,
+        ConfigKind::Owner,
+        ConfigKind::Policy,
+        ConfigKind::Acl,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             ConfigKind::Tagging => "tagging",
             ConfigKind::Cors => "cors",
             ConfigKind::Lifecycle => "lifecycle",
+            ConfigKind::Owner => "owner",
+            ConfigKind::Policy => "policy",
+            ConfigKind::Acl => "acl",
         }
     }
 
@@ -117,8 +133,15 @@ pub struct BucketConfig {
     pub tagging: Option<Rc<tagging::TagSet>>,
     pub cors: Option<Rc<cors::Cors>>,
     pub lifecycle: Option<Rc<lifecycle::Lifecycle>>,
+    /// The user who created the bucket (None: the root principal).
+    pub owner: Option<Rc<str>>,
+    /// The policy and its text as given (GetBucketPolicy answers it).
+    pub policy: Option<Rc<crate::access::policy::Policy>>,
+    pub policy_text: Option<Rc<str>>,
+    /// The canned ACL public-read: anyone may list the bucket.
+    pub public_read: bool,
     /// Seq of the write each kind reflects (0: none yet).
-    seqs: [u64; 3],
+    seqs: [u64; 6],
 }
 
 impl BucketConfig {
@@ -127,37 +150,65 @@ impl BucketConfig {
     /// arrive out of order). Returns whether it was applied. A document
     /// that no longer parses (written by another version) is logged and
     /// treated as absent.
-    pub fn apply(&mut self, kind: ConfigKind, seq: u64, doc: Option<&[u8]>) -> bool {
+    pub fn apply(&mut self, bucket: &str, kind: ConfigKind, seq: u64, doc: Option<&[u8]>) -> bool {
         if seq <= self.seqs[kind.index()] {
             return false;
         }
         self.seqs[kind.index()] = seq;
-        let parsed = doc.map(|doc| match kind {
-            ConfigKind::Tagging => tagging::TagSet::parse_xml(doc, tagging::BUCKET_TAGS_MAX)
-                .map(|t| self.tagging = Some(Rc::new(t))),
-            ConfigKind::Cors => cors::Cors::parse(doc).map(|c| self.cors = Some(Rc::new(c))),
-            ConfigKind::Lifecycle => {
-                lifecycle::Lifecycle::parse(doc).map(|l| self.lifecycle = Some(Rc::new(l)))
-            }
-        });
-        match parsed {
-            None | Some(Err(_)) => {
-                if let Some(Err(e)) = parsed {
-                    tracing::warn!(
-                        kind = kind.name(),
-                        "stored bucket configuration ignored: {}",
-                        e.message
-                    );
-                }
-                match kind {
-                    ConfigKind::Tagging => self.tagging = None,
-                    ConfigKind::Cors => self.cors = None,
-                    ConfigKind::Lifecycle => self.lifecycle = None,
-                }
-            }
-            Some(Ok(())) => {}
+        self.clear(kind);
+        let Some(doc) = doc else {
+            return true;
+        };
+        if let Err(e) = self.set(bucket, kind, doc) {
+            tracing::warn!(
+                bucket,
+                kind = kind.name(),
+                "stored bucket configuration ignored: {}",
+                e.message
+            );
+            self.clear(kind);
         }
         true
+    }
+
+    fn clear(&mut self, kind: ConfigKind) {
+        match kind {
+            ConfigKind::Tagging => self.tagging = None,
+            ConfigKind::Cors => self.cors = None,
+            ConfigKind::Lifecycle => self.lifecycle = None,
+            ConfigKind::Owner => self.owner = None,
+            ConfigKind::Policy => {
+                self.policy = None;
+                self.policy_text = None;
+            }
+            ConfigKind::Acl => self.public_read = false,
+        }
+    }
+
+    fn set(&mut self, bucket: &str, kind: ConfigKind, doc: &[u8]) -> Result<(), ConfigError> {
+        match kind {
+            ConfigKind::Tagging => {
+                self.tagging = Some(Rc::new(tagging::TagSet::parse_xml(
+                    doc,
+                    tagging::BUCKET_TAGS_MAX,
+                )?));
+            }
+            ConfigKind::Cors => self.cors = Some(Rc::new(cors::Cors::parse(doc)?)),
+            ConfigKind::Lifecycle => {
+                self.lifecycle = Some(Rc::new(lifecycle::Lifecycle::parse(doc)?))
+            }
+            ConfigKind::Owner => {
+                let name = std::str::from_utf8(doc)
+                    .map_err(|_| ConfigError::malformed("owner is not UTF-8"))?;
+                self.owner = Some(Rc::from(name));
+            }
+            ConfigKind::Policy => {
+                self.policy = Some(Rc::new(crate::access::policy::Policy::parse(doc, bucket)?));
+                self.policy_text = Some(Rc::from(String::from_utf8_lossy(doc).as_ref()));
+            }
+            ConfigKind::Acl => self.public_read = doc == b"public-read",
+        }
+        Ok(())
     }
 }
 

@@ -161,14 +161,14 @@ fn applies_follow_the_write_order() {
     )
     .unwrap()
     .to_xml();
-    assert!(c.apply(ConfigKind::Cors, 5, Some(cors.as_bytes())));
+    assert!(c.apply("b", ConfigKind::Cors, 5, Some(cors.as_bytes())));
     assert!(
-        !c.apply(ConfigKind::Cors, 4, None),
+        !c.apply("b", ConfigKind::Cors, 4, None),
         "an older removal arrives late"
     );
     assert!(c.cors.is_some());
-    assert!(c.apply(ConfigKind::Cors, 6, None));
+    assert!(c.apply("b", ConfigKind::Cors, 6, None));
     assert!(c.cors.is_none());
-    assert!(c.apply(ConfigKind::Tagging, 1, Some(b"not xml")));
+    assert!(c.apply("b", ConfigKind::Tagging, 1, Some(b"not xml")));
     assert!(c.tagging.is_none());
 }

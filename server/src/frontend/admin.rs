@@ -129,10 +129,13 @@ impl Admin {
             }
             ("PUT", "/log/level") => self.put_log_level(conn).await?,
             ("POST", "/cache/drop") => self.drop_cache().await,
+            ("GET", "/users") => self.users_list(),
+            ("POST", path) if path.starts_with("/users/") => self.user_add(&path[7..]).await,
+            ("DELETE", path) if path.starts_with("/users/") => self.user_remove(&path[7..]).await,
             _ => (
                 404,
                 "text/plain",
-                b"not found: try /health/live, /health/ready, /metrics, /log/level, POST /cache/drop\n"
+                b"not found: try /health/live, /health/ready, /metrics, /log/level, POST /cache/drop, /users\n"
                     .to_vec(),
             ),
         })
@@ -172,6 +175,84 @@ impl Admin {
             )
             .into_bytes(),
         )
+    }
+
+    /// GET /users: every user's name, access key and creation time (not
+    /// the secrets), as JSON.
+    fn users_list(&self) -> Reply {
+        let shard = self.shard.borrow().clone();
+        let Some(shard) = shard else {
+            return (503, "text/plain", b"starting\n".to_vec());
+        };
+        let list: Vec<serde_json::Value> = shard
+            .user_list()
+            .iter()
+            .map(|u| {
+                serde_json::json!({
+                    "name": u.name, "access_key": u.access_key, "created_ms": u.created_ms,
+                })
+            })
+            .collect();
+        let body = serde_json::to_vec_pretty(&serde_json::json!({ "users": list }))
+            .expect("JSON values serialize");
+        (200, "application/json", body)
+    }
+
+    /// POST /users/NAME: a new user with fresh keys, stored on every shard
+    /// before the answer (JSON with the secret: shown this once).
+    async fn user_add(&self, name: &str) -> Reply {
+        use crate::access::users::{valid_user_name, User};
+        let shard = self.shard.borrow().clone();
+        let Some(shard) = shard else {
+            return (503, "text/plain", b"starting\n".to_vec());
+        };
+        if !valid_user_name(name) {
+            return (
+                400,
+                "text/plain",
+                b"user names are 1-64 of A-Z a-z 0-9 _ . @ + = , - (not root)\n".to_vec(),
+            );
+        }
+        if shard.user_by_name(name).is_some() {
+            return (
+                409,
+                "text/plain",
+                format!("user {name} exists: remove it first to give it new keys\n").into_bytes(),
+            );
+        }
+        let user = User::generate(name, crate::store::now_ms());
+        if let Err(e) = shard.set_user(name, Some(&user)).await {
+            return (
+                500,
+                "text/plain",
+                format!("could not store the user: {e:?}\n").into_bytes(),
+            );
+        }
+        tracing::info!(user = name, access_key = %user.access_key, "user added");
+        let body = serde_json::to_vec_pretty(&user).expect("a user serializes");
+        (201, "application/json", body)
+    }
+
+    /// DELETE /users/NAME: its keys stop working on every shard before
+    /// the answer. Its buckets stay (the root principal can still reach
+    /// them).
+    async fn user_remove(&self, name: &str) -> Reply {
+        let shard = self.shard.borrow().clone();
+        let Some(shard) = shard else {
+            return (503, "text/plain", b"starting\n".to_vec());
+        };
+        if shard.user_by_name(name).is_none() {
+            return (404, "text/plain", format!("no user {name}\n").into_bytes());
+        }
+        if let Err(e) = shard.set_user(name, None).await {
+            return (
+                500,
+                "text/plain",
+                format!("could not remove the user: {e:?}\n").into_bytes(),
+            );
+        }
+        tracing::info!(user = name, "user removed");
+        (204, "text/plain", Vec::new())
     }
 
     /// PUT /log/level: the body is the new filter.
@@ -252,7 +333,8 @@ pub async fn serve_connection(admin: Rc<Admin>, stream: glommio::net::TcpStream)
     while let Ok(Some(head)) = conn.read_head().await {
         // Refused before any body is read; the connection then closes.
         let refusal = match head.method.as_str() {
-            "GET" | "HEAD" => None,
+            // Users' access keys are read with the admin token too.
+            "GET" | "HEAD" if !head.path.starts_with("/users") => None,
             _ => admin.writes.refusal(&head, loopback),
         };
         if let Some((status, message)) = refusal {

@@ -76,9 +76,17 @@ impl Shard {
     }
 
     /// Creates the bucket on the bucket-owner shard, which publishes it to
-    /// every shard before answering. Ok(false): it existed already.
-    pub async fn create_bucket(self: &Rc<Self>, name: &str) -> Result<bool, ShardError> {
-        let op = Op::BucketCreate { name: name.into() };
+    /// every shard before answering, owned by `owner` (None: the root
+    /// principal). Ok(false): it existed already.
+    pub async fn create_bucket(
+        self: &Rc<Self>,
+        name: &str,
+        owner: Option<&str>,
+    ) -> Result<bool, ShardError> {
+        let op = Op::BucketCreate {
+            name: name.into(),
+            owner: owner.map(str::to_string),
+        };
         match self.call(BUCKET_OWNER_SHARD, op).await {
             Reply::Created(created) => Ok(created),
             other => Err(unexpected(other)),

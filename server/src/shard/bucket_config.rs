@@ -91,7 +91,7 @@ impl Shard {
     ) -> Reply {
         if let Some(view) = self.buckets.borrow_mut().get_mut(name) {
             if view.created_ms == created_ms {
-                view.config.apply(kind, seq, doc.as_deref());
+                view.config.apply(name, kind, seq, doc.as_deref());
             }
         }
         Reply::Ok

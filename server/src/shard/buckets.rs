@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
+use crate::bucket_config::ConfigKind;
 
 #[derive(Debug, Clone)]
 pub struct BucketView {
@@ -39,17 +40,32 @@ impl Shard {
                     Op::BucketApply {
                         name: name.clone(),
                         created_ms: Some(created_ms),
+                        owner: None,
                     },
                 )
                 .await;
             }
         }
         self.publish_bucket_configs().await;
+        self.publish_users().await;
     }
 
-    pub(super) async fn bucket_create(self: &Rc<Self>, name: String) -> Reply {
+    pub(super) async fn bucket_create(
+        self: &Rc<Self>,
+        name: String,
+        owner: Option<String>,
+    ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        match self.store.bucket_create(&name).await {
+        if !self.creating.borrow_mut().insert(name.clone()) {
+            return Reply::Err(ShardError::ConditionalConflict);
+        }
+        let reply = self.bucket_create_inner(&name, owner).await;
+        self.creating.borrow_mut().remove(&name);
+        reply
+    }
+
+    async fn bucket_create_inner(self: &Rc<Self>, name: &str, owner: Option<String>) -> Reply {
+        match self.store.bucket_create(name).await {
             Ok(true) => {}
             Ok(false) => return Reply::Created(false),
             Err(e) => return Reply::Err(store_error(e)),
@@ -60,9 +76,23 @@ impl Shard {
             .into_iter()
             .find(|(n, _)| *n == name)
             .map_or(0, |(_, c)| c);
+        // The owner is recorded right after the bucket; a crash between the
+        // two leaves a bucket of the root principal (which can give it away
+        // with a policy).
+        if let Some(owner) = &owner {
+            let doc = Some(bytes::Bytes::from(owner.clone().into_bytes()));
+            if let Err(e) = self
+                .store
+                .bucket_config_set(name, created_ms, ConfigKind::Owner.name(), doc)
+                .await
+            {
+                tracing::warn!(bucket = name, "could not record the bucket's owner: {e}");
+            }
+        }
         self.call_all(|| Op::BucketApply {
-            name: name.clone(),
+            name: name.to_string(),
             created_ms: Some(created_ms),
+            owner: owner.clone(),
         })
         .await;
         Reply::Created(true)
@@ -98,6 +128,7 @@ impl Shard {
         self.call_all(|| Op::BucketApply {
             name: name.clone(),
             created_ms: None,
+            owner: None,
         })
         .await;
         // Its configuration goes too; a failure leaves documents that no
@@ -149,7 +180,12 @@ impl Shard {
     }
 
     /// BucketApply: `name` now exists (`created_ms` Some) or not (None).
-    pub(super) async fn bucket_apply(&self, name: String, created_ms: Option<u64>) -> Reply {
+    pub(super) async fn bucket_apply(
+        &self,
+        name: String,
+        created_ms: Option<u64>,
+        owner: Option<String>,
+    ) -> Reply {
         match created_ms {
             Some(created_ms) => {
                 // A new bucket (not the start-up publication): drop
@@ -164,12 +200,14 @@ impl Shard {
                     .get(&name)
                     .is_some_and(|b| b.created_ms == created_ms);
                 if !same {
+                    let mut config = crate::bucket_config::BucketConfig::default();
+                    config.owner = owner.map(|o| std::rc::Rc::from(o.as_str()));
                     buckets.insert(
                         name,
                         BucketView {
                             created_ms,
                             locked: false,
-                            config: Default::default(),
+                            config,
                         },
                     );
                 }
@@ -208,9 +246,18 @@ impl Shard {
     /// The bucket operations of `execute`.
     pub(super) async fn execute_bucket_op(self: &Rc<Self>, op: Op) -> Reply {
         match op {
-            Op::BucketCreate { name } => self.bucket_create(name).await,
+            Op::BucketCreate { name, owner } => self.bucket_create(name, owner).await,
             Op::BucketDelete { name } => self.bucket_delete(name).await,
-            Op::BucketApply { name, created_ms } => self.bucket_apply(name, created_ms).await,
+            Op::BucketApply {
+                name,
+                created_ms,
+                owner,
+            } => self.bucket_apply(name, created_ms, owner).await,
+            Op::UserSet { name, doc } => self.user_set(name, doc).await,
+            Op::UserApply { name, seq, doc } => {
+                self.users.borrow_mut().apply(&name, seq, doc.as_deref());
+                Reply::Ok
+            }
             Op::BucketLock { name } => self.bucket_lock(name),
             Op::BucketUnlock { name } => self.bucket_unlock(name),
             Op::BucketConfigSet { name, kind, doc } => {
@@ -223,7 +270,10 @@ impl Shard {
                 seq,
                 doc,
             } => self.bucket_config_apply(&name, created_ms, kind, seq, doc),
-            other => Reply::Err(ShardError::Internal(format!("not a bucket op: {other:?}"))),
+            other => {
+                debug_assert!(!other.is_bucket_op(), "{other:?}");
+                Reply::Err(ShardError::Internal(format!("no handler for {other:?}")))
+            }
         }
     }
 

@@ -135,19 +135,14 @@ impl Shard {
                 &upload_id_marker,
                 limit,
             )),
-            op @ (Op::BucketCreate { .. }
-            | Op::BucketDelete { .. }
-            | Op::BucketApply { .. }
-            | Op::BucketLock { .. }
-            | Op::BucketUnlock { .. }
-            | Op::BucketConfigSet { .. }
-            | Op::BucketConfigApply { .. }) => self.execute_bucket_op(op).await,
             Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
             Op::DropCache => {
                 self.store.drop_object_cache();
                 Reply::Ok
             }
             Op::Start => self.start().await,
+            // Buckets, their configurations and users (`is_bucket_op`).
+            op => self.execute_bucket_op(op).await,
         }
     }
 

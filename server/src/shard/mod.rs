@@ -24,6 +24,7 @@ pub mod lifecycle;
 pub mod msg;
 pub mod object;
 mod sessions;
+mod users;
 mod wire;
 
 use std::cell::{Cell, RefCell};
@@ -71,6 +72,11 @@ pub struct Shard {
     pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
     next_request_id: Cell<u64>,
     buckets: RefCell<BTreeMap<String, BucketView>>,
+    /// Users and their keys (see `access::users`), the same on every shard.
+    users: RefCell<crate::access::users::Users>,
+    /// Bucket names being created (bucket-owner shard): a concurrent
+    /// create of the same name is refused, not raced.
+    creating: RefCell<std::collections::HashSet<String>>,
     /// PUTs in progress per bucket on this shard (for DeleteBucket).
     puts_in_flight: RefCell<HashMap<String, usize>>,
     sessions: RefCell<HashMap<SessionId, SessionSlot>>,
@@ -112,6 +118,8 @@ impl Shard {
             pending: RefCell::new(HashMap::new()),
             next_request_id: Cell::new(1),
             buckets: RefCell::new(BTreeMap::new()),
+            users: RefCell::new(Default::default()),
+            creating: RefCell::new(Default::default()),
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),

@@ -94,18 +94,32 @@ pub enum Op {
         upload_id_marker: String,
         limit: usize,
     },
-    /// To the bucket-owner shard.
+    /// To the bucket-owner shard; `owner` None: the root principal.
     BucketCreate {
         name: String,
+        owner: Option<String>,
     },
     /// To the bucket-owner shard.
     BucketDelete {
         name: String,
     },
-    /// From the bucket-owner shard: `name` now exists (Some) or not (None).
+    /// From the bucket-owner shard: `name` now exists (Some) or not (None),
+    /// created by `owner` (None: the root principal, or not known yet).
     BucketApply {
         name: String,
         created_ms: Option<u64>,
+        owner: Option<String>,
+    },
+    /// To the bucket-owner shard: store (Some) or remove (None) a user.
+    UserSet {
+        name: String,
+        doc: Option<Bytes>,
+    },
+    /// From the bucket-owner shard: the user record written at `seq`.
+    UserApply {
+        name: String,
+        seq: u64,
+        doc: Option<Bytes>,
     },
     /// From the bucket-owner shard: refuse new PUTs into `name` and report
     /// how many objects (stored or being written) it holds here.
@@ -138,6 +152,24 @@ pub enum Op {
     Metrics,
     /// Empty the object cache (admin POST /cache/drop).
     DropCache,
+}
+
+impl Op {
+    /// Buckets, their configurations and users: run by `execute_bucket_op`.
+    pub fn is_bucket_op(&self) -> bool {
+        matches!(
+            self,
+            Op::BucketCreate { .. }
+                | Op::BucketDelete { .. }
+                | Op::BucketApply { .. }
+                | Op::BucketLock { .. }
+                | Op::BucketUnlock { .. }
+                | Op::BucketConfigSet { .. }
+                | Op::BucketConfigApply { .. }
+                | Op::UserSet { .. }
+                | Op::UserApply { .. }
+        )
+    }
 }
 
 #[derive(Debug)]

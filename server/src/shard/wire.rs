@@ -171,6 +171,7 @@ impl Shard {
             op,
             Op::BucketApply { .. }
                 | Op::BucketConfigApply { .. }
+                | Op::UserApply { .. }
                 | Op::BucketUnlock { .. }
                 | Op::Start
                 | Op::ReadClose { .. }

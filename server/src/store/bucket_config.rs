@@ -15,6 +15,8 @@ use super::{ListItem, Result, Store, StoreError};
 /// Namespace of configuration documents: real bucket names are 3..=63
 /// characters of `[a-z0-9.-]`, so this never collides with one.
 pub(super) const CONFIG_NAMESPACE: &str = "\u{1}config";
+/// Namespace of user records (`access::users`), one per user name.
+pub(super) const USERS_NAMESPACE: &str = "\u{1}users";
 /// The stored header holding the owning bucket's creation time (ms).
 const BUCKET_CREATED_HEADER: &str = "x-percore-bucket-created-ms";
 /// Largest document stored (the S3 front door's parse limit is lower).
@@ -109,6 +111,43 @@ impl Store {
             });
         }
         Ok(docs)
+    }
+
+    /// Durably stores (Some) or removes (None) the record of user `name`;
+    /// returns the write's seq.
+    pub async fn user_set(&self, name: &str, doc: Option<Bytes>) -> Result<u64> {
+        match doc {
+            Some(doc) => {
+                let meta = ObjectMeta {
+                    etag: hex::encode(Md5::digest(&doc)),
+                    ..ObjectMeta::default()
+                };
+                self.put(USERS_NAMESPACE, name, meta, doc).await?;
+            }
+            None => {
+                self.write_tombstone(USERS_NAMESPACE, name, super::record::Kind::Tombstone)
+                    .await?;
+            }
+        }
+        Ok(self.lookup(USERS_NAMESPACE, name).map_or(0, |e| e.seq))
+    }
+
+    /// Every stored user record: (name, seq, document).
+    pub async fn users(&self) -> Result<Vec<(String, u64, Bytes)>> {
+        let mut out = Vec::new();
+        for item in self.list(USERS_NAMESPACE, "", "", None, usize::MAX) {
+            let ListItem::Object { key, .. } = item else {
+                continue;
+            };
+            let Some(seq) = self.live_seq(USERS_NAMESPACE, &key) else {
+                continue;
+            };
+            let mut reader = self.open_read(USERS_NAMESPACE, &key).await?;
+            let size = reader.size_bytes();
+            let payload = reader.read(0, size).await?;
+            out.push((key, seq, Bytes::copy_from_slice(&payload)));
+        }
+        Ok(out)
     }
 
     /// Removes every document of `bucket` (after its deletion).

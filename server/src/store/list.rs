@@ -3,7 +3,7 @@
 
 use std::ops::Bound;
 
-use super::bucket_config::CONFIG_NAMESPACE;
+use super::bucket_config::{CONFIG_NAMESPACE, USERS_NAMESPACE};
 use super::buckets::BUCKETS_NAMESPACE;
 use super::index::State;
 use super::{mpu, ListItem, Store};
@@ -134,7 +134,9 @@ impl Store {
         let index = self.inner.index.borrow();
         index
             .iter()
-            .filter(|(b, _)| b.as_str() != BUCKETS_NAMESPACE && b.as_str() != CONFIG_NAMESPACE)
+            .filter(|(b, _)| {
+                ![BUCKETS_NAMESPACE, CONFIG_NAMESPACE, USERS_NAMESPACE].contains(&b.as_str())
+            })
             .map(|(_, keys)| {
                 keys.iter()
                     .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))

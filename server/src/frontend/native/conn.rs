@@ -5,6 +5,7 @@
 //! `IN_FLIGHT_MAX` at a time (past that the reader stops, and TCP pushes
 //! back on the client).
 
+use crate::access::Principal;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -40,20 +41,20 @@ enum Auth {
         server_nonce: [u8; proto::NONCE_BYTES],
         deadline: Instant,
     },
-    /// HelloOk is out: requests flow.
-    Authenticated,
+    /// HelloOk is out: requests flow, as this principal.
+    Authenticated(Principal),
 }
 
 impl Auth {
     fn is_authenticated(&self) -> bool {
-        matches!(self, Auth::Authenticated)
+        matches!(self, Auth::Authenticated(_))
     }
 
     /// By when the next frame's header must have arrived.
     fn header_deadline(&self) -> Instant {
         match self {
             Auth::AwaitingHello { deadline, .. } => *deadline,
-            Auth::Authenticated => Instant::now() + IDLE_TIMEOUT,
+            Auth::Authenticated(_) => Instant::now() + IDLE_TIMEOUT,
         }
     }
 
@@ -61,7 +62,7 @@ impl Auth {
     fn frame_deadline(&self) -> Instant {
         match self {
             Auth::AwaitingHello { deadline, .. } => *deadline,
-            Auth::Authenticated => Instant::now() + IO_TIMEOUT,
+            Auth::Authenticated(_) => Instant::now() + IO_TIMEOUT,
         }
     }
 }
@@ -209,7 +210,7 @@ impl NativeFront {
         h: &proto::Hello,
         server_nonce: &[u8],
         loopback: bool,
-    ) -> Result<proto::HelloOk, Reply> {
+    ) -> Result<(proto::HelloOk, Principal), Reply> {
         if h.version != proto::VERSION {
             return Err(Reply::error(
                 Status::UnsupportedVersion,
@@ -227,40 +228,49 @@ impl NativeFront {
             ));
         }
         let creds = &self.cfg.credentials;
-        let expected = proto::client_mac(
-            &creds.secret_key,
-            &h.access_key,
-            server_nonce,
-            &h.client_nonce,
-        );
-        // Compare the key in constant time too; one message for both, so a
-        // prober learns nothing about which part was wrong.
-        let key_ok = proto::mac_equal(h.access_key.as_bytes(), creds.access_key.as_bytes());
+        // The root keys, or a user's; an unknown key is checked against the
+        // root secret all the same and fails (no timing difference).
+        let (secret, principal) = if h.access_key == creds.access_key {
+            (creds.secret_key.clone(), Some(Principal::Root))
+        } else {
+            match self.shard.user_by_access_key(&h.access_key) {
+                Some(u) => (
+                    u.secret_key.clone(),
+                    Some(Principal::User(std::rc::Rc::from(u.name.as_str()))),
+                ),
+                None => (creds.secret_key.clone(), None),
+            }
+        };
+        let expected = proto::client_mac(&secret, &h.access_key, server_nonce, &h.client_nonce);
         let mac_ok = proto::mac_equal(&h.mac, &expected);
-        if !(key_ok && mac_ok) {
+        let Some(principal) = principal.filter(|_| mac_ok) else {
             let m = self.shard.metrics();
             m.native_auth_failures.set(m.native_auth_failures.get() + 1);
-            return Err(Reply::error(Status::Unauthenticated, "authentication failed: check the access key and secret (PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY)"));
-        }
-        if !creds.allowed_from(loopback) {
+            return Err(Reply::error(Status::Unauthenticated, "authentication failed: check the access key and secret (PERCORE_ACCESS_KEY / PERCORE_SECRET_KEY, or a user's keys)"));
+        };
+        if principal == Principal::Root && !creds.allowed_from(loopback) {
             return Err(Reply::error(Status::Unauthenticated, "the default credentials are accepted from loopback only; start the server with PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY set"));
         }
-        Ok(proto::HelloOk {
-            version: proto::VERSION,
-            server_proof: proto::server_proof(&creds.secret_key, server_nonce, &h.client_nonce)
-                .to_vec(),
-            shard_id: self.shard.id as u32,
-            shard_count: self.shard.count as u32,
-            hash_algorithm: routing::HASH_ALGORITHM.to_string(),
-            hash_seed: self.shard.seed,
-            shard_ports: self.cfg.ports.clone(),
-            frame_payload_max: proto::PAYLOAD_BYTES_MAX,
-            in_flight_max: proto::IN_FLIGHT_MAX,
-            ranges_max: proto::RANGES_MAX,
-            batch_items_max: proto::BATCH_ITEMS_MAX,
-            list_limit_max: proto::LIST_LIMIT_MAX,
-            object_bytes_max: PUT_BYTES_MAX,
-        })
+        let secret_key = secret;
+        Ok((
+            proto::HelloOk {
+                version: proto::VERSION,
+                server_proof: proto::server_proof(&secret_key, server_nonce, &h.client_nonce)
+                    .to_vec(),
+                shard_id: self.shard.id as u32,
+                shard_count: self.shard.count as u32,
+                hash_algorithm: routing::HASH_ALGORITHM.to_string(),
+                hash_seed: self.shard.seed,
+                shard_ports: self.cfg.ports.clone(),
+                frame_payload_max: proto::PAYLOAD_BYTES_MAX,
+                in_flight_max: proto::IN_FLIGHT_MAX,
+                ranges_max: proto::RANGES_MAX,
+                batch_items_max: proto::BATCH_ITEMS_MAX,
+                list_limit_max: proto::LIST_LIMIT_MAX,
+                object_bytes_max: PUT_BYTES_MAX,
+            },
+            principal,
+        ))
     }
 }
 
@@ -455,8 +465,8 @@ impl Conn {
             return self.reply_and_close(request_id, r).await;
         };
         match self.front.hello(&h, &server_nonce, self.loopback) {
-            Ok(ok) => {
-                self.auth = Auth::Authenticated;
+            Ok((ok, principal)) => {
+                self.auth = Auth::Authenticated(principal);
                 let msg = ServerMessage::HelloOk(ok);
                 match self
                     .tx
@@ -468,6 +478,15 @@ impl Conn {
                 }
             }
             Err(r) => self.reply_and_close(request_id, r).await,
+        }
+    }
+
+    /// Who this connection authenticated as (Anonymous before the Hello:
+    /// the fail-closed value; requests flow only after it).
+    fn principal(&self) -> Principal {
+        match &self.auth {
+            Auth::Authenticated(p) => p.clone(),
+            Auth::AwaitingHello { .. } => Principal::Anonymous,
         }
     }
 
@@ -494,10 +513,11 @@ impl Conn {
                 let (me, tx) = (self.front.clone(), self.tx.clone());
                 let (id, kind) = (fh.request_id, fh.kind);
                 let budget = self.budget.clone();
+                let principal = self.principal();
                 glommio::spawn_local(async move {
                     let _permit = permit;
                     let reply_tx = tx.clone();
-                    let fut = me.request(tx, id, req, budget);
+                    let fut = me.request(tx, id, req, budget, principal);
                     me.run(reply_tx, id, kind, fut).await;
                 })
                 .detach();
@@ -562,9 +582,11 @@ impl Conn {
         }
         let (me, tx) = (self.front.clone(), self.tx.clone());
         let id = fh.request_id;
+        let principal = self.principal();
         glommio::spawn_local(async move {
             let _permit = permit;
-            me.run(tx, id, Kind::Put, me.put(id, p, up_rx)).await;
+            me.run(tx, id, Kind::Put, me.put(id, p, up_rx, principal))
+                .await;
         })
         .detach();
         Step::Next

@@ -2,6 +2,7 @@
 //! the bucket operations (CreateBucket, ListBuckets), each answered with
 //! one Reply that names the key's owner where there is one.
 
+use crate::access::Principal;
 use percore_protocol::native::{self as proto, Reply, Status};
 
 use super::{shard_error_reply, NativeFront};
@@ -132,23 +133,35 @@ impl NativeFront {
         }
     }
 
-    pub(super) async fn create_bucket(&self, bucket: String) -> Reply {
+    pub(super) async fn create_bucket(&self, bucket: String, principal: &Principal) -> Reply {
         if !valid_bucket_name(&bucket) {
             return Reply::error(Status::InvalidBucketName, "bucket names are 3-63 characters of a-z, 0-9, '.' and '-', starting and ending with a letter or digit");
         }
-        match self.shard.create_bucket(&bucket).await {
+        let owner = match principal {
+            Principal::User(name) => Some(&**name),
+            _ => None,
+        };
+        match self.shard.create_bucket(&bucket, owner).await {
             Ok(true) => Reply::default(),
             Ok(false) => Reply::error(Status::BucketExists, "bucket already exists"),
             Err(e) => shard_error_reply(&e),
         }
     }
 
-    pub(super) fn list_buckets(&self) -> Reply {
+    /// The buckets `principal` owns (all of them for the root principal).
+    pub(super) fn list_buckets(&self, principal: &Principal) -> Reply {
         Reply {
             buckets: self
                 .shard
                 .bucket_list()
                 .into_iter()
+                .filter(|(name, _)| {
+                    *principal == Principal::Root
+                        || self
+                            .shard
+                            .bucket_config(name)
+                            .is_some_and(|c| principal.owns(c.owner.as_deref()))
+                })
                 .map(|(name, created_ms)| proto::BucketEntry { name, created_ms })
                 .collect(),
             ..Reply::default()

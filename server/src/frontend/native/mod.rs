@@ -28,6 +28,7 @@ mod put;
 mod tests;
 mod writer;
 
+use crate::access::Principal;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -224,19 +225,58 @@ impl NativeFront {
 
     /// A request that is neither part of the handshake nor an upload: to
     /// its handler (`get`, `meta`).
-    async fn request(&self, tx: mpsc::Sender<Out>, id: u64, req: Request, budget: Budget) -> Reply {
+    async fn request(
+        &self,
+        tx: mpsc::Sender<Out>,
+        id: u64,
+        req: Request,
+        budget: Budget,
+        principal: Principal,
+    ) -> Reply {
+        if let Some(refusal) = self.refusal(&principal, &req) {
+            return refusal;
+        }
         match req {
             Request::Get { bucket, item } => self.get(tx, id, &bucket, vec![item], &budget).await,
             Request::BatchGet { bucket, items } => self.get(tx, id, &bucket, items, &budget).await,
             Request::Delete { bucket, key } => self.delete(&bucket, &key).await,
             Request::Stat { bucket, key } => self.stat(&bucket, &key).await,
             Request::List(l) => self.list(l).await,
-            Request::CreateBucket { bucket } => self.create_bucket(bucket).await,
-            Request::ListBuckets => self.list_buckets(),
+            Request::CreateBucket { bucket } => self.create_bucket(bucket, &principal).await,
+            Request::ListBuckets => self.list_buckets(&principal),
             Request::Hello(_) | Request::Put(_) | Request::PutData { .. } => {
                 Reply::error(Status::Internal, "not dispatched here")
             }
         }
+    }
+
+    /// The refusal of a request `principal` may not make (see `access`),
+    /// as Unauthenticated with a message naming what was denied.
+    pub(super) fn refusal(&self, principal: &Principal, req: &Request) -> Option<Reply> {
+        let checks: Vec<(&str, &str, Option<&str>)> = match req {
+            Request::Get { bucket, item } => vec![("s3:GetObject", bucket, Some(&item.key))],
+            Request::BatchGet { bucket, items } => items
+                .iter()
+                .map(|i| ("s3:GetObject", bucket.as_str(), Some(i.key.as_str())))
+                .collect(),
+            Request::Delete { bucket, key } => vec![("s3:DeleteObject", bucket, Some(key))],
+            Request::Stat { bucket, key } => vec![("s3:GetObject", bucket, Some(key))],
+            Request::List(l) => vec![("s3:ListBucket", &l.bucket, None)],
+            Request::Put(p) => vec![("s3:PutObject", &p.bucket, Some(&p.key))],
+            Request::CreateBucket { .. } | Request::ListBuckets => Vec::new(),
+            Request::Hello(_) | Request::PutData { .. } => Vec::new(),
+        };
+        for (action, bucket, key) in checks {
+            let config = self.shard.bucket_config(bucket);
+            if !crate::access::decide(principal, action, bucket, key, config.as_ref()) {
+                let what = key.map_or_else(|| bucket.to_string(), |k| format!("{bucket}/{k}"));
+                return Some(Reply::error(
+                    Status::Unauthenticated,
+                    format!("access denied: {action} on {what} (the bucket's owner can grant it with a bucket policy)"),
+                ));
+            }
+        }
+        None
     }
 
     fn count_bad_frame(&self) {

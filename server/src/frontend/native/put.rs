@@ -44,8 +44,15 @@ impl NativeFront {
         id: u64,
         p: proto::PutRequest,
         mut data: mpsc::Receiver<PutFrame>,
+        principal: crate::access::Principal,
     ) -> Reply {
         let owner = self.shard.owner_of(&p.bucket, &p.key) as i32;
+        if let Some(refusal) = self.refusal(&principal, &proto::Request::Put(p.clone())) {
+            return Reply {
+                owner_shard: owner,
+                ..refusal
+            };
+        }
         if p.size > PUT_BYTES_MAX {
             let m = format!(
                 "object of {} bytes exceeds the limit of {PUT_BYTES_MAX}",

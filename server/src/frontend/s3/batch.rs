@@ -218,12 +218,17 @@ impl S3Front {
         for (index, (key, range)) in items.iter().enumerate() {
             while started < items.len() && ahead.len() < BATCH_IN_FLIGHT {
                 let (k, r) = &items[started];
-                ahead.push_back(glommio::spawn_local(fetch_item(
-                    self.shard.clone(),
-                    req.bucket.clone(),
-                    k.clone(),
-                    r.clone(),
-                )));
+                if self.allowed(&auth.principal, "s3:GetObject", &req.bucket, Some(k)) {
+                    ahead.push_back(glommio::spawn_local(fetch_item(
+                        self.shard.clone(),
+                        req.bucket.clone(),
+                        k.clone(),
+                        r.clone(),
+                    )));
+                } else {
+                    let denied = Fetched::Failed(super::authz::access_denied());
+                    ahead.push_back(glommio::spawn_local(async move { denied }));
+                }
                 started += 1;
             }
             let item = ahead

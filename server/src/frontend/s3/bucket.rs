@@ -4,6 +4,7 @@
 
 use super::serve::BodyCheck;
 use super::{malformed, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
+use crate::access::Principal;
 use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
@@ -19,7 +20,12 @@ impl S3Front {
     /// ListBuckets, in name order: all of them, or pages of `max-buckets`
     /// (1 to 10,000) after `continuation-token` (the last name of the page
     /// before, base64url), of the names starting with `prefix`.
-    pub(super) async fn list_buckets(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
+    pub(super) async fn list_buckets(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
         use base64::Engine;
         let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
         let max = match req.q("max-buckets") {
@@ -45,6 +51,14 @@ impl S3Front {
         };
         let prefix = req.q("prefix").unwrap_or("");
         let mut names = self.shard.bucket_list();
+        // Each user lists the buckets it owns; the root principal all.
+        names.retain(|(name, _)| {
+            auth.principal == Principal::Root
+                || self
+                    .shard
+                    .bucket_config(name)
+                    .is_some_and(|c| auth.principal.owns(c.owner.as_deref()))
+        });
         names.sort();
         let mut matching = names
             .into_iter()
@@ -75,6 +89,7 @@ impl S3Front {
         &self,
         conn: &mut Conn,
         req: &Request,
+        auth: &Verified,
     ) -> Result<(), S3Error> {
         if !valid_bucket_name(&req.bucket) {
             return Err(S3Error::new(
@@ -87,14 +102,29 @@ impl S3Front {
             .read_small_body(conn, req, SMALL_BODY_BYTES_MAX)
             .await?;
         xml::parse_create_bucket(&body).map_err(|e| S3Error::new(400, "MalformedXML", e))?;
-        if self.shard.create_bucket(&req.bucket).await? {
+        let owner = match &auth.principal {
+            Principal::User(name) => Some(&**name),
+            _ => None,
+        };
+        if self.shard.create_bucket(&req.bucket, owner).await? {
             let head = ResponseHead::new(200).with_header("Location", format!("/{}", req.bucket));
-            self.respond(conn, req, head, b"").await
-        } else {
+            return self.respond(conn, req, head, b"").await;
+        }
+        let existing_owner = self
+            .shard
+            .bucket_config(&req.bucket)
+            .and_then(|c| c.owner.clone());
+        if auth.principal.owns(existing_owner.as_deref()) {
             Err(S3Error::new(
                 409,
                 "BucketAlreadyOwnedByYou",
                 "Your previous request to create the named bucket succeeded and you already own it.",
+            ))
+        } else {
+            Err(S3Error::new(
+                409,
+                "BucketAlreadyExists",
+                "The requested bucket name is not available. The bucket namespace is shared by all users of the system. Please select a different name and try again.",
             ))
         }
     }
@@ -165,6 +195,9 @@ impl S3Front {
             let calls = batch.iter().map(|(key, version)| async move {
                 if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
                     return Err(S3Error::invalid_argument("Invalid key"));
+                }
+                if !self.allowed(&auth.principal, "s3:DeleteObject", &req.bucket, Some(key)) {
+                    return Err(super::authz::access_denied());
                 }
                 // Never versioned: only the "null" version exists (see
                 // `dispatch`); deleting another must not delete the object.

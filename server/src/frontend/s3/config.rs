@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use super::serve::BodyCheck;
 use super::{Conn, Request, S3Front};
+use crate::access::policy::Policy;
 use crate::bucket_config::cors::CorsRule;
 use crate::bucket_config::lifecycle::Lifecycle;
 use crate::bucket_config::tagging::{TagSet, BUCKET_TAGS_MAX, OBJECT_TAGS_HEADER, OBJECT_TAGS_MAX};
@@ -34,6 +35,12 @@ fn no_such(kind: ConfigKind) -> S3Error {
             "NoSuchLifecycleConfiguration",
             "The lifecycle configuration does not exist",
         ),
+        ConfigKind::Policy => S3Error::new(
+            404,
+            "NoSuchBucketPolicy",
+            "The bucket policy does not exist",
+        ),
+        ConfigKind::Owner | ConfigKind::Acl => S3Error::internal("not a document kind"),
     }
 }
 
@@ -158,6 +165,12 @@ impl S3Front {
             ConfigKind::Tagging => config.tagging.map(|t| t.to_xml()),
             ConfigKind::Cors => config.cors.map(|c| c.to_xml()),
             ConfigKind::Lifecycle => config.lifecycle.map(|l| l.to_xml()),
+            ConfigKind::Policy => {
+                let text = config.policy_text.ok_or_else(|| no_such(kind))?;
+                let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
+                return self.respond(conn, req, head, text.as_bytes()).await;
+            }
+            ConfigKind::Owner | ConfigKind::Acl => None,
         };
         let body = body.ok_or_else(|| no_such(kind))?;
         self.respond_xml(conn, req, &body).await
@@ -184,11 +197,20 @@ impl S3Front {
             ConfigKind::Tagging => TagSet::parse_xml(&body, BUCKET_TAGS_MAX)?.to_xml(),
             ConfigKind::Cors => Cors::parse(&body)?.to_xml(),
             ConfigKind::Lifecycle => Lifecycle::parse(&body)?.to_xml(),
+            ConfigKind::Policy => {
+                // Checked, then kept as given: GetBucketPolicy answers it.
+                Policy::parse(&body, &req.bucket)?;
+                String::from_utf8(body)
+                    .map_err(|_| S3Error::new(400, "MalformedPolicy", "A policy is UTF-8 JSON"))?
+            }
+            ConfigKind::Owner | ConfigKind::Acl => {
+                return Err(S3Error::internal("not a document kind"))
+            }
         };
         self.shard
             .set_bucket_config(&req.bucket, kind, Some(Bytes::from(doc)))
             .await?;
-        let status = if kind == ConfigKind::Tagging {
+        let status = if matches!(kind, ConfigKind::Tagging | ConfigKind::Policy) {
             204
         } else {
             200
@@ -208,6 +230,24 @@ impl S3Front {
             .set_bucket_config(&req.bucket, kind, None)
             .await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
+    }
+
+    /// GetBucketPolicyStatus: public when an Allow names everyone.
+    pub(super) async fn get_bucket_policy_status(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+    ) -> Result<(), S3Error> {
+        let config = self
+            .shard
+            .bucket_config(&req.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
+        let policy = config.policy.ok_or_else(|| no_such(ConfigKind::Policy))?;
+        let mut out = String::with_capacity(160);
+        xml::push_open_root(&mut out, "PolicyStatus");
+        xml::push_bool_element(&mut out, "IsPublic", policy.is_public());
+        out.push_str("</PolicyStatus>");
+        self.respond_xml(conn, req, &out).await
     }
 
     pub(super) async fn get_object_tagging(

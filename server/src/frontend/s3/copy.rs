@@ -7,6 +7,7 @@ use md5::{Digest, Md5};
 use super::conditional::check_conditions_with;
 use super::route::percent_decode;
 use super::{quoted, Conn, Request, S3Front};
+use crate::access::Principal;
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
 use crate::frontend::datapath::GET_PIECE_BYTES;
@@ -74,10 +75,14 @@ impl S3Front {
     pub(super) async fn open_copy_source(
         &self,
         req: &Request,
+        principal: &Principal,
     ) -> Result<(ObjectSource, ObjectMeta, String, String), S3Error> {
         let (bucket, key) = parse_copy_source(req)?;
         if !self.shard.bucket_exists(&bucket) {
             return Err(S3Error::no_such_bucket());
+        }
+        if !self.allowed(principal, "s3:GetObject", &bucket, Some(&key)) {
+            return Err(super::authz::access_denied());
         }
         let (source, meta) = ObjectSource::open(&self.shard, &bucket, &key).await?;
         let cond = |name: &str| req.head.header_str(&format!("x-amz-copy-source-{name}"));
@@ -126,8 +131,14 @@ impl S3Front {
         Ok(hex::encode(md5.finalize()))
     }
 
-    pub(super) async fn copy_object(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
-        let (mut source, src_meta, src_bucket, src_key) = self.open_copy_source(req).await?;
+    pub(super) async fn copy_object(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        principal: &Principal,
+    ) -> Result<(), S3Error> {
+        let (mut source, src_meta, src_bucket, src_key) =
+            self.open_copy_source(req, principal).await?;
         if src_meta.size_bytes > PUT_BYTES_MAX {
             return Err(S3Error::new(
                 400,
@@ -195,8 +206,9 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
         part: Option<(String, u32)>,
+        principal: &Principal,
     ) -> Result<(), S3Error> {
-        let (mut source, src_meta, _, _) = self.open_copy_source(req).await?;
+        let (mut source, src_meta, _, _) = self.open_copy_source(req, principal).await?;
         let (start, len) = match req.head.header_str("x-amz-copy-source-range") {
             Some(v) => parse_copy_range(v, src_meta.size_bytes)?,
             None => (0, src_meta.size_bytes),

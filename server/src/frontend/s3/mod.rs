@@ -26,6 +26,7 @@ pub mod route;
 pub mod xml;
 
 mod acl;
+mod authz;
 mod batch;
 mod bucket;
 mod conditional;

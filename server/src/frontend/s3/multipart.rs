@@ -63,7 +63,9 @@ impl S3Front {
         let number = parse_part_number(req)?;
         let part = Some((upload_id(req), number));
         if req.head.header("x-amz-copy-source").is_some() {
-            return self.upload_part_copy(conn, req, part).await;
+            return self
+                .upload_part_copy(conn, req, part, &auth.principal)
+                .await;
         }
         let sink = ObjectSink::open_part(
             &self.shard,

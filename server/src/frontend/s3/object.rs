@@ -98,7 +98,7 @@ impl S3Front {
         auth: &Verified,
     ) -> Result<(), S3Error> {
         if req.head.header("x-amz-copy-source").is_some() {
-            return self.copy_object(conn, req).await;
+            return self.copy_object(conn, req, &auth.principal).await;
         }
         let meta = self.object_meta_from_request(req)?;
         let condition = put_condition(&req.head)?;

@@ -12,7 +12,8 @@ use sha2::Sha256;
 use super::conditional::content_md5;
 use super::route::{route, unimplemented_name, virtual_host_bucket, Route, S3Op};
 use super::{checksum, xml, Conn, Request, S3Front};
-use crate::bucket_config::ConfigKind::{Cors, Lifecycle, Tagging};
+use crate::access::Principal;
+use crate::bucket_config::ConfigKind::{Cors, Lifecycle, Policy, Tagging};
 use crate::frontend::common::peer_is_loopback;
 use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
 use crate::frontend::s3::auth::{self, AuthInput, HeaderView, Verified};
@@ -181,6 +182,7 @@ impl S3Front {
             return self.cors_preflight(conn, req).await;
         }
         let auth = self.authenticate(req, loopback)?;
+        self.authorize(req, &auth.principal)?;
         // Buckets are never versioned: an object has one version, "null".
         // Another version id names nothing, and is refused rather than
         // ignored, so that deleting an old version never deletes the
@@ -189,8 +191,8 @@ impl S3Front {
             return Err(S3Error::invalid_argument("Invalid version id specified"));
         }
         match req.op {
-            S3Op::ListBuckets => self.list_buckets(conn, req).await,
-            S3Op::CreateBucket => self.create_bucket(conn, req).await,
+            S3Op::ListBuckets => self.list_buckets(conn, req, &auth).await,
+            S3Op::CreateBucket => self.create_bucket(conn, req, &auth).await,
             S3Op::HeadBucket => self.head_bucket(conn, req).await,
             S3Op::DeleteBucket => self.delete_bucket(conn, req).await,
             S3Op::GetBucketLocation => self.get_bucket_location(conn, req).await,
@@ -214,6 +216,10 @@ impl S3Front {
             S3Op::DeleteBucketTagging => self.delete_bucket_config(conn, req, Tagging).await,
             S3Op::DeleteBucketCors => self.delete_bucket_config(conn, req, Cors).await,
             S3Op::DeleteBucketLifecycle => self.delete_bucket_config(conn, req, Lifecycle).await,
+            S3Op::GetBucketPolicy => self.get_bucket_config(conn, req, Policy).await,
+            S3Op::PutBucketPolicy => self.put_bucket_config(conn, req, &auth, Policy).await,
+            S3Op::DeleteBucketPolicy => self.delete_bucket_config(conn, req, Policy).await,
+            S3Op::GetBucketPolicyStatus => self.get_bucket_policy_status(conn, req).await,
             S3Op::GetObjectTagging => self.get_object_tagging(conn, req).await,
             S3Op::PutObjectTagging => self.put_object_tagging(conn, req, &auth).await,
             S3Op::DeleteObjectTagging => self.delete_object_tagging(conn, req).await,
@@ -330,9 +336,25 @@ impl S3Front {
             virtual_bucket: virtual_bucket.as_deref(),
         };
         let creds = &self.cfg.credentials;
-        let lookup = |ak: &str| (ak == creds.access_key).then(|| creds.secret_key.clone());
-        let verified = auth::verify(&input, &lookup, SystemTime::now(), CLOCK_SKEW_MAX)?;
-        if !creds.allowed_from(loopback) {
+        let lookup = |ak: &str| {
+            if ak == creds.access_key {
+                Some(creds.secret_key.clone())
+            } else {
+                self.shard
+                    .user_by_access_key(ak)
+                    .map(|u| u.secret_key.clone())
+            }
+        };
+        let mut verified = match auth::verify(&input, &lookup, SystemTime::now(), CLOCK_SKEW_MAX) {
+            // No signature at all: anonymous, allowed only what a bucket
+            // policy or ACL grants to everyone (`authz`).
+            Err(auth::AuthError::Missing) => return Ok(Verified::anonymous()),
+            other => other?,
+        };
+        verified.principal = self
+            .principal_of(&verified.access_key)
+            .ok_or_else(|| S3Error::from(auth::AuthError::InvalidAccessKeyId))?;
+        if verified.principal == Principal::Root && !creds.allowed_from(loopback) {
             return Err(S3Error::new(
                 403,
                 "AccessDenied",

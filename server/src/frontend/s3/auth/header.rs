@@ -57,6 +57,7 @@ pub(super) fn verify_header_auth(
         ],
     )?;
     Ok(Verified {
+        principal: crate::access::Principal::Anonymous,
         access_key: credential.access_key.to_string(),
         payload,
         signing_key: key,

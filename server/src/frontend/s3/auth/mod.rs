@@ -128,6 +128,9 @@ impl PayloadMode {
 /// A request whose signature checked out.
 #[derive(Clone)]
 pub struct Verified {
+    /// Who signed: set by the front door from the access key (the auth
+    /// module leaves it Anonymous, the fail-closed value).
+    pub principal: crate::access::Principal,
     pub access_key: String,
     pub payload: PayloadMode,
     /// Derived kSigning, for chunk and trailer signatures.
@@ -142,6 +145,22 @@ pub struct Verified {
     /// SignedHeaders; SigV2: always in its string-to-sign), so a body it
     /// matches is the body the signer meant.
     pub content_md5_signed: bool,
+}
+
+impl Verified {
+    /// A request without any signature.
+    pub fn anonymous() -> Verified {
+        Verified {
+            principal: crate::access::Principal::Anonymous,
+            access_key: String::new(),
+            payload: PayloadMode::Unsigned,
+            signing_key: [0; 32],
+            seed_signature: [0; 32],
+            amz_date: String::new(),
+            scope: String::new(),
+            content_md5_signed: false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Verified {

@@ -124,6 +124,7 @@ pub(super) fn verify_query_auth(
         ],
     )?;
     Ok(Verified {
+        principal: crate::access::Principal::Anonymous,
         access_key: credential.access_key.to_string(),
         payload,
         signing_key: key,

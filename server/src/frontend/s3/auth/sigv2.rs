@@ -215,6 +215,7 @@ fn verified(input: &AuthInput, access_key: &str) -> Result<Verified, AuthError> 
         }
     };
     Ok(Verified {
+        principal: crate::access::Principal::Anonymous,
         access_key: access_key.to_string(),
         payload,
         signing_key: [0; 32],

@@ -975,6 +975,7 @@ fn trailer_chunked_body() -> Vec<u8> {
 
 fn example_verified(seed: &str, payload: PayloadMode) -> Verified {
     Verified {
+        principal: crate::access::Principal::Anonymous,
         access_key: ACCESS_KEY.into(),
         payload,
         signing_key: signing_key(SECRET, "20130524", "us-east-1", "s3"),
