@@ -105,6 +105,13 @@ fn call(admin: &AdminArgs, method: &str, path: &str) -> Result<(u16, String), St
 }
 
 pub fn run(cmd: UserCommand) -> Result<(), String> {
+    if let UserCommand::Add { name, .. } | UserCommand::Remove { name, .. } = &cmd {
+        if !percore_server::access::users::valid_user_name(name) {
+            return Err(format!(
+                "{name:?} is not a user name: 1-64 of A-Z a-z 0-9 _ . @ + = , - (and not root)"
+            ));
+        }
+    }
     let (admin, method, path) = match &cmd {
         UserCommand::Add { name, admin } => (admin, "POST", format!("/users/{name}")),
         UserCommand::Remove { name, admin } => (admin, "DELETE", format!("/users/{name}")),

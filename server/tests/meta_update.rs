@@ -197,7 +197,8 @@ fn bucket_configuration_documents_survive_reopen() {
                 ("photos".into(), "tagging".into(), 11, b"<t/>".to_vec()),
             ]
         );
-        assert_eq!(store.bucket_configs_drop("photos").await.unwrap(), 2);
+        assert_eq!(store.bucket_configs_drop("photos", 12).await.unwrap(), 0);
+        assert_eq!(store.bucket_configs_drop("photos", 11).await.unwrap(), 2);
         assert!(store.bucket_configs().await.unwrap().is_empty());
     });
 }

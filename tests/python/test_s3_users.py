@@ -271,3 +271,102 @@ def test_removed_keys_stop_and_everything_survives_kill9(tmp_path):
         assert root.get_object(Bucket=bucket, Key="k")["Body"].read() == b"carol"
     finally:
         srv.close()
+
+
+def test_deny_binds_the_owner_and_policies_can_open_writes(env):
+    srv, root, alice, bob = env
+    a, b = client_of(srv, alice), client_of(srv, bob)
+    bucket = unique_bucket_name("dropbox")
+    a.create_bucket(Bucket=bucket)
+    a.put_object(Bucket=bucket, Key="locked/k", Body=b"v")
+    a.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Statement": [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:DeleteObject",
+         "Resource": f"arn:aws:s3:::{bucket}/locked/*"},
+        {"Effect": "Allow", "Principal": "*", "Action": "s3:PutObject",
+         "Resource": f"arn:aws:s3:::{bucket}/inbox/*"}]}))
+    # The owner is bound by an explicit Deny; root is not.
+    assert code_of(lambda: a.delete_object(Bucket=bucket, Key="locked/k")) == "AccessDenied"
+    # Anyone may drop files into inbox/, and read nothing.
+    b.put_object(Bucket=bucket, Key="inbox/from-bob", Body=b"hi")
+    conn = http.client.HTTPConnection("127.0.0.1", srv.s3_port, timeout=10)
+    conn.request("PUT", f"/{bucket}/inbox/anon", body=b"anonymous", headers={"Content-Length": "9"})
+    assert conn.getresponse().status == 200
+    conn.close()
+    assert a.get_object(Bucket=bucket, Key="inbox/anon")["Body"].read() == b"anonymous"
+    assert code_of(lambda: b.get_object(Bucket=bucket, Key="inbox/from-bob")) == "AccessDenied"
+    assert code_of(lambda: b.put_object(Bucket=bucket, Key="elsewhere", Body=b"x")) == "AccessDenied"
+    # A missing bucket is NoSuchBucket to users, whatever they ask.
+    assert code_of(lambda: b.get_object(Bucket=unique_bucket_name("missing"), Key="k")) == "NoSuchBucket"
+    root.delete_object(Bucket=bucket, Key="locked/k")
+
+
+def test_policy_changes_reach_every_shard_in_write_order(env):
+    """Concurrent Put/DeleteBucketPolicy: every shard ends on the state the
+    last answered write left (a new connection lands on either shard)."""
+    import threading
+    srv, root, alice, bob = env
+    bucket = unique_bucket_name("racing")
+    client_of(srv, alice).create_bucket(Bucket=bucket)
+    text = json.dumps({"Statement": [{"Effect": "Allow", "Principal": {"AWS": "bob"},
+                                      "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}]})
+
+    def writer(i):
+        c = client_of(srv, alice)
+        for j in range(15):
+            if (i + j) % 2:
+                c.put_bucket_policy(Bucket=bucket, Policy=text)
+            else:
+                c.delete_bucket_policy(Bucket=bucket)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a = client_of(srv, alice)
+    a.put_bucket_policy(Bucket=bucket, Policy=text)
+    for _ in range(8):
+        assert client_of(srv, bob).list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+    a.delete_bucket_policy(Bucket=bucket)
+    for _ in range(8):
+        assert code_of(lambda: client_of(srv, bob).list_objects_v2(Bucket=bucket)) == "AccessDenied"
+
+
+def test_removed_keys_stop_on_open_native_connections_and_names_are_not_reused(env):
+    import percore
+    srv, root, alice, bob = env
+    erin = add_user(srv, "erin")
+    e = client_of(srv, erin)
+    bucket = unique_bucket_name("erin")
+    e.create_bucket(Bucket=bucket)
+    e.put_object(Bucket=bucket, Key="k", Body=b"erin's")
+    c = percore.Client(srv.native_endpoint, access_key=erin["access_key"],
+                       secret_key=erin["secret_key"], attempts=1, threads=1)
+    assert c.get(bucket, "k") == b"erin's"
+    user_cli(srv, "remove", "erin")
+    with pytest.raises(Exception):
+        c.get(bucket, "k")
+    # The name still owns a bucket: a new "erin" would inherit it.
+    p = user_cli(srv, "add", "erin", check=False)
+    assert p.returncode != 0 and "still owns buckets" in p.stderr, p.stderr
+    root.delete_object(Bucket=bucket, Key="k")
+    root.delete_bucket(Bucket=bucket)
+    add_user(srv, "erin")
+
+
+def test_open_admin_writes_never_open_users():
+    srv = Server(shards=1, name="users-open-admin", env={"PERCORE_ADMIN_OPEN_WRITES": "true"})
+    srv.start()
+    try:
+        for method, path in (("POST", "/users/mallory"), ("GET", "/users"), ("DELETE", "/users/x")):
+            conn = http.client.HTTPConnection("127.0.0.1", srv.admin_port, timeout=10)
+            conn.request(method, path)
+            assert conn.getresponse().status == 401, (method, path)
+            conn.close()
+        # The other writes are open, as configured.
+        conn = http.client.HTTPConnection("127.0.0.1", srv.admin_port, timeout=10)
+        conn.request("POST", "/cache/drop")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        srv.close()

@@ -5,8 +5,8 @@
 //!
 //! The rules, in order:
 //! 1. the root principal (the server's own credentials) may do anything;
-//! 2. a request on a bucket that does not exist goes on (it answers
-//!    NoSuchBucket);
+//! 2. a request on a bucket that does not exist (on the deciding shard's
+//!    view) is refused: the front doors answer NoSuchBucket;
 //! 3. an explicit Deny of the bucket's policy that matches refuses;
 //! 4. the bucket's owner may do anything else;
 //! 5. an Allow of the policy that matches allows;
@@ -65,7 +65,7 @@ pub fn resource(bucket: &str, key: Option<&str>) -> String {
 
 /// Whether `principal` may do `action` (an IAM action name such as
 /// `s3:GetObject`) on `key` of the bucket whose configuration is `config`
-/// (None: the bucket does not exist).
+/// (None: the bucket does not exist, and only root may go on).
 pub fn decide(
     principal: &Principal,
     action: &str,
@@ -76,8 +76,11 @@ pub fn decide(
     if *principal == Principal::Root {
         return true;
     }
+    // No such bucket (on this shard's view, which may be behind the
+    // shard that will run the request): nothing to allow. Front doors
+    // answer NoSuchBucket for it.
     let Some(config) = config else {
-        return true;
+        return false;
     };
     let res = resource(bucket, key);
     let verdict = config

@@ -40,8 +40,9 @@ enum Who {
 struct Statement {
     effect: Verdict,
     who: Who,
-    actions: Vec<String>,
-    resources: Vec<String>,
+    /// Lower-cased, as characters (matched case-insensitively).
+    actions: Vec<Vec<char>>,
+    resources: Vec<Vec<char>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,15 +60,20 @@ fn malformed(message: impl Into<String>) -> ConfigError {
 
 /// IAM wildcards: `*` any run, `?` one character.
 pub fn glob(pattern: &str, s: &str, ignore_case: bool) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = if ignore_case {
-        (
-            pattern.to_lowercase().chars().collect(),
-            s.to_lowercase().chars().collect(),
-        )
-    } else {
-        (pattern.chars().collect(), s.chars().collect())
+    let fold = |x: &str| {
+        if ignore_case {
+            x.to_lowercase().chars().collect::<Vec<char>>()
+        } else {
+            x.chars().collect()
+        }
     };
-    // Iterative matching with one backtrack point (linear in practice).
+    glob_chars(&fold(pattern), &fold(s))
+}
+
+/// [`glob`] on characters, as patterns are kept (compiled at parse time).
+/// Greedy with one backtrack point: O(|p|·|t|) at worst, linear for the
+/// usual `prefix*` patterns; a policy's patterns are bounded by its size.
+fn glob_chars(p: &[char], t: &[char]) -> bool {
     let (mut pi, mut ti) = (0, 0);
     let (mut star, mut mark) = (None, 0);
     while ti < t.len() {
@@ -209,22 +215,23 @@ impl Statement {
         Ok(Statement {
             effect,
             who,
-            actions,
-            resources,
+            actions: actions
+                .iter()
+                .map(|a| a.to_lowercase().chars().collect())
+                .collect(),
+            resources: resources.iter().map(|r| r.chars().collect()).collect(),
         })
     }
 
-    fn applies(&self, principal: &Principal, action: &str, resource: &str) -> bool {
+    /// `action` lower-cased and `resource`, as characters.
+    fn applies(&self, principal: &Principal, action: &[char], resource: &[char]) -> bool {
         let who = match (&self.who, principal.name()) {
             (Who::Everyone, _) => true,
             (Who::Users(names), Some(name)) => names.iter().any(|n| n == name),
             (Who::Users(_), None) => false,
         };
-        who && self
-            .actions
-            .iter()
-            .any(|a| a == "*" || glob(a, action, true))
-            && self.resources.iter().any(|r| glob(r, resource, false))
+        who && self.actions.iter().any(|a| glob_chars(a, action))
+            && self.resources.iter().any(|r| glob_chars(r, resource))
     }
 }
 
@@ -272,9 +279,11 @@ impl Policy {
 
     /// Deny if a Deny statement applies, else Allow if an Allow does.
     pub fn evaluate(&self, principal: &Principal, action: &str, resource: &str) -> Option<Verdict> {
+        let action: Vec<char> = action.to_lowercase().chars().collect();
+        let resource: Vec<char> = resource.chars().collect();
         let mut allowed = false;
         for s in &self.statements {
-            if s.applies(principal, action, resource) {
+            if s.applies(principal, &action, &resource) {
                 if s.effect == Verdict::Deny {
                     return Some(Verdict::Deny);
                 }

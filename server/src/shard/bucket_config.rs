@@ -14,6 +14,17 @@ use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::{BucketConfig, ConfigKind};
 
+/// Ok when every shard confirmed an apply; else Busy: the change is
+/// durable and will reach the slow shard (applies are always delivered),
+/// but the caller must not be told it is in force everywhere yet.
+pub(super) fn all_applied(replies: &[Reply]) -> Reply {
+    if replies.iter().all(|r| matches!(r, Reply::Ok)) {
+        Reply::Ok
+    } else {
+        Reply::Err(ShardError::Busy)
+    }
+}
+
 impl Shard {
     /// This shard's view of `bucket`'s configuration (None: no bucket).
     pub fn bucket_config(&self, bucket: &str) -> Option<BucketConfig> {
@@ -22,6 +33,12 @@ impl Shard {
             .get(bucket)
             .filter(|b| !b.locked)
             .map(|b| b.config.clone())
+    }
+
+    /// The configuration authorization decides on: also while the bucket
+    /// is locked by a DeleteBucket (its owner and policy still hold then).
+    pub fn bucket_config_for_access(&self, bucket: &str) -> Option<BucketConfig> {
+        self.buckets.borrow().get(bucket).map(|b| b.config.clone())
     }
 
     /// Stores (Some) or removes (None) the `kind` configuration of
@@ -52,13 +69,8 @@ impl Shard {
         doc: Option<Bytes>,
     ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        let Some(created_ms) = self
-            .buckets
-            .borrow()
-            .get(&name)
-            .filter(|b| !b.locked)
-            .map(|b| b.created_ms)
-        else {
+        let _serial = self.config_writes.lock().await;
+        let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
         let seq = match self
@@ -69,15 +81,16 @@ impl Shard {
             Ok(seq) => seq,
             Err(e) => return Reply::Err(store_error(e)),
         };
-        self.call_all(|| Op::BucketConfigApply {
-            name: name.clone(),
-            created_ms,
-            kind,
-            seq,
-            doc: doc.clone(),
-        })
-        .await;
-        Reply::Ok
+        let applied = self
+            .call_all(|| Op::BucketConfigApply {
+                name: name.clone(),
+                created_ms,
+                kind,
+                seq,
+                doc: doc.clone(),
+            })
+            .await;
+        all_applied(&applied)
     }
 
     /// BucketConfigApply, on every shard.

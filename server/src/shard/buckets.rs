@@ -21,6 +21,15 @@ impl Shard {
         self.buckets.borrow().get(name).is_some_and(|b| !b.locked)
     }
 
+    /// The creation time of `name`, if it exists and is not locked.
+    pub(super) fn bucket_created_ms(&self, name: &str) -> Option<u64> {
+        let buckets = self.buckets.borrow();
+        buckets
+            .get(name)
+            .filter(|b| !b.locked)
+            .map(|b| b.created_ms)
+    }
+
     pub fn bucket_list(&self) -> Vec<(String, u64)> {
         self.buckets
             .borrow()
@@ -80,6 +89,7 @@ impl Shard {
         // two leaves a bucket of the root principal (which can give it away
         // with a policy).
         if let Some(owner) = &owner {
+            let _serial = self.config_writes.lock().await;
             let doc = Some(bytes::Bytes::from(owner.clone().into_bytes()));
             if let Err(e) = self
                 .store
@@ -105,9 +115,9 @@ impl Shard {
     /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
     pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        if !self.bucket_exists(&name) {
+        let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
-        }
+        };
         let counts = self
             .call_all(|| Op::BucketLock { name: name.clone() })
             .await;
@@ -134,7 +144,13 @@ impl Shard {
         // Its configuration goes too; a failure leaves documents that no
         // longer apply (they name the old bucket's creation time) and
         // that the next start drops.
-        if let Err(e) = self.store.bucket_configs_drop(&name).await {
+        let dropped = {
+            let _serial = self.config_writes.lock().await;
+            // Only this bucket's: one created again meanwhile under the
+            // name may have written its owner already.
+            self.store.bucket_configs_drop(&name, created_ms).await
+        };
+        if let Err(e) = dropped {
             tracing::warn!(bucket = %name, "could not drop a deleted bucket's configuration: {e}");
         }
         Reply::Ok

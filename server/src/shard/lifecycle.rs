@@ -29,6 +29,13 @@ pub struct LifecycleSettings {
     pub day_ms: u64,
 }
 
+/// One bucket's rules, as a pass found them.
+struct Pass {
+    bucket: String,
+    created_ms: u64,
+    lifecycle: Rc<Lifecycle>,
+}
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PassReport {
@@ -89,11 +96,17 @@ impl Shard {
 
     /// One pass over every bucket with lifecycle rules.
     pub async fn lifecycle_pass(&self, settings: &LifecycleSettings) -> PassReport {
-        let buckets: Vec<(String, Rc<Lifecycle>)> = self
+        let buckets: Vec<Pass> = self
             .buckets
             .borrow()
             .iter()
-            .filter_map(|(name, view)| Some((name.clone(), view.config.lifecycle.clone()?)))
+            .filter_map(|(name, view)| {
+                Some(Pass {
+                    bucket: name.clone(),
+                    created_ms: view.created_ms,
+                    lifecycle: view.config.lifecycle.clone()?,
+                })
+            })
             .collect();
         let mut pacer = Pacer {
             per_sec: settings.actions_per_sec.max(1),
@@ -101,16 +114,16 @@ impl Shard {
             used: 0,
         };
         let mut report = PassReport::default();
-        for (bucket, lifecycle) in buckets {
-            for rule in lifecycle.enabled() {
+        for pass in &buckets {
+            for rule in pass.lifecycle.enabled() {
                 let now = now_ms();
                 if rule.expiration.is_some() {
-                    report.expired += self.expire(&bucket, rule, now, settings, &mut pacer).await;
+                    report.expired += self.expire(pass, rule, now, settings, &mut pacer).await;
                 }
                 if let Some(days) = rule.abort_incomplete_days {
                     let age_ms = u64::from(days).saturating_mul(settings.day_ms);
                     report.aborted += self
-                        .abort_old_uploads(&bucket, rule, now, age_ms, &mut pacer)
+                        .abort_old_uploads(pass, rule, now, age_ms, &mut pacer)
                         .await;
                 }
             }
@@ -124,11 +137,28 @@ impl Shard {
         report
     }
 
-    /// Whether the object's tags include every tag the rule asks for.
-    async fn has_rule_tags(&self, bucket: &str, key: &str, rule: &Rule) -> bool {
+    /// Whether the bucket still has the rules this pass runs: a pass can
+    /// take hours, and a rule removed or narrowed meanwhile, or a bucket
+    /// deleted and created again (perhaps by someone else), stops it.
+    fn still_current(&self, pass: &Pass) -> bool {
+        self.buckets.borrow().get(&pass.bucket).is_some_and(|b| {
+            b.created_ms == pass.created_ms
+                && !b.locked
+                && b.config
+                    .lifecycle
+                    .as_ref()
+                    .is_some_and(|l| Rc::ptr_eq(l, &pass.lifecycle))
+        })
+    }
+
+    /// Whether version `seq` of the object has every tag the rule asks for.
+    async fn has_rule_tags(&self, bucket: &str, key: &str, seq: u64, rule: &Rule) -> bool {
         let Ok(reader) = self.store.open_read(bucket, key).await else {
             return false;
         };
+        if reader.seq != seq {
+            return false; // Rewritten since it was judged: the next pass.
+        }
         let tags = reader
             .meta
             .headers
@@ -141,15 +171,19 @@ impl Shard {
 
     async fn expire(
         &self,
-        bucket: &str,
+        pass: &Pass,
         rule: &Rule,
         now: u64,
         settings: &LifecycleSettings,
         pacer: &mut Pacer,
     ) -> u64 {
+        let bucket = pass.bucket.as_str();
         let mut expired = 0;
         let mut after = String::new();
         loop {
+            if !self.still_current(pass) {
+                return expired;
+            }
             let page = self
                 .store
                 .list(bucket, &rule.filter.prefix, &after, None, PAGE_KEYS);
@@ -161,12 +195,14 @@ impl Shard {
             // the shard: requests run between pages.
             glommio::yield_if_needed().await;
             for item in page {
-                let ListItem::Object {
-                    key,
-                    size_bytes,
-                    mtime_ms,
-                    ..
-                } = item
+                let ListItem::Object { key, .. } = item else {
+                    continue;
+                };
+                // Judged on the current version, read now (the page may
+                // be old); deleted only if that version is still current
+                // when the tombstone's seq is taken (`delete_version`), so
+                // a write that lands meanwhile is never undone.
+                let Some((seq, mtime_ms, size_bytes)) = self.store.live_version(bucket, &key)
                 else {
                     continue;
                 };
@@ -177,18 +213,17 @@ impl Shard {
                 {
                     continue;
                 }
-                // The version judged: the listing's, read before any await.
-                let Some(seq) = self.store.live_seq(bucket, &key) else {
-                    continue;
-                };
                 // Reading the tags is a device read: paced like a delete.
                 if !rule.filter.tags.is_empty() {
                     pacer.take().await;
-                    if !self.has_rule_tags(bucket, &key, rule).await {
+                    if !self.has_rule_tags(bucket, &key, seq, rule).await {
                         continue;
                     }
                 }
                 pacer.take().await;
+                if !self.still_current(pass) {
+                    return expired;
+                }
                 match self.store.delete_version(bucket, &key, seq).await {
                     Ok(true) => expired += 1,
                     Ok(false) => {}
@@ -209,12 +244,13 @@ impl Shard {
 
     async fn abort_old_uploads(
         &self,
-        bucket: &str,
+        pass: &Pass,
         rule: &Rule,
         now: u64,
         age_ms: u64,
         pacer: &mut Pacer,
     ) -> u64 {
+        let bucket = pass.bucket.as_str();
         let mut aborted = 0;
         let (mut key_marker, mut id_marker) = (String::new(), String::new());
         loop {
@@ -235,6 +271,9 @@ impl Shard {
                     continue;
                 }
                 pacer.take().await;
+                if !self.still_current(pass) {
+                    return aborted;
+                }
                 match self.store.mpu_abort(bucket, &u.key, &u.upload_id).await {
                     Ok(()) => aborted += 1,
                     Err(e) => {

@@ -77,6 +77,11 @@ pub struct Shard {
     /// Bucket names being created (bucket-owner shard): a concurrent
     /// create of the same name is refused, not raced.
     creating: RefCell<std::collections::HashSet<String>>,
+    /// Serializes the bucket-owner shard's writes of configuration
+    /// documents and users (this shard's own lock; no other shard takes
+    /// it): each write reads back its own seq and is applied everywhere
+    /// before the next starts, so every shard applies them in one order.
+    config_writes: futures::lock::Mutex<()>,
     /// PUTs in progress per bucket on this shard (for DeleteBucket).
     puts_in_flight: RefCell<HashMap<String, usize>>,
     sessions: RefCell<HashMap<SessionId, SessionSlot>>,
@@ -120,6 +125,7 @@ impl Shard {
             buckets: RefCell::new(BTreeMap::new()),
             users: RefCell::new(Default::default()),
             creating: RefCell::new(Default::default()),
+            config_writes: futures::lock::Mutex::new(()),
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),

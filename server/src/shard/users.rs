@@ -45,17 +45,19 @@ impl Shard {
     /// UserSet, on the bucket-owner shard.
     pub(super) async fn user_set(self: &Rc<Self>, name: String, doc: Option<Bytes>) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        let _serial = self.config_writes.lock().await;
         let seq = match self.store.user_set(&name, doc.clone()).await {
             Ok(seq) => seq,
             Err(e) => return Reply::Err(store_error(e)),
         };
-        self.call_all(|| Op::UserApply {
-            name: name.clone(),
-            seq,
-            doc: doc.clone(),
-        })
-        .await;
-        Reply::Ok
+        let applied = self
+            .call_all(|| Op::UserApply {
+                name: name.clone(),
+                seq,
+                doc: doc.clone(),
+            })
+            .await;
+        super::bucket_config::all_applied(&applied)
     }
 
     /// At start-up, on the bucket-owner shard: every stored user to every

@@ -92,22 +92,21 @@ impl Store {
                 Some(e) if matches!(e.state, State::Live(_)) => e.seq,
                 _ => continue,
             };
-            let mut reader = self.open_read(CONFIG_NAMESPACE, &key).await?;
-            let bucket_created_ms = reader
-                .meta
-                .headers
-                .iter()
-                .find(|(n, _)| n == BUCKET_CREATED_HEADER)
-                .and_then(|(_, v)| v.parse().ok())
-                .unwrap_or(0);
-            let size = reader.size_bytes();
-            let payload = reader.read(0, size).await?;
+            // One damaged document is lost alone, not every bucket's.
+            let payload = match self.read_doc(CONFIG_NAMESPACE, &key).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::error!(key, "bucket configuration unreadable, ignored: {e}");
+                    continue;
+                }
+            };
+            let (bucket_created_ms, payload) = (created_of(&payload.0).unwrap_or(0), payload.1);
             docs.push(ConfigDoc {
                 bucket: bucket.to_string(),
                 kind: kind.to_string(),
                 bucket_created_ms,
                 seq,
-                doc: Bytes::copy_from_slice(&payload),
+                doc: payload,
             });
         }
         Ok(docs)
@@ -132,6 +131,17 @@ impl Store {
         Ok(self.lookup(USERS_NAMESPACE, name).map_or(0, |e| e.seq))
     }
 
+    /// A whole small record: its metadata and payload.
+    async fn read_doc(&self, namespace: &str, key: &str) -> Result<(ObjectMeta, Bytes)> {
+        let mut reader = self.open_read(namespace, key).await?;
+        let size = reader.size_bytes();
+        let payload = reader.read(0, size).await?;
+        Ok((
+            ObjectMeta::clone(&reader.meta),
+            Bytes::copy_from_slice(&payload),
+        ))
+    }
+
     /// Every stored user record: (name, seq, document).
     pub async fn users(&self) -> Result<Vec<(String, u64, Bytes)>> {
         let mut out = Vec::new();
@@ -142,16 +152,19 @@ impl Store {
             let Some(seq) = self.live_seq(USERS_NAMESPACE, &key) else {
                 continue;
             };
-            let mut reader = self.open_read(USERS_NAMESPACE, &key).await?;
-            let size = reader.size_bytes();
-            let payload = reader.read(0, size).await?;
-            out.push((key, seq, Bytes::copy_from_slice(&payload)));
+            match self.read_doc(USERS_NAMESPACE, &key).await {
+                Ok((_, doc)) => out.push((key, seq, doc)),
+                // That user's keys fail; every other user's work.
+                Err(e) => tracing::error!(user = key, "user record unreadable, ignored: {e}"),
+            }
         }
         Ok(out)
     }
 
-    /// Removes every document of `bucket` (after its deletion).
-    pub async fn bucket_configs_drop(&self, bucket: &str) -> Result<usize> {
+    /// Removes the documents of `bucket` as created at `bucket_created_ms`
+    /// (after its deletion); those of a bucket created again under the
+    /// name stay.
+    pub async fn bucket_configs_drop(&self, bucket: &str, bucket_created_ms: u64) -> Result<usize> {
         let prefix = format!("{bucket}/");
         let keys: Vec<String> = self
             .list(CONFIG_NAMESPACE, &prefix, "", None, usize::MAX)
@@ -161,9 +174,25 @@ impl Store {
                 ListItem::Prefix(_) => None,
             })
             .collect();
+        let mut dropped = 0;
         for key in &keys {
-            self.delete(CONFIG_NAMESPACE, key).await?;
+            let created = match self.open_read(CONFIG_NAMESPACE, key).await {
+                Ok(reader) => created_of(&reader.meta),
+                // Unreadable: it applies to no bucket either way.
+                Err(_) => None,
+            };
+            if created.is_none_or(|c| c == bucket_created_ms) {
+                self.delete(CONFIG_NAMESPACE, key).await?;
+                dropped += 1;
+            }
         }
-        Ok(keys.len())
+        Ok(dropped)
     }
+}
+
+fn created_of(meta: &ObjectMeta) -> Option<u64> {
+    meta.headers
+        .iter()
+        .find(|(n, _)| n == BUCKET_CREATED_HEADER)
+        .and_then(|(_, v)| v.parse().ok())
 }

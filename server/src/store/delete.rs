@@ -31,6 +31,15 @@ impl Store {
             .map(|e| e.seq)
     }
 
+    /// The current live version of the key: (seq, mtime, size).
+    pub fn live_version(&self, bucket: &str, key: &str) -> Option<(u64, u64, u64)> {
+        let e = self.lookup(bucket, key)?;
+        match e.state {
+            State::Live(info) => Some((e.seq, info.mtime_ms, info.size_bytes)),
+            State::Deleted => None,
+        }
+    }
+
     /// Deletes the key only if `seq` is still its current version and no
     /// write to it is in flight (checked in the poll that takes the
     /// tombstone's seq, so a later write wins). Returns whether it did.

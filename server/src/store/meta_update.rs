@@ -36,6 +36,12 @@ impl Store {
         if let Some(v) = value {
             meta.headers.push((name.to_string(), v));
         }
+        if meta.headers.len() > super::record::HEADERS_COUNT_MAX {
+            return Err(StoreError::Invalid(format!(
+                "the object has {} metadata entries already: no room for {name}",
+                meta.headers.len() - 1
+            )));
+        }
         let inline = match self.lookup(bucket, key) {
             Some(e) if e.seq == seq => match &e.state {
                 State::Live(info) => info.extents.is_empty(),
@@ -51,8 +57,12 @@ impl Store {
             let mut w = self.put_stream(bucket, key, meta);
             w.set_condition(PutCondition::IfSeq(seq));
             w.write(payload).await?;
-            w.finish().await?;
-            return Ok(());
+            return match w.finish().await {
+                // Another write won the race: not a failed precondition
+                // of the caller's, a conflict to retry.
+                Err(StoreError::PreconditionFailed) => Err(StoreError::ConditionalConflict),
+                other => other.map(drop),
+            };
         }
         drop(reader);
         // No await from here to the seq taken in `write_completed`.

@@ -41,20 +41,22 @@ enum Auth {
         server_nonce: [u8; proto::NONCE_BYTES],
         deadline: Instant,
     },
-    /// HelloOk is out: requests flow, as this principal.
-    Authenticated(Principal),
+    /// HelloOk is out: requests flow, as this principal, signed in with
+    /// this access key (checked again for every request: removed keys stop
+    /// working on open connections too).
+    Authenticated(Principal, String),
 }
 
 impl Auth {
     fn is_authenticated(&self) -> bool {
-        matches!(self, Auth::Authenticated(_))
+        matches!(self, Auth::Authenticated(..))
     }
 
     /// By when the next frame's header must have arrived.
     fn header_deadline(&self) -> Instant {
         match self {
             Auth::AwaitingHello { deadline, .. } => *deadline,
-            Auth::Authenticated(_) => Instant::now() + IDLE_TIMEOUT,
+            Auth::Authenticated(..) => Instant::now() + IDLE_TIMEOUT,
         }
     }
 
@@ -62,7 +64,7 @@ impl Auth {
     fn frame_deadline(&self) -> Instant {
         match self {
             Auth::AwaitingHello { deadline, .. } => *deadline,
-            Auth::Authenticated(_) => Instant::now() + IO_TIMEOUT,
+            Auth::Authenticated(..) => Instant::now() + IO_TIMEOUT,
         }
     }
 }
@@ -230,7 +232,8 @@ impl NativeFront {
         let creds = &self.cfg.credentials;
         // The root keys, or a user's; an unknown key is checked against the
         // root secret all the same and fails (no timing difference).
-        let (secret, principal) = if h.access_key == creds.access_key {
+        let is_root = proto::mac_equal(h.access_key.as_bytes(), creds.access_key.as_bytes());
+        let (secret, principal) = if is_root {
             (creds.secret_key.clone(), Some(Principal::Root))
         } else {
             match self.shard.user_by_access_key(&h.access_key) {
@@ -466,7 +469,7 @@ impl Conn {
         };
         match self.front.hello(&h, &server_nonce, self.loopback) {
             Ok((ok, principal)) => {
-                self.auth = Auth::Authenticated(principal);
+                self.auth = Auth::Authenticated(principal, h.access_key.clone());
                 let msg = ServerMessage::HelloOk(ok);
                 match self
                     .tx
@@ -483,11 +486,24 @@ impl Conn {
 
     /// Who this connection authenticated as (Anonymous before the Hello:
     /// the fail-closed value; requests flow only after it).
-    fn principal(&self) -> Principal {
+    /// None: the user's keys were removed since the Hello.
+    fn principal(&self) -> Option<Principal> {
         match &self.auth {
-            Auth::Authenticated(p) => p.clone(),
-            Auth::AwaitingHello { .. } => Principal::Anonymous,
+            Auth::Authenticated(Principal::User(name), key) => {
+                let user = self.front.shard.user_by_access_key(key)?;
+                (*user.name == **name).then(|| Principal::User(name.clone()))
+            }
+            Auth::Authenticated(p, _) => Some(p.clone()),
+            Auth::AwaitingHello { .. } => Some(Principal::Anonymous),
         }
+    }
+
+    /// The answer to a request on a connection whose keys were removed.
+    fn revoked() -> Reply {
+        Reply::error(
+            Status::Unauthenticated,
+            "this connection's access key was removed: connect again with valid keys",
+        )
     }
 
     /// An authenticated request: PutData to its upload, a Put to a new
@@ -513,7 +529,9 @@ impl Conn {
                 let (me, tx) = (self.front.clone(), self.tx.clone());
                 let (id, kind) = (fh.request_id, fh.kind);
                 let budget = self.budget.clone();
-                let principal = self.principal();
+                let Some(principal) = self.principal() else {
+                    return self.reply_and_close(fh.request_id, Self::revoked()).await;
+                };
                 glommio::spawn_local(async move {
                     let _permit = permit;
                     let reply_tx = tx.clone();
@@ -582,7 +600,9 @@ impl Conn {
         }
         let (me, tx) = (self.front.clone(), self.tx.clone());
         let id = fh.request_id;
-        let principal = self.principal();
+        let Some(principal) = self.principal() else {
+            return self.reply_and_close(id, Self::revoked()).await;
+        };
         glommio::spawn_local(async move {
             let _permit = permit;
             me.run(tx, id, Kind::Put, me.put(id, p, up_rx, principal))

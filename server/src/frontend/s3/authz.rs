@@ -105,7 +105,7 @@ impl S3Front {
         bucket: &str,
         key: Option<&str>,
     ) -> bool {
-        let config = self.shard.bucket_config(bucket);
+        let config = self.shard.bucket_config_for_access(bucket);
         access::decide(principal, action, bucket, key, config.as_ref())
     }
 
@@ -121,6 +121,11 @@ impl S3Front {
             return Ok(());
         };
         let key = on_object(req.op).then_some(req.key.as_str());
+        if *principal != Principal::Root
+            && self.shard.bucket_config_for_access(&req.bucket).is_none()
+        {
+            return Err(S3Error::no_such_bucket());
+        }
         if self.allowed(principal, action, &req.bucket, key) {
             Ok(())
         } else {

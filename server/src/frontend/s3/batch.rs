@@ -218,6 +218,7 @@ impl S3Front {
         for (index, (key, range)) in items.iter().enumerate() {
             while started < items.len() && ahead.len() < BATCH_IN_FLIGHT {
                 let (k, r) = &items[started];
+                glommio::yield_if_needed().await;
                 if self.allowed(&auth.principal, "s3:GetObject", &req.bucket, Some(k)) {
                     ahead.push_back(glommio::spawn_local(fetch_item(
                         self.shard.clone(),

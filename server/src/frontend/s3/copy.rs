@@ -78,11 +78,13 @@ impl S3Front {
         principal: &Principal,
     ) -> Result<(ObjectSource, ObjectMeta, String, String), S3Error> {
         let (bucket, key) = parse_copy_source(req)?;
-        if !self.shard.bucket_exists(&bucket) {
-            return Err(S3Error::no_such_bucket());
-        }
+        // Permission first: a source bucket's existence is not told to
+        // whoever may not read it.
         if !self.allowed(principal, "s3:GetObject", &bucket, Some(&key)) {
             return Err(super::authz::access_denied());
+        }
+        if !self.shard.bucket_exists(&bucket) {
+            return Err(S3Error::no_such_bucket());
         }
         let (source, meta) = ObjectSource::open(&self.shard, &bucket, &key).await?;
         let cond = |name: &str| req.head.header_str(&format!("x-amz-copy-source-{name}"));

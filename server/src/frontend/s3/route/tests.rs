@@ -39,7 +39,7 @@ fn table() {
         // the metrics counted a CreateBucket); a sub-resource is never a
         // CreateBucket.
         ("PUT", "/bucket?tagging", &[], PutBucketTagging),
-        ("PUT", "/bucket?policy", &[], NotImplemented),
+        ("PUT", "/bucket?website", &[], NotImplemented),
         ("PUT", "/bucket?acl", &[], PutBucketAcl),
         ("GET", "/bucket?acl", &[], GetBucketAcl),
         ("HEAD", "/bucket", &[], HeadBucket),
@@ -148,6 +148,8 @@ fn configuration_table() {
         ("DELETE", "/bucket/key?tagging", &[], DeleteObjectTagging),
         ("POST", "/bucket/key?tagging", &[], NotImplemented),
         ("PUT", "/bucket/key?legal-hold", &[], NotImplemented),
+        ("PUT", "/bucket?policy", &[], PutBucketPolicy),
+        ("GET", "/bucket?policyStatus", &[], GetBucketPolicyStatus),
     ];
     for &(method, target, headers, want) in cases {
         let r = route(&head(method, target, headers), None);
@@ -167,7 +169,7 @@ fn virtual_host_table() {
     assert_eq!(r.op, S3Op::ListObjects);
     assert_eq!(r.target.unwrap().bucket, "bucket");
     assert_eq!(h("PUT", "/?tagging").op, S3Op::PutBucketTagging);
-    assert_eq!(h("PUT", "/?policy").op, S3Op::NotImplemented);
+    assert_eq!(h("PUT", "/?website").op, S3Op::NotImplemented);
     assert_eq!(h("PUT", "/").op, S3Op::CreateBucket);
     let r = h("PUT", "/dir/key");
     assert_eq!(r.op, S3Op::PutObject);
@@ -196,7 +198,7 @@ fn refused_targets_keep_their_operation() {
         ),
         (
             "PUT",
-            "/bucket?policy=%00",
+            "/bucket?website=%00",
             "InvalidArgument",
             S3Op::NotImplemented,
         ),
