@@ -171,6 +171,11 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
     ) -> Result<(), S3Error> {
+        // The body names what is read, and only a signature covers it:
+        // nothing is granted to anonymous requests here.
+        if auth.principal == crate::access::Principal::Anonymous {
+            return Err(super::authz::access_denied());
+        }
         self.require_bucket(req)?;
         // SigV2 signs only the sub-resources it knows, and `batchGet` is
         // not one of them: accept SigV4 only (its scope is never empty).
