@@ -295,6 +295,9 @@ def test_deny_binds_the_owner_and_policies_can_open_writes(env):
     assert a.get_object(Bucket=bucket, Key="inbox/anon")["Body"].read() == b"anonymous"
     assert code_of(lambda: b.get_object(Bucket=bucket, Key="inbox/from-bob")) == "AccessDenied"
     assert code_of(lambda: b.put_object(Bucket=bucket, Key="elsewhere", Body=b"x")) == "AccessDenied"
+    # Tags on the way in need s3:PutObjectTagging as well.
+    assert code_of(lambda: b.put_object(Bucket=bucket, Key="inbox/tagged", Body=b"x",
+                                        Tagging="expire=yes")) == "AccessDenied"
     # A missing bucket is NoSuchBucket to users, whatever they ask.
     assert code_of(lambda: b.get_object(Bucket=unique_bucket_name("missing"), Key="k")) == "NoSuchBucket"
     root.delete_object(Bucket=bucket, Key="locked/k")

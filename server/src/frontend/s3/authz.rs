@@ -126,10 +126,18 @@ impl S3Front {
         {
             return Err(S3Error::no_such_bucket());
         }
-        if self.allowed(principal, action, &req.bucket, key) {
-            Ok(())
-        } else {
-            Err(access_denied())
+        if !self.allowed(principal, action, &req.bucket, key) {
+            return Err(access_denied());
         }
+        // Setting tags while writing needs the tagging permission too
+        // (a tag-filtered lifecycle rule acts on them).
+        let sets_tags = matches!(
+            req.op,
+            S3Op::PutObject | S3Op::CopyObject | S3Op::CreateMultipartUpload
+        ) && req.head.header("x-amz-tagging").is_some();
+        if sets_tags && !self.allowed(principal, "s3:PutObjectTagging", &req.bucket, key) {
+            return Err(access_denied());
+        }
+        Ok(())
     }
 }
