@@ -304,8 +304,11 @@ def test_deny_binds_the_owner_and_policies_can_open_writes(env):
 
 
 def test_policy_changes_reach_every_shard_in_write_order(env):
-    """Concurrent Put/DeleteBucketPolicy: every shard ends on the state the
-    last answered write left (a new connection lands on either shard)."""
+    """Concurrent Put/DeleteBucketPolicy all succeed (none wedges or is
+    refused), and the writes after them are in force on every shard (new
+    connections land on either). What the race leaves in between is not
+    observed here: the ordering itself rests on shard 0 serializing the
+    writes (`config_writes`)."""
     import threading
     srv, root, alice, bob = env
     bucket = unique_bucket_name("racing")

@@ -215,16 +215,7 @@ impl Admin {
                 b"user names are 1-64 of A-Z a-z 0-9 _ . @ + = , - (not root)\n".to_vec(),
             );
         }
-        let owned: Vec<String> = shard
-            .bucket_list()
-            .into_iter()
-            .map(|(b, _)| b)
-            .filter(|b| {
-                shard
-                    .bucket_config_for_access(b)
-                    .is_some_and(|c| c.owner.as_deref() == Some(name))
-            })
-            .collect();
+        let owned = shard.buckets_owned_by(name);
         if !owned.is_empty() && shard.user_by_name(name).is_none() {
             // A new person under a removed user's name would own its
             // buckets and inherit the policies naming it.

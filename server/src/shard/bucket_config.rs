@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
+use crate::access::{self, Principal};
 use crate::bucket_config::{BucketConfig, ConfigKind};
 
 /// Ok when every shard confirmed an apply; else Busy: the change is
@@ -35,10 +36,51 @@ impl Shard {
             .map(|b| b.config.clone())
     }
 
-    /// The configuration authorization decides on: also while the bucket
-    /// is locked by a DeleteBucket (its owner and policy still hold then).
-    pub fn bucket_config_for_access(&self, bucket: &str) -> Option<BucketConfig> {
-        self.buckets.borrow().get(bucket).map(|b| b.config.clone())
+    /// Whether `principal` may do `action` on `key` (None: the bucket
+    /// itself) of `bucket`, decided on this shard's view without copying
+    /// it, also while the bucket is locked by a DeleteBucket (its owner and
+    /// policy still hold then). None: no such bucket here.
+    pub fn decide_access(
+        &self,
+        principal: &Principal,
+        action: &str,
+        bucket: &str,
+        key: Option<&str>,
+    ) -> Option<bool> {
+        if *principal == Principal::Root {
+            return Some(true);
+        }
+        let buckets = self.buckets.borrow();
+        let view = buckets.get(bucket)?;
+        Some(access::decide(
+            principal,
+            action,
+            bucket,
+            key,
+            Some(&view.config),
+        ))
+    }
+
+    /// The buckets `principal` lists: those it owns, all for root.
+    pub fn buckets_of(&self, principal: &Principal) -> Vec<(String, u64)> {
+        self.buckets
+            .borrow()
+            .iter()
+            .filter(|(_, b)| {
+                *principal == Principal::Root || principal.owns(b.config.owner.as_deref())
+            })
+            .map(|(n, b)| (n.clone(), b.created_ms))
+            .collect()
+    }
+
+    /// The names of the buckets `owner` (a user name) owns.
+    pub fn buckets_owned_by(&self, owner: &str) -> Vec<String> {
+        self.buckets
+            .borrow()
+            .iter()
+            .filter(|(_, b)| b.config.owner.as_deref() == Some(owner))
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// Stores (Some) or removes (None) the `kind` configuration of

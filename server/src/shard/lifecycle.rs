@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::Shard;
 use crate::bucket_config::lifecycle::{Lifecycle, Rule};
 use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER};
-use crate::store::ListItem;
+use crate::store::{now_ms, ListItem};
 
 /// Keys examined per listing page.
 const PAGE_KEYS: usize = 1000;
@@ -62,12 +62,6 @@ impl Pacer {
         }
         self.used += 1;
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Shard {

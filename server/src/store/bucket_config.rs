@@ -50,31 +50,45 @@ impl Store {
         kind: &str,
         doc: Option<Bytes>,
     ) -> Result<u64> {
-        let key = doc_key(bucket, kind);
+        if doc.as_ref().is_some_and(|d| d.len() > CONFIG_DOC_BYTES_MAX) {
+            return Err(StoreError::Invalid(format!(
+                "a bucket configuration document is at most {CONFIG_DOC_BYTES_MAX} bytes"
+            )));
+        }
+        let created = (
+            BUCKET_CREATED_HEADER.to_string(),
+            bucket_created_ms.to_string(),
+        );
+        self.write_doc(CONFIG_NAMESPACE, &doc_key(bucket, kind), vec![created], doc)
+            .await
+    }
+
+    /// Durably stores (Some, inline, with `headers`) or removes (None) a
+    /// small record; returns the write's seq. Callers serialize writes of
+    /// one key (shard 0's lock), so the seq read back is this write's.
+    async fn write_doc(
+        &self,
+        namespace: &str,
+        key: &str,
+        headers: Vec<(String, String)>,
+        doc: Option<Bytes>,
+    ) -> Result<u64> {
         match doc {
             Some(doc) => {
-                if doc.len() > CONFIG_DOC_BYTES_MAX {
-                    return Err(StoreError::Invalid(format!(
-                        "a bucket configuration document is at most {CONFIG_DOC_BYTES_MAX} bytes"
-                    )));
-                }
                 let meta = ObjectMeta {
                     etag: hex::encode(Md5::digest(&doc)),
-                    headers: vec![(
-                        BUCKET_CREATED_HEADER.to_string(),
-                        bucket_created_ms.to_string(),
-                    )],
+                    headers,
                     ..ObjectMeta::default()
                 };
-                self.put(CONFIG_NAMESPACE, &key, meta, doc).await?;
+                self.put(namespace, key, meta, doc).await?;
             }
             None => {
-                self.write_tombstone(CONFIG_NAMESPACE, &key, super::record::Kind::Tombstone)
+                self.write_tombstone(namespace, key, super::record::Kind::Tombstone)
                     .await?;
             }
         }
         // Installed before the write returned, and nothing awaited since.
-        Ok(self.lookup(CONFIG_NAMESPACE, &key).map_or(0, |e| e.seq))
+        Ok(self.lookup(namespace, key).map_or(0, |e| e.seq))
     }
 
     /// Every stored document, read and checked.
@@ -115,20 +129,7 @@ impl Store {
     /// Durably stores (Some) or removes (None) the record of user `name`;
     /// returns the write's seq.
     pub async fn user_set(&self, name: &str, doc: Option<Bytes>) -> Result<u64> {
-        match doc {
-            Some(doc) => {
-                let meta = ObjectMeta {
-                    etag: hex::encode(Md5::digest(&doc)),
-                    ..ObjectMeta::default()
-                };
-                self.put(USERS_NAMESPACE, name, meta, doc).await?;
-            }
-            None => {
-                self.write_tombstone(USERS_NAMESPACE, name, super::record::Kind::Tombstone)
-                    .await?;
-            }
-        }
-        Ok(self.lookup(USERS_NAMESPACE, name).map_or(0, |e| e.seq))
+        self.write_doc(USERS_NAMESPACE, name, Vec::new(), doc).await
     }
 
     /// A whole small record: its metadata and payload.

@@ -153,15 +153,8 @@ impl NativeFront {
         Reply {
             buckets: self
                 .shard
-                .bucket_list()
+                .buckets_of(principal)
                 .into_iter()
-                .filter(|(name, _)| {
-                    *principal == Principal::Root
-                        || self
-                            .shard
-                            .bucket_config(name)
-                            .is_some_and(|c| principal.owns(c.owner.as_deref()))
-                })
                 .map(|(name, created_ms)| proto::BucketEntry { name, created_ms })
                 .collect(),
             ..Reply::default()

@@ -267,14 +267,14 @@ impl NativeFront {
             Request::Hello(_) | Request::PutData { .. } => Vec::new(),
         };
         for (action, bucket, key) in checks {
-            let config = self.shard.bucket_config_for_access(bucket);
-            if config.is_none() && *principal != Principal::Root {
+            let allowed = self.shard.decide_access(principal, action, bucket, key);
+            let Some(allowed) = allowed else {
                 return Some(Reply::error(
                     Status::NoSuchBucket,
                     format!("no bucket {bucket}"),
                 ));
-            }
-            if !crate::access::decide(principal, action, bucket, key, config.as_ref()) {
+            };
+            if !allowed {
                 let what = key.map_or_else(|| bucket.to_string(), |k| format!("{bucket}/{k}"));
                 return Some(Reply::error(
                     Status::Unauthenticated,

@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use super::route::S3Op;
 use super::{Request, S3Front};
-use crate::access::{self, Principal};
+use crate::access::Principal;
 use crate::frontend::s3::error::S3Error;
 
 /// What an operation needs. None: decided elsewhere (ListBuckets and
@@ -97,7 +97,8 @@ impl S3Front {
     }
 
     /// Whether `principal` may do `action` on `key` (None: the bucket
-    /// itself) of `bucket`.
+    /// itself) of `bucket`; a bucket this shard does not know allows
+    /// nothing but to root.
     pub(super) fn allowed(
         &self,
         principal: &Principal,
@@ -105,8 +106,9 @@ impl S3Front {
         bucket: &str,
         key: Option<&str>,
     ) -> bool {
-        let config = self.shard.bucket_config_for_access(bucket);
-        access::decide(principal, action, bucket, key, config.as_ref())
+        self.shard
+            .decide_access(principal, action, bucket, key)
+            .unwrap_or(false)
     }
 
     /// The check of dispatch, before the handler runs.
@@ -121,13 +123,13 @@ impl S3Front {
             return Ok(());
         };
         let key = on_object(req.op).then_some(req.key.as_str());
-        if *principal != Principal::Root
-            && self.shard.bucket_config_for_access(&req.bucket).is_none()
+        match self
+            .shard
+            .decide_access(principal, action, &req.bucket, key)
         {
-            return Err(S3Error::no_such_bucket());
-        }
-        if !self.allowed(principal, action, &req.bucket, key) {
-            return Err(access_denied());
+            None => return Err(S3Error::no_such_bucket()),
+            Some(false) => return Err(access_denied()),
+            Some(true) => {}
         }
         // Setting tags while writing needs the tagging permission too
         // (a tag-filtered lifecycle rule acts on them).

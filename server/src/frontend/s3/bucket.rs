@@ -50,15 +50,8 @@ impl S3Front {
             ),
         };
         let prefix = req.q("prefix").unwrap_or("");
-        let mut names = self.shard.bucket_list();
         // Each user lists the buckets it owns; the root principal all.
-        names.retain(|(name, _)| {
-            auth.principal == Principal::Root
-                || self
-                    .shard
-                    .bucket_config(name)
-                    .is_some_and(|c| auth.principal.owns(c.owner.as_deref()))
-        });
+        let mut names = self.shard.buckets_of(&auth.principal);
         names.sort();
         let mut matching = names
             .into_iter()

@@ -151,6 +151,25 @@ impl S3Front {
         self.respond(conn, req, head, b"").await
     }
 
+    /// A configuration or tagging body of an existing bucket: as S3 asks,
+    /// covered by the signature or by a checksum header that is verified.
+    async fn read_config_body(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<Vec<u8>, S3Error> {
+        self.require_bucket(req)?;
+        self.read_verified_body(
+            conn,
+            req,
+            auth,
+            xml::PARSE_BODY_BYTES_MAX,
+            BodyCheck::Covered,
+        )
+        .await
+    }
+
     pub(super) async fn get_bucket_config(
         &self,
         conn: &mut Conn,
@@ -183,16 +202,7 @@ impl S3Front {
         auth: &Verified,
         kind: ConfigKind,
     ) -> Result<(), S3Error> {
-        self.require_bucket(req)?;
-        let body = self
-            .read_verified_body(
-                conn,
-                req,
-                auth,
-                xml::PARSE_BODY_BYTES_MAX,
-                BodyCheck::Covered,
-            )
-            .await?;
+        let body = self.read_config_body(conn, req, auth).await?;
         let doc = match kind {
             ConfigKind::Tagging => TagSet::parse_xml(&body, BUCKET_TAGS_MAX)?.to_xml(),
             ConfigKind::Cors => Cors::parse(&body)?.to_xml(),
@@ -272,16 +282,7 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
     ) -> Result<(), S3Error> {
-        self.require_bucket(req)?;
-        let body = self
-            .read_verified_body(
-                conn,
-                req,
-                auth,
-                xml::PARSE_BODY_BYTES_MAX,
-                BodyCheck::Covered,
-            )
-            .await?;
+        let body = self.read_config_body(conn, req, auth).await?;
         let tags = TagSet::parse_xml(&body, OBJECT_TAGS_MAX)?;
         let value = (!tags.0.is_empty()).then(|| tags.to_query());
         self.shard
