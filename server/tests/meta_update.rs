@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use percore_server::store::record::ObjectMeta;
+use percore_server::store::versions::Versioning;
 use percore_server::store::{Store, StoreError};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -113,9 +114,15 @@ fn tag_rewrites_keep_bytes_through_compaction_and_reopen() {
                     let seq = store.live_seq("b", &key);
                     assert_eq!(seq.is_some(), model.contains_key(&key));
                     if let Some(seq) = seq {
-                        assert!(!store.delete_version("b", &key, seq - 1).await.unwrap());
+                        assert!(!store
+                            .delete_if_current("b", &key, seq - 1, Versioning::Off)
+                            .await
+                            .unwrap());
                         if rng.gen_bool(0.3) {
-                            assert!(store.delete_version("b", &key, seq).await.unwrap());
+                            assert!(store
+                                .delete_if_current("b", &key, seq, Versioning::Off)
+                                .await
+                                .unwrap());
                             model.remove(&key);
                         }
                     }

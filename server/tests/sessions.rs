@@ -296,6 +296,7 @@ async fn delete_all(shard: &Rc<Shard>, bucket: &str, keys: &[String]) {
             .call(
                 owner,
                 Op::Delete {
+                    pick: percore_server::store::versions::Pick::Current,
                     bucket: bucket.into(),
                     key: k.clone(),
                 },

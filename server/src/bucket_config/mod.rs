@@ -8,6 +8,7 @@
 use std::rc::Rc;
 
 use crate::frontend::s3::xml::{parse_xml, XmlElement};
+use crate::store::versions::Versioning;
 
 pub mod cors;
 pub mod lifecycle;
@@ -26,16 +27,19 @@ pub enum ConfigKind {
     Policy,
     /// The canned ACL: `public-read` (absent: private).
     Acl,
+    /// `Enabled` or `Suspended` (absent: never versioned).
+    Versioning,
 }
 
 impl ConfigKind {
-    pub const ALL: [ConfigKind; 6] = [
+    pub const ALL: [ConfigKind; 7] = [
         ConfigKind::Tagging,
         ConfigKind::Cors,
         ConfigKind::Lifecycle,
         ConfigKind::Owner,
         ConfigKind::Policy,
         ConfigKind::Acl,
+        ConfigKind::Versioning,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +50,7 @@ impl ConfigKind {
             ConfigKind::Owner => "owner",
             ConfigKind::Policy => "policy",
             ConfigKind::Acl => "acl",
+            ConfigKind::Versioning => "versioning",
         }
     }
 
@@ -140,8 +145,9 @@ pub struct BucketConfig {
     pub policy_text: Option<Rc<str>>,
     /// The canned ACL public-read: anyone may list the bucket.
     pub public_read: bool,
+    pub versioning: crate::store::versions::Versioning,
     /// Seq of the write each kind reflects (0: none yet).
-    seqs: [u64; 6],
+    seqs: [u64; ConfigKind::ALL.len()],
 }
 
 impl BucketConfig {
@@ -182,6 +188,7 @@ impl BucketConfig {
                 self.policy_text = None;
             }
             ConfigKind::Acl => self.public_read = false,
+            ConfigKind::Versioning => self.versioning = Versioning::Off,
         }
     }
 
@@ -207,6 +214,13 @@ impl BucketConfig {
                 self.policy_text = Some(Rc::from(String::from_utf8_lossy(doc).as_ref()));
             }
             ConfigKind::Acl => self.public_read = doc == b"public-read",
+            ConfigKind::Versioning => {
+                self.versioning = match doc {
+                    b"Enabled" => Versioning::Enabled,
+                    b"Suspended" => Versioning::Suspended,
+                    _ => return Err(ConfigError::malformed("unknown versioning state")),
+                }
+            }
         }
         Ok(())
     }

@@ -9,10 +9,11 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use super::msg::{Op, Reply, ShardError};
+use super::msg::{Op, Removed, Reply, ShardError};
 use super::{Shard, BUCKET_OWNER_SHARD};
 use crate::store::mpu::{PartItem, UploadItem};
 use crate::store::record::ObjectMeta;
+use crate::store::versions::Pick;
 use crate::store::{ListItem, ObjectInfo};
 
 /// The error for a reply of the wrong kind (a bug), or the error it carries.
@@ -40,37 +41,54 @@ impl Shard {
         }
     }
 
-    /// Deletes the object on its owner; Ok(true) if it existed.
+    /// Deletes the object on its owner (a delete marker where the bucket
+    /// is versioned); Ok(true) if it existed.
     pub async fn delete_object(
         self: &Rc<Self>,
         bucket: &str,
         key: &str,
     ) -> Result<bool, ShardError> {
+        self.delete_version(bucket, key, Pick::Current)
+            .await
+            .map(|r| r.existed)
+    }
+
+    /// DELETE of the version `pick` names, on the key's owner.
+    pub async fn delete_version(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        pick: Pick,
+    ) -> Result<Removed, ShardError> {
         let op = Op::Delete {
             bucket: bucket.into(),
             key: key.into(),
+            pick,
         };
         match self.call(self.owner_of(bucket, key), op).await {
-            Reply::Deleted(existed) => Ok(existed),
+            Reply::Deleted(removed) => Ok(removed),
             other => Err(unexpected(other)),
         }
     }
 
-    /// Replaces (Some, URL-encoded) or removes the object's tags on its
-    /// owner, keeping its bytes, ETag and modification time.
+    /// Replaces (Some, URL-encoded) or removes the tags of the object
+    /// version `pick` names on its owner, keeping its bytes, ETag and
+    /// modification time. Ok: the version id to show.
     pub async fn set_object_tags(
         self: &Rc<Self>,
         bucket: &str,
         key: &str,
+        pick: Pick,
         tags: Option<String>,
-    ) -> Result<(), ShardError> {
+    ) -> Result<Option<String>, ShardError> {
         let op = Op::SetTags {
             bucket: bucket.into(),
             key: key.into(),
+            pick,
             tags,
         };
         match self.call(self.owner_of(bucket, key), op).await {
-            Reply::Ok => Ok(()),
+            Reply::Version(v) => Ok(v),
             other => Err(unexpected(other)),
         }
     }
@@ -128,7 +146,7 @@ impl Shard {
         key: &str,
         upload_id: &str,
         parts: Vec<(u32, String)>,
-    ) -> Result<ObjectInfo, ShardError> {
+    ) -> Result<(ObjectInfo, Option<String>), ShardError> {
         let op = Op::MpuComplete {
             bucket: bucket.into(),
             key: key.into(),
@@ -136,7 +154,7 @@ impl Shard {
             parts,
         };
         match self.call(self.owner_of(bucket, key), op).await {
-            Reply::Put(info) => Ok(info),
+            Reply::Put(info, version) => Ok((info, version)),
             other => Err(unexpected(other)),
         }
     }
@@ -251,6 +269,7 @@ impl Shard {
         from: &str,
         delimiter: Option<String>,
         max: usize,
+        versions: Option<Option<Pick>>,
     ) -> Result<(Vec<ListItem>, bool), ShardError> {
         let n = self.count;
         let batch = (2 * max).div_ceil(n).max(16).min(max + 1);
@@ -273,6 +292,9 @@ impl Shard {
                             start_after: cursors[i].clone(),
                             delimiter: delimiter.clone(),
                             limit: batch,
+                            // The version to resume after is in the
+                            // caller's marker key only.
+                            versions: versions.map(|v| v.filter(|_| !asked[i])),
                         },
                     )
                 });
@@ -302,6 +324,28 @@ impl Shard {
                             }
                             asked[i] = true;
                             exhausted[i] = items.len() < batch;
+                            if versions.is_some() {
+                                // A page of versions ends at `batch`
+                                // versions, or within a key (then the
+                                // caller stops there).
+                                let listed: usize = items
+                                    .iter()
+                                    .map(|i| match i {
+                                        ListItem::Versions { versions, .. } => versions.len(),
+                                        _ => 1,
+                                    })
+                                    .sum();
+                                let cut = items.last().is_some_and(|i| {
+                                    matches!(
+                                        i,
+                                        ListItem::Versions {
+                                            complete: false,
+                                            ..
+                                        }
+                                    )
+                                });
+                                exhausted[i] = cut || (listed < batch && items.len() < batch);
+                            }
                             if let Some(last) = items.last() {
                                 cursors[i] = last.name().to_string();
                             }

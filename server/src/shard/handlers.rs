@@ -8,12 +8,13 @@ use std::rc::Rc;
 use bytes::Bytes;
 
 use super::buckets::WriteInProgress;
-use super::msg::{Op, Reply, SessionId, ShardError};
+use super::msg::{Op, Removed, Reply, SessionId, ShardError};
 use super::sessions::Session;
 use super::{store_error, Shard};
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::store::record::ObjectMeta;
-use crate::store::{PutCondition, PutWriter};
+use crate::store::versions::{version_id, Pick, Versioning};
+use crate::store::{ObjectReader, PutCondition, PutWriter};
 
 impl Shard {
     /// Starts a local PUT (or multipart part) of `key`, counted against
@@ -45,15 +46,78 @@ impl Shard {
         if let Some(c) = condition {
             writer.set_condition(c);
         }
+        if part.is_none() && self.versioning(bucket) == Versioning::Enabled {
+            writer.set_new_version();
+        }
         self.put_started(bucket);
         Ok(writer)
+    }
+
+    /// `bucket`'s versioning state on this shard.
+    pub fn versioning(&self, bucket: &str) -> Versioning {
+        self.buckets
+            .borrow()
+            .get(bucket)
+            .map_or(Versioning::Off, |b| b.config.versioning)
+    }
+
+    /// The version id to show for `version` of an object in `bucket`
+    /// (None: the bucket was never versioned, S3 shows none).
+    pub fn version_label(&self, bucket: &str, version: Option<u64>) -> Option<String> {
+        if version.is_none() && self.versioning(bucket) == Versioning::Off {
+            return None;
+        }
+        Some(version_id(version))
+    }
+
+    /// Opens the version `pick` names, here (its owner); with the version
+    /// id to show.
+    pub async fn open_local(
+        &self,
+        bucket: &str,
+        key: &str,
+        pick: Pick,
+    ) -> Result<(ObjectReader, Option<String>), ShardError> {
+        if pick == Pick::Current && !self.store.has_versions(bucket) {
+            let reader = self
+                .store
+                .open_read(bucket, key)
+                .await
+                .map_err(store_error)?;
+            return Ok((reader, self.version_label(bucket, None)));
+        }
+        let found = self
+            .store
+            .version_to_read(bucket, key, pick)
+            .map_err(store_error)?;
+        let reader = self
+            .store
+            .open_read(bucket, &found.index_key)
+            .await
+            .map_err(store_error)?;
+        Ok((reader, self.version_label(bucket, found.version)))
+    }
+
+    async fn delete_here(&self, bucket: &str, key: &str, pick: Pick) -> Reply {
+        let mode = self.versioning(bucket);
+        match self.store.delete_object(bucket, key, mode, pick).await {
+            Ok(done) => Reply::Deleted(Removed {
+                existed: done.existed,
+                version_id: done.version.map(|v| {
+                    self.version_label(bucket, v)
+                        .unwrap_or_else(|| version_id(v))
+                }),
+                marker: done.marker,
+            }),
+            Err(e) => Reply::Err(store_error(e)),
+        }
     }
 
     /// Runs `op` here, on its owner: the dispatch to one handler per `Op`.
     pub async fn execute(self: &Rc<Self>, op: Op) -> Reply {
         match op {
-            Op::Head { bucket, key } => Reply::Head(self.store.head(&bucket, &key)),
-            Op::ReadOpen { bucket, key } => self.read_open(&bucket, &key).await,
+            Op::Head { bucket, key } => Reply::Head(self.store.current_info(&bucket, &key)),
+            Op::ReadOpen { bucket, key, pick } => self.read_open(&bucket, &key, pick).await,
             Op::ReadChunk {
                 session,
                 offset,
@@ -76,23 +140,27 @@ impl Shard {
                 etag,
                 headers,
             } => self.put_finish(session, etag, headers).await,
-            Op::Delete { bucket, key } => match self.store.delete(&bucket, &key).await {
-                Ok(existed) => Reply::Deleted(existed),
-                Err(e) => Reply::Err(store_error(e)),
-            },
-            Op::SetTags { bucket, key, tags } => self.set_tags(&bucket, &key, tags).await,
+            Op::Delete { bucket, key, pick } => self.delete_here(&bucket, &key, pick).await,
+            Op::SetTags {
+                bucket,
+                key,
+                pick,
+                tags,
+            } => self.set_tags(&bucket, &key, pick, tags).await,
             Op::List {
                 bucket,
                 prefix,
                 start_after,
                 delimiter,
                 limit,
-            } => Reply::List(self.store.list(
+                versions,
+            } => Reply::List(self.store.list_keys(
                 &bucket,
                 &prefix,
                 &start_after,
                 delimiter.as_deref(),
                 limit,
+                versions,
             )),
             Op::MpuCreate { bucket, key, meta } => self.mpu_create_here(&bucket, &key, meta).await,
             Op::MpuComplete {
@@ -146,23 +214,30 @@ impl Shard {
         }
     }
 
-    async fn set_tags(&self, bucket: &str, key: &str, tags: Option<String>) -> Reply {
+    async fn set_tags(&self, bucket: &str, key: &str, pick: Pick, tags: Option<String>) -> Reply {
         let set = self
             .store
-            .set_object_header(bucket, key, OBJECT_TAGS_HEADER, tags);
-        done(set.await)
+            .set_version_header(bucket, key, pick, OBJECT_TAGS_HEADER, tags);
+        match set.await {
+            Ok(version) => Reply::Version(self.version_label(bucket, version)),
+            Err(e) => Reply::Err(store_error(e)),
+        }
     }
 
-    async fn read_open(&self, bucket: &str, key: &str) -> Reply {
-        match self.store.open_read(bucket, key).await {
-            Ok(reader) => {
+    async fn read_open(&self, bucket: &str, key: &str, pick: Pick) -> Reply {
+        match self.open_local(bucket, key, pick).await {
+            Ok((reader, version_id)) => {
                 let meta = ObjectMeta::clone(&reader.meta);
                 match self.new_session(Session::Read(reader)) {
-                    Ok(session) => Reply::Opened { session, meta },
+                    Ok(session) => Reply::Opened {
+                        session,
+                        meta,
+                        version_id,
+                    },
                     Err(e) => Reply::Err(e),
                 }
             }
-            Err(e) => Reply::Err(store_error(e)),
+            Err(e) => Reply::Err(e),
         }
     }
 
@@ -250,11 +325,11 @@ impl Shard {
         let bucket = w.bucket().to_string();
         w.set_etag(etag);
         w.add_headers(headers);
-        let result = w.finish().await;
+        let result = w.finish_version().await;
         self.session_remove(session);
         self.put_ended(&bucket);
         match result {
-            Ok(info) => Reply::Put(info),
+            Ok((info, version)) => Reply::Put(info, self.version_label(&bucket, version)),
             Err(e) => Reply::Err(store_error(e)),
         }
     }
@@ -286,9 +361,13 @@ impl Shard {
         // Counted until done, even if this future is dropped (a
         // local call runs in its caller's future).
         let _writing = WriteInProgress::new(self, bucket);
-        let result = self.store.mpu_complete(bucket, key, upload_id, parts).await;
+        let new_version = self.versioning(bucket) == Versioning::Enabled;
+        let result = self
+            .store
+            .mpu_complete_version(bucket, key, upload_id, parts, new_version)
+            .await;
         match result {
-            Ok(info) => Reply::Put(info),
+            Ok((info, version)) => Reply::Put(info, self.version_label(bucket, version)),
             Err(e) => Reply::Err(store_error(e)),
         }
     }

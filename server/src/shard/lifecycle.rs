@@ -6,15 +6,47 @@
 //! does not starve the request path.
 //!
 //! An object is deleted only if it is still the version that was judged
-//! (`Store::delete_version`): a PUT that lands meanwhile is never undone.
+//! (`Store::delete_if_current`): a PUT that lands meanwhile is never undone.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::Shard;
-use crate::bucket_config::lifecycle::{Lifecycle, Rule};
+use crate::bucket_config::lifecycle::{Expiration, Lifecycle, Rule};
 use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER};
+use crate::store::versions::{Pick, VersionEntry};
 use crate::store::{now_ms, ListItem};
+
+/// The noncurrent versions among `versions` (newest first) that became
+/// noncurrent (the next newer one was written) at least `age_ms` ago and
+/// match the rule's prefix and size.
+fn noncurrent_due(
+    rule: &Rule,
+    key: &str,
+    versions: &[VersionEntry],
+    now: u64,
+    age_ms: Option<u64>,
+) -> Vec<Option<u64>> {
+    let Some(age_ms) = age_ms else {
+        return Vec::new();
+    };
+    versions
+        .windows(2)
+        .filter(|pair| {
+            let (newer, v) = (&pair[0], &pair[1]);
+            let size = v.object.as_ref().map_or(0, |(size, _)| *size);
+            !v.latest
+                && newer.mtime_ms.saturating_add(age_ms) <= now
+                && rule.filter.matches(key, size)
+        })
+        .map(|pair| pair[1].version)
+        .collect()
+}
+
+/// The pick that names `version` (None: the null version).
+fn pick_of(version: Option<u64>) -> Pick {
+    version.map_or(Pick::Null, Pick::Id)
+}
 
 /// Keys examined per listing page.
 const PAGE_KEYS: usize = 1000;
@@ -114,6 +146,11 @@ impl Shard {
                 if rule.expiration.is_some() {
                     report.expired += self.expire(pass, rule, now, settings, &mut pacer).await;
                 }
+                if self.store.has_versions(&pass.bucket) {
+                    report.expired += self
+                        .expire_versions(pass, rule, now, settings, &mut pacer)
+                        .await;
+                }
                 if let Some(days) = rule.abort_incomplete_days {
                     let age_ms = u64::from(days).saturating_mul(settings.day_ms);
                     report.aborted += self
@@ -145,12 +182,23 @@ impl Shard {
         })
     }
 
-    /// Whether version `seq` of the object has every tag the rule asks for.
-    async fn has_rule_tags(&self, bucket: &str, key: &str, seq: u64, rule: &Rule) -> bool {
-        let Ok(reader) = self.store.open_read(bucket, key).await else {
+    /// Whether the version `pick` names, of record `seq` (None: any), has
+    /// every tag the rule asks for.
+    async fn has_rule_tags(
+        &self,
+        bucket: &str,
+        key: &str,
+        pick: Pick,
+        seq: Option<u64>,
+        rule: &Rule,
+    ) -> bool {
+        let Ok(found) = self.store.version_to_read(bucket, key, pick) else {
             return false;
         };
-        if reader.seq != seq {
+        let Ok(reader) = self.store.open_read(bucket, &found.index_key).await else {
+            return false;
+        };
+        if seq.is_some_and(|seq| reader.seq != seq) {
             return false; // Rewritten since it was judged: the next pass.
         }
         let tags = reader
@@ -194,7 +242,7 @@ impl Shard {
                 };
                 // Judged on the current version, read now (the page may
                 // be old); deleted only if that version is still current
-                // when the tombstone's seq is taken (`delete_version`), so
+                // when the tombstone's seq is taken (`delete_if_current`), so
                 // a write that lands meanwhile is never undone.
                 let Some((seq, mtime_ms, size_bytes)) = self.store.live_version(bucket, &key)
                 else {
@@ -210,7 +258,10 @@ impl Shard {
                 // Reading the tags is a device read: paced like a delete.
                 if !rule.filter.tags.is_empty() {
                     pacer.take().await;
-                    if !self.has_rule_tags(bucket, &key, seq, rule).await {
+                    if !self
+                        .has_rule_tags(bucket, &key, Pick::Current, Some(seq), rule)
+                        .await
+                    {
                         continue;
                     }
                 }
@@ -218,7 +269,8 @@ impl Shard {
                 if !self.still_current(pass) {
                     return expired;
                 }
-                match self.store.delete_version(bucket, &key, seq).await {
+                let mode = self.versioning(bucket);
+                match self.store.delete_if_current(bucket, &key, seq, mode).await {
                     Ok(true) => expired += 1,
                     Ok(false) => {}
                     Err(e) => {
@@ -234,6 +286,114 @@ impl Shard {
             }
         }
         expired
+    }
+
+    /// In a versioned bucket: removes for good the noncurrent versions
+    /// that became noncurrent (a newer version was written) more than
+    /// `NoncurrentDays` ago, and, with `ExpiredObjectDeleteMarker`, delete
+    /// markers that are the only version of their key.
+    async fn expire_versions(
+        &self,
+        pass: &Pass,
+        rule: &Rule,
+        now: u64,
+        settings: &LifecycleSettings,
+        pacer: &mut Pacer,
+    ) -> u64 {
+        let bucket = pass.bucket.as_str();
+        let lone_markers = rule.expiration == Some(Expiration::DeleteMarkersOnly);
+        let noncurrent_ms = rule
+            .noncurrent_days
+            .map(|d| u64::from(d).saturating_mul(settings.day_ms));
+        if !lone_markers && noncurrent_ms.is_none() {
+            return 0;
+        }
+        let mut removed = 0;
+        let (mut after, mut resume) = (String::new(), None);
+        loop {
+            if !self.still_current(pass) {
+                return removed;
+            }
+            let page = self.store.list_keys(
+                bucket,
+                &rule.filter.prefix,
+                &after,
+                None,
+                PAGE_KEYS,
+                Some(resume),
+            );
+            let Some(last) = page.last() else {
+                break;
+            };
+            // A key cut by the page resumes at its last version but one, so
+            // that every version is judged with the one written after it.
+            resume = match last {
+                ListItem::Versions {
+                    versions,
+                    complete: false,
+                    ..
+                } => versions
+                    .len()
+                    .checked_sub(2)
+                    .or(versions.len().checked_sub(1))
+                    .map(|i| pick_of(versions[i].version)),
+                _ => None,
+            };
+            after = last.name().to_string();
+            glommio::yield_if_needed().await;
+            for item in page {
+                let ListItem::Versions { key, versions, .. } = item else {
+                    continue;
+                };
+                let mut doomed = noncurrent_due(rule, &key, &versions, now, noncurrent_ms);
+                if lone_markers
+                    && versions.len() == 1
+                    && versions[0].latest
+                    && versions[0].object.is_none()
+                    && rule.filter.tags.is_empty()
+                    && rule.filter.matches(&key, 0)
+                {
+                    doomed.push(versions[0].version);
+                }
+                for version in doomed {
+                    let pick = pick_of(version);
+                    if !rule.filter.tags.is_empty() {
+                        pacer.take().await;
+                        if !self.has_rule_tags(bucket, &key, pick, None, rule).await {
+                            continue;
+                        }
+                    }
+                    pacer.take().await;
+                    if !self.still_current(pass) {
+                        return removed;
+                    }
+                    // Never the current version (unless it is a lone
+                    // marker): a write or a delete since the page was read
+                    // may have changed which one that is.
+                    let current = self.store.resolve(bucket, &key, Pick::Current);
+                    let is_current = current.as_ref().is_some_and(|c| c.version == version);
+                    let lone = is_current && self.store.versions(bucket, &key).len() == 1;
+                    if is_current && !(lone && current.is_some_and(|c| c.marker.is_some())) {
+                        continue;
+                    }
+                    let mode = self.versioning(bucket);
+                    match self.store.delete_object(bucket, &key, mode, pick).await {
+                        Ok(done) if done.existed => removed += 1,
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(
+                                shard = self.id,
+                                bucket,
+                                key,
+                                "lifecycle expiry failed: {e}"
+                            );
+                            return removed;
+                        }
+                    }
+                }
+            }
+        }
+        removed
     }
 
     async fn abort_old_uploads(

@@ -265,6 +265,12 @@ pub fn store_error(e: StoreError) -> ShardError {
         StoreError::Upload(e) => ShardError::Upload(e),
         StoreError::PreconditionFailed => ShardError::PreconditionFailed,
         StoreError::ConditionalConflict => ShardError::ConditionalConflict,
+        StoreError::NoSuchVersion => ShardError::NoSuchVersion,
+        StoreError::DeleteMarker { version, named } => ShardError::DeleteMarker {
+            version_id: crate::store::versions::version_id(version),
+            named,
+        },
+        StoreError::NotSupported(what) => ShardError::NotImplemented(what.to_string()),
         other => ShardError::Internal(other.to_string()),
     }
 }

@@ -5,6 +5,7 @@ use bytes::Bytes;
 
 use crate::store::mpu::{PartItem, UploadError, UploadItem};
 use crate::store::record::ObjectMeta;
+use crate::store::versions::Pick;
 use crate::store::{ListItem, ObjectInfo, PutCondition};
 
 pub type SessionId = u64;
@@ -18,6 +19,7 @@ pub enum Op {
     ReadOpen {
         bucket: String,
         key: String,
+        pick: Pick,
     },
     ReadChunk {
         session: SessionId,
@@ -50,19 +52,25 @@ pub enum Op {
     Delete {
         bucket: String,
         key: String,
+        pick: Pick,
     },
     /// Replace (Some, URL-encoded) or remove an object's tags.
     SetTags {
         bucket: String,
         key: String,
+        pick: Pick,
         tags: Option<String>,
     },
+    /// `versions`: None lists current objects; Some lists every version of
+    /// each key (`ListItem::Versions`), from `start_after` itself when it
+    /// names a version to resume after.
     List {
         bucket: String,
         prefix: String,
         start_after: String,
         delimiter: Option<String>,
         limit: usize,
+        versions: Option<Option<Pick>>,
     },
     MpuCreate {
         bucket: String,
@@ -180,11 +188,16 @@ pub enum Reply {
     Opened {
         session: SessionId,
         meta: ObjectMeta,
+        version_id: Option<String>,
     },
     Data(Bytes),
     Session(SessionId),
-    Put(ObjectInfo),
-    Deleted(bool),
+    /// The object written and the version id to show for it (None: the
+    /// bucket was never versioned).
+    Put(ObjectInfo, Option<String>),
+    Deleted(Removed),
+    /// The version an operation acted on (None: never versioned).
+    Version(Option<String>),
     List(Vec<ListItem>),
     Created(bool),
     Count(usize),
@@ -209,6 +222,24 @@ pub enum ShardError {
     Upload(UploadError),
     PreconditionFailed,
     ConditionalConflict,
+    NoSuchVersion,
+    /// The version read is a delete marker: named by its id (`named`), or
+    /// the current version.
+    DeleteMarker {
+        version_id: String,
+        named: bool,
+    },
+    NotImplemented(String),
+}
+
+/// What a DELETE did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub existed: bool,
+    /// The marker written or the version removed (None: never versioned).
+    pub version_id: Option<String>,
+    /// A delete marker was written or removed.
+    pub marker: bool,
 }
 
 pub enum Msg {

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use super::msg::{Op, Reply, SessionId, ShardError};
 use super::{store_error, Shard};
 use crate::store::record::ObjectMeta;
+use crate::store::versions::Pick;
 use crate::store::{ObjectInfo, ObjectReader, Payload, PutCondition, PutWriter};
 
 /// Bytes of an object: a verified view of a read buffer or of the object
@@ -51,15 +52,24 @@ impl ObjectSource {
         bucket: &str,
         key: &str,
     ) -> Result<(ObjectSource, Rc<ObjectMeta>), ShardError> {
+        Self::open_version(shard, bucket, key, Pick::Current)
+            .await
+            .map(|(source, meta, _)| (source, meta))
+    }
+
+    /// Opens the version `pick` names, with the version id to show (None:
+    /// the bucket was never versioned).
+    pub async fn open_version(
+        shard: &Rc<Shard>,
+        bucket: &str,
+        key: &str,
+        pick: Pick,
+    ) -> Result<(ObjectSource, Rc<ObjectMeta>, Option<String>), ShardError> {
         let owner = shard.owner_of(bucket, key);
         if owner == shard.id {
-            let reader = shard
-                .store
-                .open_read(bucket, key)
-                .await
-                .map_err(store_error)?;
+            let (reader, version_id) = shard.open_local(bucket, key, pick).await?;
             let meta = reader.meta.clone();
-            return Ok((ObjectSource::Local(reader), meta));
+            return Ok((ObjectSource::Local(reader), meta, version_id));
         }
         match shard
             .call(
@@ -67,17 +77,23 @@ impl ObjectSource {
                 Op::ReadOpen {
                     bucket: bucket.into(),
                     key: key.into(),
+                    pick,
                 },
             )
             .await
         {
-            Reply::Opened { session, meta } => Ok((
+            Reply::Opened {
+                session,
+                meta,
+                version_id,
+            } => Ok((
                 ObjectSource::Remote {
                     shard: shard.clone(),
                     owner,
                     session: Some(session),
                 },
                 Rc::new(meta),
+                version_id,
             )),
             other => Err(unexpected(other)),
         }
@@ -248,19 +264,32 @@ impl ObjectSink {
 
     /// Like `finish`, adding stored headers known only now.
     pub async fn finish_with(
-        mut self,
+        self,
         etag: String,
         headers: Vec<(String, String)>,
     ) -> Result<ObjectInfo, ShardError> {
+        self.finish_version(etag, headers)
+            .await
+            .map(|(info, _)| info)
+    }
+
+    /// `finish_with`, also returning the version id to show (None: the
+    /// bucket was never versioned).
+    pub async fn finish_version(
+        mut self,
+        etag: String,
+        headers: Vec<(String, String)>,
+    ) -> Result<(ObjectInfo, Option<String>), ShardError> {
         match &mut self {
             ObjectSink::Local { shard, writer } => {
                 let mut w = writer.take().expect("open writer");
                 w.set_etag(etag);
                 w.add_headers(headers);
                 let bucket = w.bucket().to_string();
-                let result = w.finish().await.map_err(store_error);
+                let result = w.finish_version().await.map_err(store_error);
                 shard.put_ended(&bucket);
-                result
+                let (info, version) = result?;
+                Ok((info, shard.version_label(&bucket, version)))
             }
             ObjectSink::Remote {
                 shard,
@@ -279,7 +308,7 @@ impl ObjectSink {
                     )
                     .await
                 {
-                    Reply::Put(info) => Ok(info),
+                    Reply::Put(info, version) => Ok((info, version)),
                     other => Err(unexpected(other)),
                 }
             }

@@ -374,7 +374,10 @@ impl Store {
             let mut uncertain = self.inner.marks.uncertain.borrow_mut();
             for p in batch {
                 if let Ok((h, _)) = record::parse_header(&p.header) {
-                    if matches!(h.kind(), Kind::Object | Kind::Tombstone) {
+                    if matches!(
+                        h.kind(),
+                        Kind::Object | Kind::Tombstone | Kind::DeleteMarker
+                    ) {
                         uncertain.insert((h.bucket, h.key));
                     }
                 }

@@ -485,7 +485,7 @@ impl Store {
                     .extents
                     .iter()
                     .any(|e| e.segment_id == segment_id && e.record_offset == offset),
-                State::Deleted => false,
+                State::Deleted | State::Marker { .. } => false,
             })
     }
 

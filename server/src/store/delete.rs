@@ -4,6 +4,7 @@ use bytes::Bytes;
 
 use super::index::{Entry, State};
 use super::record::{self, Body, Header, Kind};
+use super::versions::{version_key, Versioning};
 use super::{now_ms, Result, Store, StoreError};
 
 impl Store {
@@ -26,29 +27,72 @@ impl Store {
 
     /// The seq of the key's current live version, if it has one.
     pub fn live_seq(&self, bucket: &str, key: &str) -> Option<u64> {
-        self.lookup(bucket, key)
-            .filter(|e| matches!(e.state, State::Live(_)))
-            .map(|e| e.seq)
+        self.current_live(bucket, key).map(|(seq, _)| seq)
     }
 
     /// The current live version of the key: (seq, mtime, size).
     pub fn live_version(&self, bucket: &str, key: &str) -> Option<(u64, u64, u64)> {
-        let e = self.lookup(bucket, key)?;
-        match e.state {
-            State::Live(info) => Some((e.seq, info.mtime_ms, info.size_bytes)),
-            State::Deleted => None,
-        }
+        self.current_live(bucket, key)
+            .map(|(seq, info)| (seq, info.mtime_ms, info.size_bytes))
     }
 
-    /// Deletes the key only if `seq` is still its current version and no
-    /// write to it is in flight (checked in the poll that takes the
-    /// tombstone's seq, so a later write wins). Returns whether it did.
-    pub async fn delete_version(&self, bucket: &str, key: &str, seq: u64) -> Result<bool> {
+    /// Deletes the key (in a bucket in `mode`: a delete marker where it is
+    /// versioned) only if `seq` is still its current version and no write
+    /// to it is in flight (checked in the poll that takes the record's
+    /// seq, so a later write wins). Returns whether it did.
+    pub async fn delete_if_current(
+        &self,
+        bucket: &str,
+        key: &str,
+        seq: u64,
+        mode: Versioning,
+    ) -> Result<bool> {
         if self.is_writing(bucket, key) || self.live_seq(bucket, key) != Some(seq) {
             return Ok(false);
         }
-        self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+        match mode {
+            Versioning::Off => self.write_tombstone(bucket, key, Kind::Tombstone).await?,
+            Versioning::Enabled | Versioning::Suspended => {
+                self.write_marker(bucket, key, mode == Versioning::Enabled)
+                    .await?;
+            }
+        }
         Ok(true)
+    }
+
+    /// Writes a delete marker for `key`: a new real version (`real`) or
+    /// the null version. Returns its seq.
+    pub(super) async fn write_marker(&self, bucket: &str, key: &str, real: bool) -> Result<u64> {
+        let _writing = self.start_writing(bucket, key);
+        let seq = self.take_seq()?;
+        let mtime_ms = now_ms();
+        let index_key = if real {
+            version_key(key, seq)
+        } else {
+            key.to_string()
+        };
+        let header = Header {
+            seq,
+            bucket: bucket.into(),
+            key: index_key.clone(),
+            payload_bytes: 0,
+            block_crcs: Vec::new(),
+            body: Body::DeleteMarker { mtime_ms },
+        };
+        let header =
+            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let loc = self.append_durable(header, Bytes::new()).await?;
+        self.install(
+            bucket,
+            &index_key,
+            Entry {
+                seq,
+                loc,
+                state: State::Marker { mtime_ms },
+                older_on_disk: 0,
+            },
+        );
+        Ok(seq)
     }
 
     pub(super) async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {

@@ -30,6 +30,19 @@ use super::{record, Loc, ObjectInfo, Store};
 pub(super) enum State {
     Live(ObjectInfo),
     Deleted,
+    /// A delete marker (S3 versioning): reads as deleted, but is a version
+    /// of its own that compaction keeps, like a live object without bytes.
+    Marker {
+        mtime_ms: u64,
+    },
+}
+
+impl State {
+    /// Live object or delete marker: a version that exists (a tombstone
+    /// is the absence of one).
+    pub(super) fn is_version(&self) -> bool {
+        !matches!(self, State::Deleted)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -47,7 +60,7 @@ impl Entry {
     fn places(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let extents = match &self.state {
             State::Live(info) => &info.extents[..],
-            State::Deleted => &[],
+            State::Deleted | State::Marker { .. } => &[],
         };
         std::iter::once((self.loc.segment_id, self.loc.offset))
             .chain(extents.iter().map(|e| (e.segment_id, e.record_offset)))
@@ -57,7 +70,7 @@ impl Entry {
     fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let extents = match &self.state {
             State::Live(info) => &info.extents[..],
-            State::Deleted => &[],
+            State::Deleted | State::Marker { .. } => &[],
         };
         std::iter::once((self.loc.segment_id, self.loc.span_bytes())).chain(extents.iter().map(
             |e| {

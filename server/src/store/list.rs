@@ -1,11 +1,15 @@
 //! Listing keys in order (with prefix, delimiter and continuation) and
 //! counting live objects, from the index alone.
 
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use super::bucket_config::{CONFIG_NAMESPACE, USERS_NAMESPACE};
 use super::buckets::BUCKETS_NAMESPACE;
-use super::index::State;
+use super::index::{Entry, State};
+use super::versions::{
+    group_current, version_entry, versions_in, KeyGroups, Pick, VersionEntry, VERSIONS_PREFIX,
+};
 use super::{mpu, ListItem, Store};
 
 /// The least string greater than every string that starts with `prefix`,
@@ -33,6 +37,45 @@ pub fn prefix_successor(prefix: &str) -> Option<String> {
     None
 }
 
+/// The versions of `key` (after version `after`), at most `left` of them
+/// (less what is taken); None if there are none to list.
+fn versions_item(
+    keys: &BTreeMap<String, Entry>,
+    key: &str,
+    after: Option<Pick>,
+    left: &mut usize,
+) -> Option<ListItem> {
+    let mut all = versions_in(keys, key);
+    let skip = match after {
+        None | Some(Pick::Current) => 0,
+        // Newest first: everything down to the marker's place, even if
+        // that version is gone since.
+        Some(Pick::Id(seq)) => all
+            .iter()
+            .take_while(|(v, e)| v.unwrap_or(e.seq) >= seq)
+            .count(),
+        Some(Pick::Null) => all
+            .iter()
+            .position(|(v, _)| v.is_none())
+            .map_or(0, |i| i + 1),
+    };
+    // The first is the current version (`versions_in`).
+    let complete = all.len() - skip <= *left;
+    let versions: Vec<VersionEntry> = all
+        .drain(..)
+        .enumerate()
+        .skip(skip)
+        .take(*left)
+        .map(|(i, (v, e))| version_entry(v, e, i == 0))
+        .collect();
+    *left -= versions.len();
+    (!versions.is_empty()).then(|| ListItem::Versions {
+        key: key.to_string(),
+        versions,
+        complete,
+    })
+}
+
 impl Store {
     /// Keys of `bucket` in order, after `start_after`, starting with
     /// `prefix`; with a delimiter, keys sharing the part up to the next
@@ -45,12 +88,35 @@ impl Store {
         delimiter: Option<&str>,
         limit: usize,
     ) -> Vec<ListItem> {
+        self.list_keys(bucket, prefix, start_after, delimiter, limit, None)
+    }
+
+    /// `list`, or with `versions` every version of each key as
+    /// `ListItem::Versions` (keys whose versions are all delete markers
+    /// included). `versions: Some(Some(v))` resumes within `start_after`,
+    /// after its version `v`. A page holds at most `limit` versions.
+    pub fn list_keys(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        start_after: &str,
+        delimiter: Option<&str>,
+        limit: usize,
+        versions: Option<Option<Pick>>,
+    ) -> Vec<ListItem> {
         let index = self.inner.index.borrow();
         let Some(keys) = index.get(bucket) else {
             return Vec::new();
         };
         let mut items = Vec::new();
-        let mut lower: Bound<String> = if start_after >= prefix {
+        let resume_in = match versions {
+            Some(Some(v)) if !start_after.is_empty() && start_after >= prefix => Some(v),
+            _ => None,
+        };
+        let mut versions_left = limit;
+        let mut lower: Bound<String> = if resume_in.is_some() {
+            Bound::Included(start_after.to_string())
+        } else if start_after >= prefix {
             Bound::Excluded(start_after.to_string())
         } else {
             Bound::Included(prefix.to_string())
@@ -74,11 +140,12 @@ impl Store {
             lower = Bound::Included("\u{1}".to_string());
         }
         'outer: while items.len() < limit {
-            let mut range = keys.range::<String, _>((lower.clone(), Bound::Unbounded));
+            let mut range = KeyGroups::new(keys, &lower);
             loop {
-                let Some((key, entry)) = range.next() else {
+                let Some(group) = range.next() else {
                     break 'outer;
                 };
+                let key = group.0;
                 if !key.starts_with(prefix) {
                     break 'outer;
                 }
@@ -86,8 +153,11 @@ impl Store {
                 if key.starts_with('\0') {
                     continue;
                 }
-                let State::Live(info) = &entry.state else {
-                    continue;
+                let current = group_current(&group);
+                let info = match current.map(|(_, e)| &e.state) {
+                    Some(State::Live(info)) => Some(info),
+                    _ if versions.is_some() => None,
+                    _ => continue,
                 };
                 if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
                     if let Some(pos) = key[prefix.len()..].find(d) {
@@ -95,7 +165,7 @@ impl Store {
                         let next = prefix_successor(&common);
                         // Every later item sorts after this one: a page
                         // can never hold the same prefix twice.
-                        debug_assert!(next.as_deref().is_none_or(|n| n > key.as_str()));
+                        debug_assert!(next.as_deref().is_none_or(|n| n > key));
                         items.push(ListItem::Prefix(common));
                         match next {
                             Some(next) => lower = Bound::Included(next),
@@ -104,12 +174,28 @@ impl Store {
                         continue 'outer;
                     }
                 }
-                items.push(ListItem::Object {
-                    key: key.clone(),
-                    size_bytes: info.size_bytes,
-                    etag: info.etag.clone(),
-                    mtime_ms: info.mtime_ms,
-                });
+                if versions.is_some() {
+                    let after = resume_in.filter(|_| key == start_after);
+                    let item = versions_item(keys, key, after, &mut versions_left);
+                    let cut = matches!(
+                        &item,
+                        Some(ListItem::Versions {
+                            complete: false,
+                            ..
+                        })
+                    );
+                    items.extend(item);
+                    if cut || versions_left == 0 {
+                        break 'outer;
+                    }
+                } else if let Some(info) = info {
+                    items.push(ListItem::Object {
+                        key: key.to_string(),
+                        size_bytes: info.size_bytes,
+                        etag: info.etag.clone(),
+                        mtime_ms: info.mtime_ms,
+                    });
+                }
                 if items.len() >= limit {
                     break 'outer;
                 }
@@ -118,13 +204,17 @@ impl Store {
         items
     }
 
-    /// Live objects in `bucket` on this shard (multipart uploads and parts
-    /// are not objects: DeleteBucket discards them).
+    /// Versions (objects and delete markers) in `bucket` on this shard:
+    /// a bucket holding any is not empty. Multipart uploads and parts are
+    /// not objects: DeleteBucket discards them.
     pub fn object_count(&self, bucket: &str) -> usize {
         let index = self.inner.index.borrow();
         index.get(bucket).map_or(0, |keys| {
             keys.iter()
-                .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
+                .filter(|(k, e)| {
+                    e.state.is_version()
+                        && (!mpu::is_internal_key(k) || k.starts_with(VERSIONS_PREFIX))
+                })
                 .count()
         })
     }

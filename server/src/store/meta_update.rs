@@ -13,12 +13,54 @@
 use bytes::Bytes;
 
 use super::index::State;
+use super::versions::Pick;
 use super::{PutCondition, Result, Store, StoreError};
 
 impl Store {
     /// Replaces (Some) or removes (None) the stored header `name` of the
     /// current version of `key`.
     pub async fn set_object_header(
+        &self,
+        bucket: &str,
+        key: &str,
+        name: &str,
+        value: Option<String>,
+    ) -> Result<()> {
+        self.set_version_header(bucket, key, Pick::Current, name, value)
+            .await
+            .map(drop)
+    }
+
+    /// `set_object_header` of the version of `key` that `pick` names.
+    /// Returns that version (None: the null version).
+    pub async fn set_version_header(
+        &self,
+        bucket: &str,
+        key: &str,
+        pick: Pick,
+        name: &str,
+        value: Option<String>,
+    ) -> Result<Option<u64>> {
+        let found = self.version_to_read(bucket, key, pick)?;
+        if found.version.is_none()
+            && self
+                .resolve(bucket, key, Pick::Current)
+                .is_some_and(|c| c.version.is_some())
+        {
+            // Its new seq would make it look newer than the real versions
+            // (see `versions`).
+            return Err(StoreError::NotSupported(
+                "changing the tags of a null version that is not the current version",
+            ));
+        }
+        let version = found.version;
+        let key = found.index_key.as_str();
+        self.rewrite_header(bucket, key, name, value).await?;
+        Ok(version)
+    }
+
+    /// `set_object_header` at an index key.
+    async fn rewrite_header(
         &self,
         bucket: &str,
         key: &str,
@@ -45,7 +87,7 @@ impl Store {
         let inline = match self.lookup(bucket, key) {
             Some(e) if e.seq == seq => match &e.state {
                 State::Live(info) => info.extents.is_empty(),
-                State::Deleted => return Err(StoreError::NotFound),
+                State::Deleted | State::Marker { .. } => return Err(StoreError::NotFound),
             },
             _ => return Err(StoreError::ConditionalConflict),
         };
@@ -74,12 +116,13 @@ impl Store {
             // them since the read (it keeps the seq).
             Some(e) if e.seq == seq => match e.state {
                 State::Live(info) => info.extents.to_vec(),
-                State::Deleted => return Err(StoreError::NotFound),
+                State::Deleted | State::Marker { .. } => return Err(StoreError::NotFound),
             },
             _ => return Err(StoreError::ConditionalConflict),
         };
         let _writing = self.start_writing(bucket, key);
-        self.write_completed(bucket, key, meta, extents).await?;
+        self.write_completed(bucket, key, meta, extents, false)
+            .await?;
         Ok(())
     }
 }

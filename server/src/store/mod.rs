@@ -33,6 +33,7 @@
 //! | `buckets.rs` | bucket records on the bucket-owner shard |
 //! | `bucket_config.rs` | bucket configuration documents (CORS, lifecycle, tagging) |
 //! | `mpu.rs` | multipart uploads |
+//! | `versions.rs` | S3 versioning: version index keys, delete markers, the current version |
 //! | `recovery.rs` | rebuilding the index from the segments at start-up |
 //! | `compaction.rs` | relocating live records out of mostly-dead segments |
 //! | `scrub.rs` | background re-reading of sealed segments |
@@ -59,6 +60,7 @@ pub mod scan;
 pub mod scrub;
 pub(crate) mod segments;
 pub mod sim;
+pub mod versions;
 
 pub use compaction::CompactionReport;
 pub use list::prefix_successor;
@@ -100,6 +102,14 @@ pub enum StoreError {
     PreconditionFailed,
     #[error("another write of this key is in progress")]
     ConditionalConflict,
+    #[error("no such version")]
+    NoSuchVersion,
+    /// The version named (`named`) or the current version is a delete
+    /// marker: `version` is its id.
+    #[error("the version is a delete marker")]
+    DeleteMarker { version: Option<u64>, named: bool },
+    #[error("not supported: {0}")]
+    NotSupported(&'static str),
 }
 
 /// A conditional PUT (If-None-Match: * or If-Match), decided atomically on
@@ -308,12 +318,20 @@ pub enum ListItem {
         mtime_ms: u64,
     },
     Prefix(String),
+    /// A key's versions, newest first (a listing of versions); not
+    /// `complete` when the page ran out within them (nothing of the page
+    /// follows it then).
+    Versions {
+        key: String,
+        versions: Vec<versions::VersionEntry>,
+        complete: bool,
+    },
 }
 
 impl ListItem {
     pub fn name(&self) -> &str {
         match self {
-            ListItem::Object { key, .. } => key,
+            ListItem::Object { key, .. } | ListItem::Versions { key, .. } => key,
             ListItem::Prefix(p) => p,
         }
     }

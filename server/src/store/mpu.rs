@@ -57,6 +57,7 @@ use md5::{Digest, Md5};
 use thiserror::Error;
 
 use super::record::{self, Body, ExtentRef, Header, Kind, ObjectMeta};
+use super::versions::{version_key, Pick};
 use super::{now_ms, Entry, ObjectInfo, PutWriter, Result, State, Store, StoreError};
 
 pub const PART_NUMBER_MAX: u32 = 10_000;
@@ -377,6 +378,21 @@ impl Store {
         upload_id: &str,
         parts: &[(u32, String)],
     ) -> Result<ObjectInfo> {
+        self.mpu_complete_version(bucket, key, upload_id, parts, false)
+            .await
+            .map(|(info, _)| info)
+    }
+
+    /// `mpu_complete`; with `new_version` the object is a new real version
+    /// (`versions`). Returns the version written (None: the null version).
+    pub async fn mpu_complete_version(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        new_version: bool,
+    ) -> Result<(ObjectInfo, Option<u64>)> {
         if !valid_upload_id(upload_id) {
             return Err(UploadError::NoSuchUpload.into());
         }
@@ -413,7 +429,9 @@ impl Store {
         // parts written, and their segments are pinned against compaction.
         let extents = self.completion_extents(bucket, key, upload_id, parts, &mut meta)?;
         let _writing = self.start_writing(bucket, key);
-        let (seq, info) = self.write_completed(bucket, key, meta, extents).await?;
+        let (seq, info) = self
+            .write_completed(bucket, key, meta, extents, new_version)
+            .await?;
         // Before the upload ends: from then on a retry is answered from here.
         self.inner.mpu.completed.borrow_mut().remember(
             bucket,
@@ -424,21 +442,29 @@ impl Store {
             },
         );
         self.end_upload(bucket, key, upload_id, false).await?;
-        Ok(info)
+        Ok((info, new_version.then_some(seq)))
     }
 
     /// Appends the completed object's record (a new seq, the parts'
     /// extents) with their segments pinned, and installs it unless a part
-    /// moved meanwhile. Returns its seq and what the index holds.
+    /// moved meanwhile. Returns its seq and what the index holds. With
+    /// `new_version` the record is a new real version of `key`.
     pub(super) async fn write_completed(
         &self,
         bucket: &str,
         key: &str,
         meta: ObjectMeta,
         extents: Vec<ExtentRef>,
+        new_version: bool,
     ) -> Result<(u64, ObjectInfo)> {
         let size_bytes = meta.size_bytes;
         let seq = self.take_seq()?;
+        let index_key = if new_version {
+            version_key(key, seq)
+        } else {
+            key.to_string()
+        };
+        let key = index_key.as_str();
         let header = Header {
             seq,
             bucket: bucket.into(),
@@ -568,25 +594,24 @@ impl Store {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-    ) -> Option<ObjectInfo> {
-        let current = self.lookup(bucket, key)?;
-        let State::Live(info) = current.state else {
-            return None;
-        };
+    ) -> Option<(ObjectInfo, Option<u64>)> {
+        let current = self.resolve(bucket, key, Pick::Current)?;
+        let (current_seq, info) = self.current_live(bucket, key)?;
+        let info = (info, current.version);
         let upload = upload_key(key, upload_id);
         let remembered = self.inner.mpu.completed.borrow().get(bucket, &upload);
         if let Some(done) = remembered {
-            return (done.seq == current.seq && done.parts_digest == parts_digest(parts))
+            return (done.seq == current_seq && done.parts_digest == parts_digest(parts))
                 .then_some(info);
         }
         // Forgotten, or completed before a restart: the upload's tombstone
         // is newer than the object its completion wrote, and older than
         // anything written to the key since.
         let ended = self.lookup(bucket, &upload)?;
-        if ended.state != State::Deleted || ended.seq < current.seq {
+        if ended.state != State::Deleted || ended.seq < current_seq {
             return None;
         }
-        (multipart_etag(parts)? == *info.etag).then_some(info)
+        (multipart_etag(parts)? == *info.0.etag).then_some(info)
     }
 
     /// Drops an upload and its parts.

@@ -10,6 +10,7 @@ use futures::channel::oneshot;
 
 use super::index::{Entry, State};
 use super::record::{self, Body, ExtentRef, Header, ObjectMeta};
+use super::versions::version_key;
 use super::{mpu, now_ms, Loc, ObjectInfo, PutCondition, Result, Store, StoreError};
 
 /// Marks a key as being written until dropped (see `KeyMarks::writing`).
@@ -50,6 +51,9 @@ pub struct PutWriter {
     /// live when the part is installed. Parts always use extents.
     pub(super) part_of: Option<String>,
     pub(super) condition: Option<PutCondition>,
+    /// Write a new real version (the bucket has versioning enabled) rather
+    /// than the null version at the key itself.
+    pub(super) new_version: bool,
 }
 
 impl Drop for PutWriter {
@@ -77,6 +81,11 @@ impl PutWriter {
     }
 
     /// Headers known only once the body is in (a verified checksum).
+    /// The object becomes a new real version (see `versions`).
+    pub fn set_new_version(&mut self) {
+        self.new_version = true;
+    }
+
     pub fn add_headers(&mut self, headers: Vec<(String, String)>) {
         self.meta.headers.extend(headers);
     }
@@ -157,7 +166,13 @@ impl PutWriter {
 
     /// Makes the object durable and visible. `meta.size_bytes` is set here;
     /// `meta.etag` must be set by the caller.
-    pub async fn finish(mut self) -> Result<ObjectInfo> {
+    pub async fn finish(self) -> Result<ObjectInfo> {
+        self.finish_version().await.map(|(info, _)| info)
+    }
+
+    /// `finish`, also returning the version written: Some(seq) for a new
+    /// real version, None for the null version.
+    pub async fn finish_version(mut self) -> Result<(ObjectInfo, Option<u64>)> {
         let (payload, size_bytes) = self.finish_body().await?;
         let store = self.store.clone();
         self.meta.size_bytes = size_bytes;
@@ -179,10 +194,15 @@ impl PutWriter {
             mtime_ms: self.meta.mtime_ms,
             extents: self.extents.clone().into(),
         };
+        let index_key = if self.new_version {
+            version_key(&self.key, seq)
+        } else {
+            self.key.clone()
+        };
         let header = Header {
             seq,
             bucket: self.bucket.clone(),
-            key: self.key.clone(),
+            key: index_key.clone(),
             payload_bytes: payload.len() as u64,
             block_crcs: record::block_crcs(&payload),
             body: Body::Object {
@@ -195,12 +215,12 @@ impl PutWriter {
         let loc = store.append_durable(header, payload).await?;
         if let Err(e) = self.still_installable(seen) {
             // The record is on disk all the same: count it for the key.
-            store.count_stale(&self.bucket, &self.key);
+            store.count_stale(&self.bucket, &index_key);
             return Err(e);
         }
         store.install(
             &self.bucket,
-            &self.key,
+            &index_key,
             Entry {
                 seq,
                 loc,
@@ -208,7 +228,7 @@ impl PutWriter {
                 older_on_disk: 0,
             },
         );
-        Ok(info)
+        Ok((info, self.new_version.then_some(seq)))
     }
 
     /// Ends the body: an object that fits one chunk (and is no multipart
@@ -253,10 +273,7 @@ impl PutWriter {
         }
         // Another write won the race since the condition was checked.
         if let Some(seen) = seen {
-            let now = store
-                .lookup(&self.bucket, &self.key)
-                .filter(|e| matches!(e.state, State::Live(_)))
-                .map(|e| e.seq);
+            let now = store.live_seq(&self.bucket, &self.key);
             if now != seen {
                 return Err(StoreError::PreconditionFailed);
             }
@@ -327,6 +344,7 @@ impl Store {
             pinned: Vec::new(),
             part_of: None,
             condition: None,
+            new_version: false,
         }
     }
 
@@ -338,10 +356,7 @@ impl Store {
         key: &str,
         condition: &PutCondition,
     ) -> Result<Option<u64>> {
-        let live = self.lookup(bucket, key).and_then(|e| match e.state {
-            State::Live(info) => Some((e.seq, info)),
-            State::Deleted => None,
-        });
+        let live = self.current_live(bucket, key);
         match (condition, live) {
             (PutCondition::IfNoneMatchAny, None) => Ok(None),
             (PutCondition::IfNoneMatchAny, Some(_)) => Err(StoreError::PreconditionFailed),

@@ -70,6 +70,9 @@ pub enum Kind {
     Seal = 6,
     /// First record of every segment: which shard and segment this file is.
     SegmentHeader = 7,
+    /// A delete marker: a version of (bucket, key) that reads as deleted
+    /// but, unlike a tombstone, is kept (S3 versioning, `store::versions`).
+    DeleteMarker = 8,
 }
 
 impl Kind {
@@ -82,6 +85,7 @@ impl Kind {
             5 => Kind::BucketDelete,
             6 => Kind::Seal,
             7 => Kind::SegmentHeader,
+            8 => Kind::DeleteMarker,
             _ => return None,
         })
     }
@@ -120,6 +124,9 @@ pub enum Body {
         object_offset: u64,
     },
     Tombstone {
+        mtime_ms: u64,
+    },
+    DeleteMarker {
         mtime_ms: u64,
     },
     Bucket {
@@ -171,6 +178,7 @@ impl Body {
             Body::Object { .. } => Kind::Object,
             Body::Extent { .. } => Kind::Extent,
             Body::Tombstone { .. } => Kind::Tombstone,
+            Body::DeleteMarker { .. } => Kind::DeleteMarker,
             Body::Bucket { .. } => Kind::Bucket,
             Body::BucketDelete { .. } => Kind::BucketDelete,
             Body::Seal => Kind::Seal,
@@ -403,7 +411,9 @@ fn encode_body(w: &mut Writer, body: &Body) -> Result<(), EncodeError> {
             }
         }
         Body::Extent { object_offset } => w.u64(*object_offset),
-        Body::Tombstone { mtime_ms } | Body::BucketDelete { mtime_ms } => w.u64(*mtime_ms),
+        Body::Tombstone { mtime_ms }
+        | Body::DeleteMarker { mtime_ms }
+        | Body::BucketDelete { mtime_ms } => w.u64(*mtime_ms),
         Body::Bucket { created_ms } => w.u64(*created_ms),
         Body::Seal => {}
         Body::SegmentHeader {
@@ -629,6 +639,7 @@ fn decode_body(r: &mut Reader, kind: Kind, version: u8) -> Result<Body, DecodeEr
             object_offset: r.u64()?,
         },
         Kind::Tombstone => Body::Tombstone { mtime_ms: r.u64()? },
+        Kind::DeleteMarker => Body::DeleteMarker { mtime_ms: r.u64()? },
         Kind::Bucket => Body::Bucket {
             created_ms: r.u64()?,
         },

@@ -686,6 +686,9 @@ fn keyed_state(h: &Header, extents_ok: &HashSet<(u64, u64)>) -> Option<State> {
             extents: Box::new([]),
         })),
         Body::Tombstone { .. } | Body::BucketDelete { .. } => Some(State::Deleted),
+        Body::DeleteMarker { mtime_ms } => Some(State::Marker {
+            mtime_ms: *mtime_ms,
+        }),
         Body::Extent { .. } | Body::Seal | Body::SegmentHeader { .. } => None,
     }
 }

@@ -271,7 +271,7 @@ fn check_segment(
             Kind::Extent if ok => {
                 shard.extents_ok.insert((id, offset));
             }
-            Kind::Object | Kind::Tombstone => {
+            Kind::Object | Kind::Tombstone | Kind::DeleteMarker => {
                 let k = (h.bucket.clone(), h.key.clone());
                 if shard.newest.get(&k).is_none_or(|e| e.seq < h.seq) {
                     shard.newest.insert(

@@ -89,7 +89,7 @@ impl NativeFront {
         };
         match self
             .shard
-            .list_merged(&l.bucket, &l.prefix, &from, delimiter, limit)
+            .list_merged(&l.bucket, &l.prefix, &from, delimiter, limit, None)
             .await
         {
             Ok((items, truncated)) => {
@@ -104,6 +104,7 @@ impl NativeFront {
                 Reply {
                     entries: items
                         .into_iter()
+                        .filter(|i| !matches!(i, ListItem::Versions { .. }))
                         .map(|i| match i {
                             ListItem::Object {
                                 key,
@@ -117,11 +118,13 @@ impl NativeFront {
                                 mtime_ms,
                                 is_prefix: false,
                             },
-                            ListItem::Prefix(p) => proto::ListEntry {
-                                key: p,
-                                is_prefix: true,
-                                ..Default::default()
-                            },
+                            ListItem::Prefix(p) | ListItem::Versions { key: p, .. } => {
+                                proto::ListEntry {
+                                    key: p,
+                                    is_prefix: true,
+                                    ..Default::default()
+                                }
+                            }
                         })
                         .collect(),
                     truncated,

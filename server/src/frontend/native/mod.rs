@@ -150,6 +150,12 @@ impl Budget {
 fn status_of(e: &ShardError) -> (Status, String) {
     match e {
         ShardError::NoSuchKey => (Status::NoSuchKey, "no such key".into()),
+        ShardError::NoSuchVersion => (Status::NoSuchKey, "no such version".into()),
+        ShardError::DeleteMarker { version_id, .. } => (
+            Status::NoSuchKey,
+            format!("no such key: its current version is delete marker {version_id}"),
+        ),
+        ShardError::NotImplemented(m) => (Status::InvalidRequest, format!("not supported: {m}")),
         ShardError::NoSuchBucket => (
             Status::NoSuchBucket,
             "no such bucket; create it first (percore mb)".into(),

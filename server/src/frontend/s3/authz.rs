@@ -21,6 +21,7 @@ pub(super) fn action_of(op: S3Op) -> Option<&'static str> {
         DeleteBucket => "s3:DeleteBucket",
         GetBucketLocation => "s3:GetBucketLocation",
         GetBucketVersioning => "s3:GetBucketVersioning",
+        PutBucketVersioning => "s3:PutBucketVersioning",
         ListMultipartUploads => "s3:ListBucketMultipartUploads",
         ListObjectVersions => "s3:ListBucketVersions",
         GetBucketAcl => "s3:GetBucketAcl",
@@ -52,6 +53,20 @@ pub(super) fn action_of(op: S3Op) -> Option<&'static str> {
         ListParts => "s3:ListMultipartUploadParts",
         ListBuckets | CreateBucket | DeleteObjects | BatchGet | CorsPreflight | NotImplemented
         | MethodNotAllowed => return None,
+    })
+}
+
+/// What an operation on one named version (`versionId`) needs instead.
+fn version_action_of(op: S3Op) -> Option<&'static str> {
+    use S3Op::*;
+    Some(match op {
+        GetObject | HeadObject | GetObjectAttributes => "s3:GetObjectVersion",
+        DeleteObject => "s3:DeleteObjectVersion",
+        GetObjectTagging => "s3:GetObjectVersionTagging",
+        PutObjectTagging => "s3:PutObjectVersionTagging",
+        DeleteObjectTagging => "s3:DeleteObjectVersionTagging",
+        GetObjectAcl => "s3:GetObjectVersionAcl",
+        _ => return None,
     })
 }
 
@@ -119,9 +134,12 @@ impl S3Front {
             }
             _ => {}
         }
-        let Some(action) = action_of(req.op) else {
+        let Some(mut action) = action_of(req.op) else {
             return Ok(());
         };
+        if req.q("versionId").is_some() {
+            action = version_action_of(req.op).unwrap_or(action);
+        }
         let key = on_object(req.op).then_some(req.key.as_str());
         match self
             .shard

@@ -1,15 +1,20 @@
 //! Bucket operations: ListBuckets, CreateBucket, HeadBucket, DeleteBucket,
-//! GetBucketLocation, GetBucketVersioning, and DeleteObjects (a POST on the
-//! bucket that deletes many keys, each on its owner shard).
+//! GetBucketLocation, Get/PutBucketVersioning, and DeleteObjects (a POST on
+//! the bucket that deletes many keys or versions, each on its owner shard).
+
+use bytes::Bytes;
 
 use super::serve::BodyCheck;
 use super::{malformed, Conn, Request, S3Front, SMALL_BODY_BYTES_MAX};
 use crate::access::Principal;
+use crate::bucket_config::ConfigKind;
 use crate::frontend::common::{valid_bucket_name, S3_KEY_BYTES_MAX};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
-use crate::frontend::s3::xml::{self, push_element, push_open_root};
+use crate::frontend::s3::xml::{self, push_bool_element, push_element, push_open_root};
+use crate::shard::msg::Removed;
+use crate::store::versions::{Pick, Versioning};
 
 /// DeleteObjects takes at most 1000 keys (S3's limit).
 const DELETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
@@ -138,19 +143,60 @@ impl S3Front {
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
-    /// Buckets are never versioned: the empty configuration.
+    /// The bucket's versioning state (an empty configuration if it was
+    /// never versioned).
     pub(super) async fn get_bucket_versioning(
         &self,
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        self.require_bucket(req)?;
-        let body = format!(
-            "{}<VersioningConfiguration xmlns=\"{}\"/>",
-            xml::XML_DECLARATION,
-            xml::S3_XMLNS
-        );
+        let config = self
+            .shard
+            .bucket_config(&req.bucket)
+            .ok_or_else(S3Error::no_such_bucket)?;
+        let status = match config.versioning {
+            Versioning::Off => None,
+            Versioning::Enabled => Some("Enabled"),
+            Versioning::Suspended => Some("Suspended"),
+        };
+        let mut body = String::with_capacity(160);
+        push_open_root(&mut body, "VersioningConfiguration");
+        if let Some(status) = status {
+            push_element(&mut body, "Status", status);
+        }
+        body.push_str("</VersioningConfiguration>");
         self.respond_xml(conn, req, &body).await
+    }
+
+    /// PutBucketVersioning: Enabled or Suspended (a bucket never goes back
+    /// to unversioned, as in S3). MFA delete is not offered.
+    pub(super) async fn put_bucket_versioning(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        auth: &Verified,
+    ) -> Result<(), S3Error> {
+        let body = self.read_config_body(conn, req, auth).await?;
+        let root = crate::bucket_config::parse_root(&body, "VersioningConfiguration")?;
+        if let Some(mfa) = crate::bucket_config::only_child(&root, "MfaDelete")? {
+            if mfa.text.trim() == "Enabled" {
+                return Err(S3Error::not_implemented("MFA delete"));
+            }
+        }
+        let status = crate::bucket_config::only_child(&root, "Status")?
+            .map(|s| s.text.trim().to_string())
+            .ok_or_else(|| malformed("VersioningConfiguration needs a Status"))?;
+        if status != "Enabled" && status != "Suspended" {
+            return Err(malformed("Status must be Enabled or Suspended"));
+        }
+        self.shard
+            .set_bucket_config(
+                &req.bucket,
+                ConfigKind::Versioning,
+                Some(Bytes::from(status)),
+            )
+            .await?;
+        self.respond(conn, req, ResponseHead::new(200), b"").await
     }
 
     pub(super) async fn get_bucket_location(
@@ -183,7 +229,7 @@ impl S3Front {
             return Err(malformed("The Delete element lists no Object"));
         }
         // Each key on its owner, a bounded number at once.
-        let mut results: Vec<Result<(), S3Error>> = Vec::with_capacity(keys.len());
+        let mut results: Vec<Result<Removed, S3Error>> = Vec::with_capacity(keys.len());
         for batch in keys.chunks(DELETES_IN_FLIGHT_MAX) {
             let calls = batch.iter().map(|(key, version)| async move {
                 if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
@@ -194,17 +240,22 @@ impl S3Front {
                 if !self.allowed(&auth.principal, "s3:DeleteObject", &req.bucket, Some(key)) {
                     return Err(super::authz::access_denied());
                 }
-                // Never versioned: only the "null" version exists (see
-                // `dispatch`); deleting another must not delete the object.
-                if version.as_deref().is_some_and(|v| v != "null") {
-                    return Err(S3Error::new(
-                        404,
-                        "NoSuchVersion",
-                        "The specified version does not exist.",
-                    ));
+                let pick = match version.as_deref() {
+                    None => Pick::Current,
+                    Some(v) => Pick::parse(v)
+                        .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
+                };
+                if pick != Pick::Current
+                    && !self.allowed(
+                        &auth.principal,
+                        "s3:DeleteObjectVersion",
+                        &req.bucket,
+                        Some(key),
+                    )
+                {
+                    return Err(super::authz::access_denied());
                 }
-                self.shard.delete_object(&req.bucket, key).await?;
-                Ok(())
+                Ok(self.shard.delete_version(&req.bucket, key, pick).await?)
             });
             results.extend(futures::future::join_all(calls).await);
         }
@@ -212,12 +263,18 @@ impl S3Front {
         push_open_root(&mut out, "DeleteResult");
         for ((key, version), result) in keys.iter().zip(&results) {
             match result {
-                Ok(()) if quiet => {}
-                Ok(()) => {
+                Ok(_) if quiet => {}
+                Ok(removed) => {
                     out.push_str("<Deleted>");
                     push_element(&mut out, "Key", key);
                     if let Some(v) = version {
                         push_element(&mut out, "VersionId", v);
+                    }
+                    if removed.marker {
+                        push_bool_element(&mut out, "DeleteMarker", true);
+                        if let Some(id) = &removed.version_id {
+                            push_element(&mut out, "DeleteMarkerVersionId", id);
+                        }
                     }
                     out.push_str("</Deleted>");
                 }

@@ -10,6 +10,7 @@
 use bytes::Bytes;
 
 use super::serve::BodyCheck;
+use super::versions::with_version;
 use super::{Conn, Request, S3Front};
 use crate::access::policy::Policy;
 use crate::bucket_config::cors::CorsRule;
@@ -40,7 +41,9 @@ fn no_such(kind: ConfigKind) -> S3Error {
             "NoSuchBucketPolicy",
             "The bucket policy does not exist",
         ),
-        ConfigKind::Owner | ConfigKind::Acl => S3Error::internal("not a document kind"),
+        ConfigKind::Owner | ConfigKind::Acl | ConfigKind::Versioning => {
+            S3Error::internal("not a document kind")
+        }
     }
 }
 
@@ -153,7 +156,7 @@ impl S3Front {
 
     /// A configuration or tagging body of an existing bucket: as S3 asks,
     /// covered by the signature or by a checksum header that is verified.
-    async fn read_config_body(
+    pub(super) async fn read_config_body(
         &self,
         conn: &mut Conn,
         req: &Request,
@@ -189,7 +192,7 @@ impl S3Front {
                 let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
                 return self.respond(conn, req, head, text.as_bytes()).await;
             }
-            ConfigKind::Owner | ConfigKind::Acl => None,
+            ConfigKind::Owner | ConfigKind::Acl | ConfigKind::Versioning => None,
         };
         let body = body.ok_or_else(|| no_such(kind))?;
         self.respond_xml(conn, req, &body).await
@@ -213,7 +216,7 @@ impl S3Front {
                 String::from_utf8(body)
                     .map_err(|_| S3Error::new(400, "MalformedPolicy", "A policy is UTF-8 JSON"))?
             }
-            ConfigKind::Owner | ConfigKind::Acl => {
+            ConfigKind::Owner | ConfigKind::Acl | ConfigKind::Versioning => {
                 return Err(S3Error::internal("not a document kind"))
             }
         };
@@ -266,14 +269,21 @@ impl S3Front {
         req: &Request,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        let (source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        let opened =
+            ObjectSource::open_version(&self.shard, &req.bucket, &req.key, req.pick()).await;
+        let (source, meta, version) = self.versioned(conn, opened)?;
         drop(source);
         let tags = match meta.headers.iter().find(|(n, _)| n == OBJECT_TAGS_HEADER) {
             // Stored tags were checked when written; read them leniently.
             Some((_, v)) => TagSet::parse_query(v, usize::MAX)?,
             None => TagSet::default(),
         };
-        self.respond_xml(conn, req, &tags.to_xml()).await
+        let mut head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        if let Some(v) = version {
+            head = head.with_header("x-amz-version-id", &v);
+        }
+        self.respond(conn, req, head, tags.to_xml().as_bytes())
+            .await
     }
 
     pub(super) async fn put_object_tagging(
@@ -285,10 +295,18 @@ impl S3Front {
         let body = self.read_config_body(conn, req, auth).await?;
         let tags = TagSet::parse_xml(&body, OBJECT_TAGS_MAX)?;
         let value = (!tags.0.is_empty()).then(|| tags.to_query());
-        self.shard
-            .set_object_tags(&req.bucket, &req.key, value)
-            .await?;
-        self.respond(conn, req, ResponseHead::new(200), b"").await
+        let set = self
+            .shard
+            .set_object_tags(&req.bucket, &req.key, req.pick(), value)
+            .await;
+        let version = self.versioned(conn, set)?;
+        self.respond(
+            conn,
+            req,
+            with_version(ResponseHead::new(200), version),
+            b"",
+        )
+        .await
     }
 
     pub(super) async fn delete_object_tagging(
@@ -297,9 +315,17 @@ impl S3Front {
         req: &Request,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.shard
-            .set_object_tags(&req.bucket, &req.key, None)
-            .await?;
-        self.respond(conn, req, ResponseHead::new(204), b"").await
+        let set = self
+            .shard
+            .set_object_tags(&req.bucket, &req.key, req.pick(), None)
+            .await;
+        let version = self.versioned(conn, set)?;
+        self.respond(
+            conn,
+            req,
+            with_version(ResponseHead::new(204), version),
+            b"",
+        )
+        .await
     }
 }

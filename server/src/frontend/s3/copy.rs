@@ -6,27 +6,30 @@ use md5::{Digest, Md5};
 
 use super::conditional::check_conditions_with;
 use super::route::percent_decode;
+use super::versions::with_version;
 use super::{quoted, Conn, Request, S3Front};
 use crate::access::Principal;
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
 use crate::frontend::datapath::GET_PIECE_BYTES;
+use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::store::record::ObjectMeta;
+use crate::store::versions::Pick;
 
-/// `x-amz-copy-source`: `[/]bucket/key[?versionId=null]`, URL-encoded.
-pub(super) fn parse_copy_source(req: &Request) -> Result<(String, String), S3Error> {
+/// `x-amz-copy-source`: `[/]bucket/key[?versionId=id]`, URL-encoded.
+pub(super) fn parse_copy_source(req: &Request) -> Result<(String, String, Pick), S3Error> {
     let raw = req.head.header_str("x-amz-copy-source").unwrap_or("");
     let (path, query) = raw.split_once('?').unwrap_or((raw, ""));
-    if !query.is_empty() && query != "versionId=null" {
-        return Err(S3Error::new(
-            400,
-            "InvalidArgument",
-            "Copy source versions other than null are not supported: percore keeps no versions",
-        ));
-    }
+    let pick = match query {
+        "" => Pick::Current,
+        q => q
+            .strip_prefix("versionId=")
+            .and_then(Pick::parse)
+            .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
+    };
     let path = path.strip_prefix('/').unwrap_or(path);
     let (bucket, key) = path.split_once('/').ok_or_else(|| {
         S3Error::invalid_argument(
@@ -39,7 +42,7 @@ pub(super) fn parse_copy_source(req: &Request) -> Result<(String, String), S3Err
             "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",
         ));
     }
-    Ok((bucket, key))
+    Ok((bucket, key, pick))
 }
 
 /// `x-amz-copy-source-range: bytes=first-last` (both required, inclusive).
@@ -70,23 +73,48 @@ pub(super) fn parse_copy_range(value: &str, size: u64) -> Result<(u64, u64), S3E
     Ok((a, b - a + 1))
 }
 
+/// An opened copy source.
+pub(super) struct CopySource {
+    pub(super) source: ObjectSource,
+    pub(super) meta: ObjectMeta,
+    pub(super) bucket: String,
+    pub(super) key: String,
+    pub(super) pick: Pick,
+    /// Its version id (None: its bucket was never versioned).
+    pub(super) version_id: Option<String>,
+}
+
+/// `head` with the copy source's version id, if it has one.
+fn with_source_version(head: ResponseHead, version_id: Option<String>) -> ResponseHead {
+    match version_id {
+        Some(v) => head.with_header("x-amz-copy-source-version-id", v),
+        None => head,
+    }
+}
+
 impl S3Front {
     /// Opens the copy source and applies the x-amz-copy-source-if-* tests.
     pub(super) async fn open_copy_source(
         &self,
         req: &Request,
         principal: &Principal,
-    ) -> Result<(ObjectSource, ObjectMeta, String, String), S3Error> {
-        let (bucket, key) = parse_copy_source(req)?;
+    ) -> Result<CopySource, S3Error> {
+        let (bucket, key, pick) = parse_copy_source(req)?;
         // Permission first: a source bucket's existence is not told to
         // whoever may not read it.
-        if !self.allowed(principal, "s3:GetObject", &bucket, Some(&key)) {
+        let action = if pick == Pick::Current {
+            "s3:GetObject"
+        } else {
+            "s3:GetObjectVersion"
+        };
+        if !self.allowed(principal, action, &bucket, Some(&key)) {
             return Err(super::authz::access_denied());
         }
         if !self.shard.bucket_exists(&bucket) {
             return Err(S3Error::no_such_bucket());
         }
-        let (source, meta) = ObjectSource::open(&self.shard, &bucket, &key).await?;
+        let (source, meta, version_id) =
+            ObjectSource::open_version(&self.shard, &bucket, &key, pick).await?;
         let cond = |name: &str| req.head.header_str(&format!("x-amz-copy-source-{name}"));
         if check_conditions_with(
             cond("if-match"),
@@ -104,7 +132,14 @@ impl S3Front {
                 "At least one of the pre-conditions you specified did not hold",
             ));
         }
-        Ok((source, ObjectMeta::clone(&meta), bucket, key))
+        Ok(CopySource {
+            source,
+            meta: ObjectMeta::clone(&meta),
+            bucket,
+            key,
+            pick,
+            version_id,
+        })
     }
 
     /// Streams `len` bytes from `source` at `start` into `sink`; returns
@@ -139,8 +174,14 @@ impl S3Front {
         req: &Request,
         principal: &Principal,
     ) -> Result<(), S3Error> {
-        let (mut source, src_meta, src_bucket, src_key) =
-            self.open_copy_source(req, principal).await?;
+        let CopySource {
+            mut source,
+            meta: src_meta,
+            bucket: src_bucket,
+            key: src_key,
+            pick: src_pick,
+            version_id: src_version,
+        } = self.open_copy_source(req, principal).await?;
         if src_meta.size_bytes > PUT_BYTES_MAX {
             return Err(S3Error::new(
                 400,
@@ -158,7 +199,7 @@ impl S3Front {
                 ))
             }
         };
-        if !replace && src_bucket == req.bucket && src_key == req.key {
+        if !replace && src_bucket == req.bucket && src_key == req.key && src_pick == Pick::Current {
             return Err(S3Error::new(
                 400,
                 "InvalidRequest",
@@ -194,13 +235,15 @@ impl S3Front {
             .copy_bytes(&mut source, &mut sink, 0, src_meta.size_bytes)
             .await?;
         drop(source);
-        let info = sink.finish(etag).await?;
+        let (info, version_id) = sink.finish_version(etag, Vec::new()).await?;
         let mut out = String::with_capacity(256);
         push_open_root(&mut out, "CopyObjectResult");
         push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
         push_element(&mut out, "ETag", &quoted(&info.etag));
         out.push_str("</CopyObjectResult>");
-        self.respond_xml(conn, req, &out).await
+        let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        let head = with_source_version(with_version(head, version_id), src_version);
+        self.respond(conn, req, head, out.as_bytes()).await
     }
 
     pub(super) async fn upload_part_copy(
@@ -210,7 +253,12 @@ impl S3Front {
         part: Option<(String, u32)>,
         principal: &Principal,
     ) -> Result<(), S3Error> {
-        let (mut source, src_meta, _, _) = self.open_copy_source(req, principal).await?;
+        let CopySource {
+            mut source,
+            meta: src_meta,
+            version_id: src_version,
+            ..
+        } = self.open_copy_source(req, principal).await?;
         let (start, len) = match req.head.header_str("x-amz-copy-source-range") {
             Some(v) => parse_copy_range(v, src_meta.size_bytes)?,
             None => (0, src_meta.size_bytes),
@@ -239,7 +287,14 @@ impl S3Front {
         push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
         push_element(&mut out, "ETag", &quoted(&info.etag));
         out.push_str("</CopyPartResult>");
-        self.respond_xml(conn, req, &out).await
+        let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        self.respond(
+            conn,
+            req,
+            with_source_version(head, src_version),
+            out.as_bytes(),
+        )
+        .await
     }
 }
 

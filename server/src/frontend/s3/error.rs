@@ -29,6 +29,14 @@ impl S3Error {
         S3Error::new(404, "NoSuchKey", "The specified key does not exist.")
     }
 
+    pub fn no_such_version() -> S3Error {
+        S3Error::new(
+            404,
+            "NoSuchVersion",
+            "The specified version does not exist.",
+        )
+    }
+
     pub fn invalid_argument(message: impl Into<String>) -> S3Error {
         S3Error::new(400, "InvalidArgument", message)
     }
@@ -50,6 +58,15 @@ impl From<ShardError> for S3Error {
     fn from(e: ShardError) -> S3Error {
         match e {
             ShardError::NoSuchKey => S3Error::no_such_key(),
+            ShardError::NoSuchVersion => S3Error::no_such_version(),
+            // With its headers where it is read (`S3Front::versioned`).
+            ShardError::DeleteMarker { named: false, .. } => S3Error::no_such_key(),
+            ShardError::DeleteMarker { named: true, .. } => S3Error::new(
+                405,
+                "MethodNotAllowed",
+                "The specified method is not allowed against this resource: the version is a delete marker.",
+            ),
+            ShardError::NotImplemented(m) => S3Error::not_implemented(&m),
             ShardError::NoSuchBucket => S3Error::no_such_bucket(),
             ShardError::BucketNotEmpty => {
                 S3Error::new(409, "BucketNotEmpty", "The bucket you tried to delete is not empty")

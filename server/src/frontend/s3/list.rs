@@ -1,5 +1,5 @@
-//! Listings: ListObjects (v1), ListObjectsV2 and ListObjectVersions
-//! (unversioned form), all merged across shards by `Shard::list_merged`.
+//! Listings: ListObjects (v1), ListObjectsV2 and ListObjectVersions, all
+//! merged across shards by `Shard::list_merged`.
 
 use std::fmt::Write as _;
 
@@ -11,6 +11,7 @@ use crate::frontend::s3::xml::{
     self, iso8601_ms, push_bool_element, push_element, push_key_element, push_number_element,
     push_open_root, push_owner, OWNER_ID_DEFAULT,
 };
+use crate::store::versions::{version_id, Pick, VersionEntry};
 use crate::store::ListItem;
 
 /// A ListObjectsV2 continuation token back to the key it resumes after.
@@ -38,7 +39,7 @@ impl S3Front {
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
         Ok(self
             .shard
-            .list_merged(bucket, prefix, from, delimiter, max)
+            .list_merged(bucket, prefix, from, delimiter, max, None)
             .await?)
     }
 
@@ -123,6 +124,10 @@ impl S3Front {
         self.respond_xml(conn, req, &body).await
     }
 
+    /// ListObjectVersions: every version and delete marker, newest first
+    /// within a key, keys in order, merged across shards. A page holds
+    /// `max-keys` versions and prefixes; it may end within a key (then
+    /// `NextVersionIdMarker` says where the next one resumes).
     pub(super) async fn list_object_versions(
         &self,
         conn: &mut Conn,
@@ -136,31 +141,42 @@ impl S3Front {
             .map(str::to_string);
         let max_keys = parse_limit(req.q("max-keys"), "max-keys", 1000)?;
         let key_marker = req.q("key-marker").unwrap_or("").to_string();
-        // With version-id-marker=null the marker key itself was listed.
-        let encoding_url = req.q("encoding-type") == Some("url");
-        let (items, truncated) = self
+        let version_marker = req.q("version-id-marker").filter(|v| !v.is_empty());
+        let resume = match version_marker {
+            None => None,
+            Some(_) if key_marker.is_empty() => {
+                return Err(S3Error::invalid_argument(
+                    "A version-id marker cannot be specified without a key marker.",
+                ))
+            }
+            Some(v) => Some(
+                Pick::parse(v)
+                    .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
+            ),
+        };
+        let encoding_url = parse_encoding_url(req)?;
+        let (items, more) = self
+            .shard
             .list_merged(
                 &req.bucket,
                 &prefix,
                 &key_marker,
                 delimiter.clone(),
-                max_keys,
+                max_keys.max(1),
+                Some(resume),
             )
             .await?;
-        let mut out = String::with_capacity(512 + items.len() * 300);
+        let page = VersionPage::cut(items, more, max_keys);
+        let mut out = String::with_capacity(512 + page.entries.len() * 300);
         push_open_root(&mut out, "ListVersionsResult");
         push_element(&mut out, "Name", &req.bucket);
         push_key_element(&mut out, "Prefix", &prefix, encoding_url);
         push_key_element(&mut out, "KeyMarker", &key_marker, encoding_url);
-        push_element(
-            &mut out,
-            "VersionIdMarker",
-            req.q("version-id-marker").unwrap_or(""),
-        );
-        if truncated {
-            if let Some(last) = items.last() {
-                push_key_element(&mut out, "NextKeyMarker", last.name(), encoding_url);
-                push_element(&mut out, "NextVersionIdMarker", "null");
+        push_element(&mut out, "VersionIdMarker", version_marker.unwrap_or(""));
+        if let Some((key, version)) = &page.next {
+            push_key_element(&mut out, "NextKeyMarker", key, encoding_url);
+            if let Some(v) = version {
+                push_element(&mut out, "NextVersionIdMarker", v);
             }
         }
         push_number_element(&mut out, "MaxKeys", max_keys as u64);
@@ -170,36 +186,94 @@ impl S3Front {
         if encoding_url {
             push_element(&mut out, "EncodingType", "url");
         }
-        push_bool_element(&mut out, "IsTruncated", truncated);
-        for item in &items {
-            if let ListItem::Object {
-                key,
-                size_bytes,
-                etag,
-                mtime_ms,
-            } = item
-            {
-                out.push_str("<Version>");
-                push_key_element(&mut out, "Key", key, encoding_url);
-                push_element(&mut out, "VersionId", "null");
-                push_bool_element(&mut out, "IsLatest", true);
-                push_element(&mut out, "LastModified", &iso8601_ms(*mtime_ms));
+        push_bool_element(&mut out, "IsTruncated", page.next.is_some());
+        for (key, v) in &page.entries {
+            let tag = if v.object.is_some() {
+                "Version"
+            } else {
+                "DeleteMarker"
+            };
+            let _ = write!(out, "<{tag}>");
+            push_key_element(&mut out, "Key", key, encoding_url);
+            push_element(&mut out, "VersionId", &version_id(v.version));
+            push_bool_element(&mut out, "IsLatest", v.latest);
+            push_element(&mut out, "LastModified", &iso8601_ms(v.mtime_ms));
+            if let Some((size, etag)) = &v.object {
                 push_element(&mut out, "ETag", &quoted(etag));
-                let _ = write!(out, "<Size>{size_bytes}</Size>");
-                push_owner(&mut out, OWNER_ID_DEFAULT);
+                let _ = write!(out, "<Size>{size}</Size>");
+            }
+            push_owner(&mut out, OWNER_ID_DEFAULT);
+            if v.object.is_some() {
                 push_element(&mut out, "StorageClass", "STANDARD");
-                out.push_str("</Version>");
             }
+            let _ = write!(out, "</{tag}>");
         }
-        for item in &items {
-            if let ListItem::Prefix(p) = item {
-                out.push_str("<CommonPrefixes>");
-                push_key_element(&mut out, "Prefix", p, encoding_url);
-                out.push_str("</CommonPrefixes>");
-            }
+        for p in &page.prefixes {
+            out.push_str("<CommonPrefixes>");
+            push_key_element(&mut out, "Prefix", p, encoding_url);
+            out.push_str("</CommonPrefixes>");
         }
         out.push_str("</ListVersionsResult>");
         self.respond_xml(conn, req, &out).await
+    }
+}
+
+/// One page of ListObjectVersions cut from the merged items.
+#[derive(Debug, Default, PartialEq)]
+struct VersionPage {
+    entries: Vec<(String, VersionEntry)>,
+    prefixes: Vec<String>,
+    /// Where the next page resumes: key marker and version-id marker
+    /// (None after a common prefix). None: this is the last page.
+    next: Option<(String, Option<String>)>,
+}
+
+impl VersionPage {
+    /// At most `max` versions and prefixes from `items` (in order); `more`:
+    /// whether items follow those given.
+    fn cut(items: Vec<ListItem>, more: bool, max: usize) -> VersionPage {
+        let mut page = VersionPage::default();
+        let mut taken = 0;
+        let mut last: Option<(String, Option<String>)> = None;
+        let mut stopped = false;
+        'items: for item in items {
+            match item {
+                ListItem::Prefix(p) => {
+                    if taken == max {
+                        stopped = true;
+                        break;
+                    }
+                    taken += 1;
+                    last = Some((p.clone(), None));
+                    page.prefixes.push(p);
+                }
+                ListItem::Versions {
+                    key,
+                    versions,
+                    complete,
+                } => {
+                    for v in versions {
+                        if taken == max {
+                            stopped = true;
+                            break 'items;
+                        }
+                        taken += 1;
+                        last = Some((key.clone(), Some(version_id(v.version))));
+                        page.entries.push((key.clone(), v));
+                    }
+                    if !complete {
+                        // Nothing of the page follows a cut key.
+                        stopped = true;
+                        break;
+                    }
+                }
+                ListItem::Object { .. } => {}
+            }
+        }
+        if stopped || more {
+            page.next = last;
+        }
+        page
     }
 }
 
@@ -249,6 +323,7 @@ fn split_items(items: Vec<ListItem>) -> (Vec<xml::ObjectEntry>, Vec<String>) {
                 last_modified_unix_ms: mtime_ms,
             }),
             ListItem::Prefix(p) => common_prefixes.push(p),
+            ListItem::Versions { .. } => {}
         }
     }
     (contents, common_prefixes)

@@ -36,6 +36,7 @@ mod list;
 mod multipart;
 mod object;
 mod serve;
+mod versions;
 
 pub use route::S3Op;
 
@@ -88,6 +89,14 @@ struct Request {
 }
 
 impl Request {
+    /// The version `versionId` names (checked in dispatch; Current if
+    /// absent).
+    fn pick(&self) -> crate::store::versions::Pick {
+        self.q("versionId")
+            .and_then(crate::store::versions::Pick::parse)
+            .unwrap_or(crate::store::versions::Pick::Current)
+    }
+
     fn q(&self, name: &str) -> Option<&str> {
         self.query
             .iter()

@@ -76,7 +76,7 @@ impl S3Front {
             None,
         )
         .await?;
-        let info = self.receive_object(conn, req, auth, sink).await?;
+        let (info, _) = self.receive_object(conn, req, auth, sink).await?;
         let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
         self.respond(conn, req, head, b"").await
     }
@@ -97,7 +97,7 @@ impl S3Front {
             )
             .await?;
         let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
-        let info = self
+        let (info, version) = self
             .shard
             .mpu_complete(&req.bucket, &req.key, &upload_id(req), parts)
             .await?;
@@ -112,7 +112,14 @@ impl S3Front {
         push_element(&mut out, "Key", &req.key);
         push_element(&mut out, "ETag", &quoted(&info.etag));
         out.push_str("</CompleteMultipartUploadResult>");
-        self.respond_xml(conn, req, &out).await
+        let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        self.respond(
+            conn,
+            req,
+            super::versions::with_version(head, version),
+            out.as_bytes(),
+        )
+        .await
     }
 
     pub(super) async fn abort_multipart(

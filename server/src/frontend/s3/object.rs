@@ -9,6 +9,7 @@ use md5::Digest;
 use sha2::Sha256;
 
 use super::conditional::{check_conditions, content_md5, put_condition};
+use super::versions::with_version;
 use super::{
     http_date, quoted, Conn, Request, S3Front, METADATA_HEADERS_MAX, STORED_HEADERS,
     USER_METADATA_BYTES_MAX,
@@ -104,9 +105,10 @@ impl S3Front {
         let condition = put_condition(&req.head)?;
         let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
             .await?;
-        let info = self.receive_object(conn, req, auth, sink).await?;
+        let (info, version) = self.receive_object(conn, req, auth, sink).await?;
         let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
-        self.respond(conn, req, head, b"").await
+        self.respond(conn, req, with_version(head, version), b"")
+            .await
     }
 
     /// Streams the request body into `sink`, verifying every signature and
@@ -117,7 +119,7 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
         mut sink: ObjectSink,
-    ) -> Result<ObjectInfo, S3Error> {
+    ) -> Result<(ObjectInfo, Option<String>), S3Error> {
         let decoded_len = check_put_length(req, auth)?;
         let content_md5 = content_md5(&req.head)?;
         if req.head.expects_continue() {
@@ -175,19 +177,28 @@ impl S3Front {
             decoder.as_ref(),
         )?;
         pieces.finish(&mut sink).await?;
-        let info = sink.finish_with(etag, stored).await?;
+        let (info, version) = sink.finish_version(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
-        Ok(info)
+        Ok((info, version))
     }
 
+    /// DeleteObject: of the current version (a delete marker where the
+    /// bucket is versioned), or of the version `versionId` names, for good.
     pub(super) async fn delete_object(
         &self,
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.shard.delete_object(&req.bucket, &req.key).await?;
-        self.respond(conn, req, ResponseHead::new(204), b"").await
+        let removed = self
+            .shard
+            .delete_version(&req.bucket, &req.key, req.pick())
+            .await?;
+        let mut head = with_version(ResponseHead::new(204), removed.version_id);
+        if removed.marker {
+            head.push_header("x-amz-delete-marker", "true");
+        }
+        self.respond(conn, req, head, b"").await
     }
 
     pub(super) async fn get_object_attributes(
@@ -221,7 +232,9 @@ impl S3Front {
                 "Invalid attribute name specified: {bad}"
             )));
         }
-        let (source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        let opened =
+            ObjectSource::open_version(&self.shard, &req.bucket, &req.key, req.pick()).await;
+        let (source, meta, version) = self.versioned(conn, opened)?;
         drop(source);
         let has = |a: &str| wanted.iter().any(|w| w == a);
         let mut out = String::with_capacity(512);
@@ -267,7 +280,8 @@ impl S3Front {
         let head = ResponseHead::new(200)
             .with_header("Content-Type", "application/xml")
             .with_header("Last-Modified", http_date(meta.mtime_ms));
-        self.respond(conn, req, head, out.as_bytes()).await
+        self.respond(conn, req, with_version(head, version), out.as_bytes())
+            .await
     }
     pub(super) async fn get_object(
         &self,
@@ -276,10 +290,12 @@ impl S3Front {
         head_only: bool,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        let (mut source, meta) = ObjectSource::open(&self.shard, &req.bucket, &req.key).await?;
+        let opened =
+            ObjectSource::open_version(&self.shard, &req.bucket, &req.key, req.pick()).await;
+        let (mut source, meta, version) = self.versioned(conn, opened)?;
         let size = meta.size_bytes;
         if let Some(status) = check_conditions(&req.head, &meta)? {
-            let mut head = ResponseHead::new(status);
+            let mut head = with_version(ResponseHead::new(status), version);
             head.push_header("ETag", quoted(&meta.etag));
             head.push_header("Last-Modified", http_date(meta.mtime_ms));
             return self.respond(conn, req, head, b"").await;
@@ -304,7 +320,7 @@ impl S3Front {
                 }
             },
         };
-        let mut head = ResponseHead::new(status);
+        let mut head = with_version(ResponseHead::new(status), version);
         head.push_header("ETag", quoted(&meta.etag));
         head.push_header("Last-Modified", http_date(meta.mtime_ms));
         head.push_header("Accept-Ranges", "bytes");

@@ -19,6 +19,7 @@ use crate::frontend::http::{HttpConn, RequestHead, ResponseHead};
 use crate::frontend::s3::auth::{self, AuthInput, HeaderView, Verified};
 use crate::frontend::s3::error::S3Error;
 use crate::metrics::ShardMetrics;
+use crate::store::versions::Pick;
 
 const CLOCK_SKEW_MAX: Duration = Duration::from_secs(15 * 60);
 
@@ -183,11 +184,10 @@ impl S3Front {
         }
         let auth = self.authenticate(req, loopback)?;
         self.authorize(req, &auth.principal)?;
-        // Buckets are never versioned: an object has one version, "null".
-        // Another version id names nothing, and is refused rather than
-        // ignored, so that deleting an old version never deletes the
-        // current object (S3 answers the same for unversioned buckets).
-        if req.q("versionId").is_some_and(|v| v != "null") {
+        // A version id that names no version percore could have written
+        // is refused before any handler, rather than ignored (deleting an
+        // old version must never delete the current object).
+        if req.q("versionId").is_some_and(|v| Pick::parse(v).is_none()) {
             return Err(S3Error::invalid_argument("Invalid version id specified"));
         }
         match req.op {
@@ -197,6 +197,7 @@ impl S3Front {
             S3Op::DeleteBucket => self.delete_bucket(conn, req).await,
             S3Op::GetBucketLocation => self.get_bucket_location(conn, req).await,
             S3Op::GetBucketVersioning => self.get_bucket_versioning(conn, req).await,
+            S3Op::PutBucketVersioning => self.put_bucket_versioning(conn, req, &auth).await,
             S3Op::ListMultipartUploads => self.list_multipart_uploads(conn, req).await,
             S3Op::ListObjectVersions => self.list_object_versions(conn, req).await,
             S3Op::DeleteObjects => self.delete_objects(conn, req, &auth).await,

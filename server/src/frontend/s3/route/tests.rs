@@ -50,6 +50,7 @@ fn table() {
         ("GET", "/bucket?uploads", &[], ListMultipartUploads),
         ("GET", "/bucket?versions", &[], ListObjectVersions),
         ("GET", "/bucket?versioning", &[], GetBucketVersioning),
+        ("PUT", "/bucket?versioning", &[], PutBucketVersioning),
         ("POST", "/bucket?delete", &[], DeleteObjects),
         ("POST", "/bucket?batchGet", &[], BatchGet),
         ("POST", "/bucket?delete&batchGet", &[], DeleteObjects),

@@ -85,8 +85,8 @@ mod tests {
             Some("DeleteBucketLifecycle")
         );
         assert_eq!(
-            n("PUT", false, "versioning").as_deref(),
-            Some("PutBucketVersioning")
+            n("PUT", false, "encryption").as_deref(),
+            Some("PutBucketEncryption")
         );
         assert_eq!(n("POST", true, "restore").as_deref(), Some("RestoreObject"));
         assert_eq!(n("GET", false, "nonsense"), None);
