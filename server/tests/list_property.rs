@@ -183,7 +183,9 @@ fn engine_listing_matches_model() {
                     got.extend(page.iter().map(|i| match i {
                         ListItem::Prefix(p) => Item::Prefix(p.clone()),
                         ListItem::Object { key, .. } => Item::Object(key.clone()),
-                        ListItem::Versions { .. } => panic!("versions in a listing of objects"),
+                        ListItem::Versions { .. } | ListItem::Skipped(_) => {
+                            panic!("{i:?} in a listing without delete markers")
+                        }
                     }));
                     match page.last() {
                         Some(last) if page.len() == q.page => cursor = last.name().to_string(),

@@ -280,3 +280,45 @@ fn versions_against_a_model_through_compaction_and_reopen() {
         check(&store, &model).await;
     });
 }
+
+/// ListObjects passes over keys whose current version is a delete marker
+/// at a bounded number per page, and still finds the keys after them.
+#[test]
+fn a_listing_passes_over_many_delete_markers_in_bounded_pages() {
+    use percore_server::store::LIST_HIDDEN_MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let markers = LIST_HIDDEN_MAX + 5;
+        let writes = (0..markers).map(|i| {
+            let store = store.clone();
+            async move {
+                let key = format!("a{i:06}");
+                store
+                    .delete_object("b", &key, Versioning::Enabled, Pick::Current)
+                    .await
+                    .unwrap();
+            }
+        });
+        futures::future::join_all(writes).await;
+        store
+            .put(
+                "b",
+                "z-live",
+                ObjectMeta::default(),
+                Bytes::from_static(b"x"),
+            )
+            .await
+            .unwrap();
+        let page = store.list("b", "", "", None, 100);
+        let [ListItem::Skipped(at)] = &page[..] else {
+            panic!("{page:?}")
+        };
+        let rest = store.list("b", "", at, None, 100);
+        assert_eq!(
+            rest.iter().map(ListItem::name).collect::<Vec<_>>(),
+            ["z-live"]
+        );
+    });
+}

@@ -385,3 +385,38 @@ def test_versions_against_a_model_through_restarts(srv):
           f"{compacted:.0f} segments compacted")
     assert compacted > 0, "no compaction ran: the versions were never relocated"
 
+
+
+def test_suspended_only_bucket_marks_deletes(srv):
+    s3 = srv.client()
+    bucket = unique_bucket_name("suspnew")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Suspended"})
+    assert s3.put_object(Bucket=bucket, Key="k", Body=b"x")["VersionId"] == "null"
+    d = s3.delete_object(Bucket=bucket, Key="k")
+    assert d["DeleteMarker"] is True and d["VersionId"] == "null"
+    code, headers = error_of(lambda: s3.get_object(Bucket=bucket, Key="k"))
+    assert code == "NoSuchKey"
+    assert headers["x-amz-delete-marker"] == "true" and headers["x-amz-version-id"] == "null"
+    assert versions_of(srv, bucket) == [("k", "null", True, True)]
+
+
+def test_listing_past_many_delete_markers(srv):
+    """Each shard passes over at most 10,000 keys whose current version is
+    a delete marker per page (then hands back a cursor): a listing still
+    reaches the live keys after 21,000 of them."""
+    s3 = srv.client()
+    bucket = unique_bucket_name("markers")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_object(Bucket=bucket, Key="a-live", Body=b"1")
+    for batch in range(21):
+        r = s3.delete_objects(Bucket=bucket, Delete={"Quiet": True, "Objects": [
+            {"Key": f"m/{batch:02d}/{i:04d}"} for i in range(1000)]})
+        assert not r.get("Errors")
+    s3.put_object(Bucket=bucket, Key="z-live", Body=b"2")
+    listed = s3.list_objects_v2(Bucket=bucket)
+    assert [o["Key"] for o in listed["Contents"]] == ["a-live", "z-live"]
+    assert not listed["IsTruncated"]
+    page = s3.list_objects_v2(Bucket=bucket, StartAfter="a-live", MaxKeys=1)
+    assert [o["Key"] for o in page["Contents"]] == ["z-live"]

@@ -7,14 +7,16 @@ use std::path::Path;
 use percore_protocol::routing;
 use serde::{Deserialize, Serialize};
 
-/// 3: records written now have 4 KiB CRC blocks (`store::record`,
+/// 4: delete markers (record kind 8, S3 versioning), which a percore of
+/// format 3 would take for damage and cut off the newest segment as a torn
+/// tail. 3: records written now have 4 KiB CRC blocks (`store::record`,
 /// `BLOCK_BYTES`); 2: record format version 2 (headers bound to their
 /// place). Older directories are read and upgraded in place: this file
 /// says 3 from then on, so that a percore that reads only older records
 /// refuses the directory instead of cutting the records it cannot read
 /// as torn tails (a percore of format 2 takes a 4 KiB-block count for a
 /// malformed header).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 const FORMAT_VERSION_READ_MIN: u32 = 1;
 const FILE_NAME: &str = "percore.meta";
 

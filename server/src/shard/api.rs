@@ -323,7 +323,9 @@ impl Shard {
                                 prev = Some(item.name());
                             }
                             asked[i] = true;
-                            exhausted[i] = items.len() < batch;
+                            // A page that ends on a skip is short, not the end.
+                            exhausted[i] = items.len() < batch
+                                && !matches!(items.last(), Some(ListItem::Skipped(_)));
                             if versions.is_some() {
                                 // A page of versions ends at `batch`
                                 // versions, or within a key (then the
@@ -367,6 +369,10 @@ impl Shard {
                 return Ok((out, false));
             };
             let item = buffered[i].pop_front().expect("non-empty");
+            // Only a cursor: the shard listed nothing up to it.
+            if matches!(item, ListItem::Skipped(_)) {
+                continue;
+            }
             // A common prefix can come from several shards.
             if out.last().is_some_and(|l| l.name() == item.name()) {
                 continue;

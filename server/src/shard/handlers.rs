@@ -14,7 +14,7 @@ use super::{store_error, Shard};
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::store::record::ObjectMeta;
 use crate::store::versions::{version_id, Pick, Versioning};
-use crate::store::{ObjectReader, PutCondition, PutWriter};
+use crate::store::{ObjectReader, PutCondition, PutWriter, StoreError};
 
 impl Shard {
     /// Starts a local PUT (or multipart part) of `key`, counted against
@@ -79,12 +79,21 @@ impl Shard {
         pick: Pick,
     ) -> Result<(ObjectReader, Option<String>), ShardError> {
         if pick == Pick::Current && !self.store.has_versions(bucket) {
-            let reader = self
-                .store
-                .open_read(bucket, key)
-                .await
-                .map_err(store_error)?;
-            return Ok((reader, self.version_label(bucket, None)));
+            return match self.store.open_read(bucket, key).await {
+                Ok(reader) => Ok((reader, self.version_label(bucket, None))),
+                // A null delete marker (a suspended bucket's DELETE) is no
+                // object: say it is a marker.
+                Err(StoreError::NotFound) => Err(store_error(
+                    match self.store.resolve(bucket, key, Pick::Null) {
+                        Some(found) if found.marker.is_some() => StoreError::DeleteMarker {
+                            version: None,
+                            named: false,
+                        },
+                        _ => StoreError::NotFound,
+                    },
+                )),
+                Err(e) => Err(store_error(e)),
+            };
         }
         let found = self
             .store
@@ -100,6 +109,13 @@ impl Shard {
 
     async fn delete_here(&self, bucket: &str, key: &str, pick: Pick) -> Reply {
         let mode = self.versioning(bucket);
+        // A delete marker is a version: like a PUT it needs the bucket and
+        // counts as a write in progress for DeleteBucket.
+        let _writing = (mode != Versioning::Off || pick != Pick::Current)
+            .then(|| WriteInProgress::new(self, bucket));
+        if _writing.is_some() && !self.bucket_exists(bucket) {
+            return Reply::Err(ShardError::NoSuchBucket);
+        }
         match self.store.delete_object(bucket, key, mode, pick).await {
             Ok(done) => Reply::Deleted(Removed {
                 existed: done.existed,

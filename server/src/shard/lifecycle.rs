@@ -14,15 +14,17 @@ use std::time::{Duration, Instant};
 use super::Shard;
 use crate::bucket_config::lifecycle::{Expiration, Lifecycle, Rule};
 use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER};
-use crate::store::versions::{Pick, VersionEntry};
+use crate::store::versions::{Pick, VersionEntry, Versioning};
 use crate::store::{now_ms, ListItem};
 
-/// The noncurrent versions among `versions` (newest first) that became
-/// noncurrent (the next newer one was written) at least `age_ms` ago and
-/// match the rule's prefix and size.
+/// The noncurrent versions among `versions` (newest first; `newer`, the
+/// version before them, listed on the page before) that became noncurrent
+/// (the next newer one was written) at least `age_ms` ago and match the
+/// rule's prefix and size.
 fn noncurrent_due(
     rule: &Rule,
     key: &str,
+    newer: Option<&VersionEntry>,
     versions: &[VersionEntry],
     now: u64,
     age_ms: Option<u64>,
@@ -30,16 +32,17 @@ fn noncurrent_due(
     let Some(age_ms) = age_ms else {
         return Vec::new();
     };
-    versions
-        .windows(2)
-        .filter(|pair| {
-            let (newer, v) = (&pair[0], &pair[1]);
+    let newers = newer.into_iter().chain(versions);
+    let olders = versions.iter().skip(usize::from(newer.is_none()));
+    newers
+        .zip(olders)
+        .filter(|(newer, v)| {
             let size = v.object.as_ref().map_or(0, |(size, _)| *size);
             !v.latest
                 && newer.mtime_ms.saturating_add(age_ms) <= now
                 && rule.filter.matches(key, size)
         })
-        .map(|pair| pair[1].version)
+        .map(|(_, v)| v.version)
         .collect()
 }
 
@@ -146,7 +149,9 @@ impl Shard {
                 if rule.expiration.is_some() {
                     report.expired += self.expire(pass, rule, now, settings, &mut pacer).await;
                 }
-                if self.store.has_versions(&pass.bucket) {
+                if self.versioning(&pass.bucket) != Versioning::Off
+                    || self.store.has_versions(&pass.bucket)
+                {
                     report.expired += self
                         .expire_versions(pass, rule, now, settings, &mut pacer)
                         .await;
@@ -310,6 +315,9 @@ impl Shard {
         }
         let mut removed = 0;
         let (mut after, mut resume) = (String::new(), None);
+        // The last version of a key cut by the page before: the next page
+        // judges its first version against it.
+        let mut carry: Option<(String, VersionEntry)> = None;
         loop {
             if !self.still_current(pass) {
                 return removed;
@@ -325,27 +333,24 @@ impl Shard {
             let Some(last) = page.last() else {
                 break;
             };
-            // A key cut by the page resumes at its last version but one, so
-            // that every version is judged with the one written after it.
-            resume = match last {
+            let cut = match last {
                 ListItem::Versions {
+                    key,
                     versions,
                     complete: false,
-                    ..
-                } => versions
-                    .len()
-                    .checked_sub(2)
-                    .or(versions.len().checked_sub(1))
-                    .map(|i| pick_of(versions[i].version)),
+                } => versions.last().map(|v| (key.clone(), v.clone())),
                 _ => None,
             };
+            resume = cut.as_ref().map(|(_, v)| pick_of(v.version));
             after = last.name().to_string();
             glommio::yield_if_needed().await;
             for item in page {
                 let ListItem::Versions { key, versions, .. } = item else {
                     continue;
                 };
-                let mut doomed = noncurrent_due(rule, &key, &versions, now, noncurrent_ms);
+                let newer = carry.take().filter(|(k, _)| *k == key).map(|(_, v)| v);
+                let mut doomed =
+                    noncurrent_due(rule, &key, newer.as_ref(), &versions, now, noncurrent_ms);
                 if lone_markers
                     && versions.len() == 1
                     && versions[0].latest
@@ -392,6 +397,7 @@ impl Shard {
                     }
                 }
             }
+            carry = cut;
         }
         removed
     }

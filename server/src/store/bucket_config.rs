@@ -172,7 +172,7 @@ impl Store {
             .into_iter()
             .filter_map(|item| match item {
                 ListItem::Object { key, .. } => Some(key),
-                ListItem::Prefix(_) | ListItem::Versions { .. } => None,
+                ListItem::Prefix(_) | ListItem::Versions { .. } | ListItem::Skipped(_) => None,
             })
             .collect();
         let mut dropped = 0;

@@ -64,7 +64,7 @@ impl Store {
             .into_iter()
             .filter_map(|item| match item {
                 ListItem::Object { key, mtime_ms, .. } => Some((key, mtime_ms)),
-                ListItem::Prefix(_) | ListItem::Versions { .. } => None,
+                ListItem::Prefix(_) | ListItem::Versions { .. } | ListItem::Skipped(_) => None,
             })
             .collect()
     }

@@ -8,7 +8,7 @@ use super::bucket_config::{CONFIG_NAMESPACE, USERS_NAMESPACE};
 use super::buckets::BUCKETS_NAMESPACE;
 use super::index::{Entry, State};
 use super::versions::{
-    group_current, version_entry, versions_in, KeyGroups, Pick, VersionEntry, VERSIONS_PREFIX,
+    group_current, version_entry, versions_page, KeyGroups, Pick, VersionEntry, VERSIONS_PREFIX,
 };
 use super::{mpu, ListItem, Store};
 
@@ -37,6 +37,10 @@ pub fn prefix_successor(prefix: &str) -> Option<String> {
     None
 }
 
+/// Keys a listing page passes over because their current version is a
+/// delete marker before it ends with `ListItem::Skipped`.
+pub const LIST_HIDDEN_MAX: usize = 10_000;
+
 /// The versions of `key` (after version `after`), at most `left` of them
 /// (less what is taken); None if there are none to list.
 fn versions_item(
@@ -45,28 +49,13 @@ fn versions_item(
     after: Option<Pick>,
     left: &mut usize,
 ) -> Option<ListItem> {
-    let mut all = versions_in(keys, key);
-    let skip = match after {
-        None | Some(Pick::Current) => 0,
-        // Newest first: everything down to the marker's place, even if
-        // that version is gone since.
-        Some(Pick::Id(seq)) => all
-            .iter()
-            .take_while(|(v, e)| v.unwrap_or(e.seq) >= seq)
-            .count(),
-        Some(Pick::Null) => all
-            .iter()
-            .position(|(v, _)| v.is_none())
-            .map_or(0, |i| i + 1),
-    };
-    // The first is the current version (`versions_in`).
-    let complete = all.len() - skip <= *left;
-    let versions: Vec<VersionEntry> = all
-        .drain(..)
+    let (page, complete) = versions_page(keys, key, after, *left);
+    // Only a walk from the newest starts with the current version.
+    let from_newest = matches!(after, None | Some(Pick::Current));
+    let versions: Vec<VersionEntry> = page
+        .into_iter()
         .enumerate()
-        .skip(skip)
-        .take(*left)
-        .map(|(i, (v, e))| version_entry(v, e, i == 0))
+        .map(|(i, (v, e))| version_entry(v, e, from_newest && i == 0))
         .collect();
     *left -= versions.len();
     (!versions.is_empty()).then(|| ListItem::Versions {
@@ -114,6 +103,7 @@ impl Store {
             _ => None,
         };
         let mut versions_left = limit;
+        let mut hidden = 0;
         let mut lower: Bound<String> = if resume_in.is_some() {
             Bound::Included(start_after.to_string())
         } else if start_after >= prefix {
@@ -157,7 +147,17 @@ impl Store {
                 let info = match current.map(|(_, e)| &e.state) {
                     Some(State::Live(info)) => Some(info),
                     _ if versions.is_some() => None,
-                    _ => continue,
+                    _ => {
+                        // A delete marker is current: not listed. Markers
+                        // stay until removed, so their number is bounded
+                        // per page, not only by the bucket.
+                        hidden += 1;
+                        if hidden >= LIST_HIDDEN_MAX {
+                            items.push(ListItem::Skipped(key.to_string()));
+                            break 'outer;
+                        }
+                        continue;
+                    }
                 };
                 if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
                     if let Some(pos) = key[prefix.len()..].find(d) {
@@ -219,17 +219,21 @@ impl Store {
         })
     }
 
-    /// Live objects on this shard, all buckets.
+    /// Keys whose current version is a live object, on this shard, all
+    /// buckets (noncurrent versions are not counted).
     pub fn objects_total(&self) -> usize {
         let index = self.inner.index.borrow();
+        let first_key = Bound::Included("\u{1}".to_string());
         index
             .iter()
             .filter(|(b, _)| {
                 ![BUCKETS_NAMESPACE, CONFIG_NAMESPACE, USERS_NAMESPACE].contains(&b.as_str())
             })
             .map(|(_, keys)| {
-                keys.iter()
-                    .filter(|(k, e)| matches!(e.state, State::Live(_)) && !mpu::is_internal_key(k))
+                KeyGroups::new(keys, &first_key)
+                    .filter(|g| {
+                        group_current(g).is_some_and(|(_, e)| matches!(e.state, State::Live(_)))
+                    })
                     .count()
             })
             .sum()

@@ -111,6 +111,12 @@ impl Store {
         if self.is_writing(bucket, key) {
             return Err(StoreError::ConditionalConflict);
         }
+        // A null version (at the key itself) must still be the current
+        // version: a real version or delete marker written during the read
+        // would otherwise be hidden by the rewrite's newer seq.
+        if !key.starts_with('\0') && self.live_seq(bucket, key) != Some(seq) {
+            return Err(StoreError::ConditionalConflict);
+        }
         let extents = match self.lookup(bucket, key) {
             // The entry's extents are current even if compaction moved
             // them since the read (it keeps the seq).

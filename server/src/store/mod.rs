@@ -63,7 +63,7 @@ pub mod sim;
 pub mod versions;
 
 pub use compaction::CompactionReport;
-pub use list::prefix_successor;
+pub use list::{prefix_successor, LIST_HIDDEN_MAX};
 pub use object_cache::{ObjectCacheStats, Payload};
 pub use put::PutWriter;
 pub use read::{ObjectReader, ReadOut, FIXED_MIN_BYTES, MERGE_BYTES_MAX};
@@ -326,13 +326,16 @@ pub enum ListItem {
         versions: Vec<versions::VersionEntry>,
         complete: bool,
     },
+    /// Nothing to list up to this key (a page that examined its bound of
+    /// keys whose current version is a delete marker): resume after it.
+    Skipped(String),
 }
 
 impl ListItem {
     pub fn name(&self) -> &str {
         match self {
             ListItem::Object { key, .. } | ListItem::Versions { key, .. } => key,
-            ListItem::Prefix(p) => p,
+            ListItem::Prefix(p) | ListItem::Skipped(p) => p,
         }
     }
 }

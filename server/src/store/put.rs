@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::channel::oneshot;
 
 use super::index::{Entry, State};
-use super::record::{self, Body, ExtentRef, Header, ObjectMeta};
+use super::record::{self, Body, ExtentRef, Header, Kind, ObjectMeta};
 use super::versions::version_key;
 use super::{mpu, now_ms, Loc, ObjectInfo, PutCondition, Result, Store, StoreError};
 
@@ -214,6 +214,21 @@ impl PutWriter {
             record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = store.append_durable(header, payload).await?;
         if let Err(e) = self.still_installable(seen) {
+            if self.new_version {
+                // A version key of its own: nothing newer hides the record
+                // at recovery but a tombstone (counted below, so that
+                // compaction keeps it while the record exists).
+                if let Err(t) = store
+                    .write_tombstone(&self.bucket, &index_key, Kind::Tombstone)
+                    .await
+                {
+                    tracing::error!(
+                        bucket = %self.bucket,
+                        key = %self.key,
+                        "a refused version could not be hidden ({t}): it may reappear after a restart"
+                    );
+                }
+            }
             // The record is on disk all the same: count it for the key.
             store.count_stale(&self.bucket, &index_key);
             return Err(e);

@@ -198,6 +198,54 @@ pub(super) fn versions_in<'a>(keys: &'a Keys, key: &str) -> Vec<(Option<u64>, &'
     out
 }
 
+/// At most `limit` versions of `key`, newest first, after the one `after`
+/// names (None: from the newest), and whether no more follow them. Walks
+/// only what it returns (and tombstones among them), however many
+/// versions the key has. After a null version that is gone since, the
+/// walk starts again from the newest real version.
+pub(super) fn versions_page<'a>(
+    keys: &'a Keys,
+    key: &str,
+    after: Option<Pick>,
+    limit: usize,
+) -> (Vec<(Option<u64>, &'a Entry)>, bool) {
+    let group = format!("{VERSIONS_PREFIX}{key}\0");
+    let null = keys.get(key).filter(|e| e.state.is_version());
+    // Where the walk of real versions starts, and whether the null
+    // version is still to come (by its place: its record's seq).
+    let (from, mut null_ahead) = match (after, null) {
+        (None | Some(Pick::Current), _) => (Bound::Included(group.clone()), null.is_some()),
+        (Some(Pick::Id(seq)), _) => (
+            Bound::Excluded(version_key(key, seq)),
+            null.is_some_and(|n| n.seq < seq),
+        ),
+        (Some(Pick::Null), Some(n)) => (Bound::Excluded(version_key(key, n.seq)), false),
+        (Some(Pick::Null), None) => (Bound::Included(group.clone()), false),
+    };
+    let mut reals = keys
+        .range::<str, _>((from.as_ref().map(String::as_str), Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(&group))
+        .filter(|(_, e)| e.state.is_version())
+        .filter_map(|(k, e)| split_version_key(k).map(|(_, seq)| (seq, e)))
+        .peekable();
+    let mut out = Vec::new();
+    while out.len() <= limit {
+        let next_real = reals.peek().map(|(seq, _)| *seq);
+        if let Some(n) = null.filter(|n| null_ahead && next_real.is_none_or(|s| s < n.seq)) {
+            out.push((None, n));
+            null_ahead = false;
+            continue;
+        }
+        match reals.next() {
+            Some((seq, e)) => out.push((Some(seq), e)),
+            None => break,
+        }
+    }
+    let complete = out.len() <= limit;
+    out.truncate(limit);
+    (out, complete)
+}
+
 /// The keys of a bucket from a bound on, each with its null version and
 /// its newest real version (at least one of them a version), in key order.
 pub(super) struct KeyGroups<'a> {

@@ -104,7 +104,7 @@ impl NativeFront {
                 Reply {
                     entries: items
                         .into_iter()
-                        .filter(|i| !matches!(i, ListItem::Versions { .. }))
+                        .filter(|i| matches!(i, ListItem::Object { .. } | ListItem::Prefix(_)))
                         .map(|i| match i {
                             ListItem::Object {
                                 key,
@@ -118,13 +118,13 @@ impl NativeFront {
                                 mtime_ms,
                                 is_prefix: false,
                             },
-                            ListItem::Prefix(p) | ListItem::Versions { key: p, .. } => {
-                                proto::ListEntry {
-                                    key: p,
-                                    is_prefix: true,
-                                    ..Default::default()
-                                }
-                            }
+                            ListItem::Prefix(p)
+                            | ListItem::Versions { key: p, .. }
+                            | ListItem::Skipped(p) => proto::ListEntry {
+                                key: p,
+                                is_prefix: true,
+                                ..Default::default()
+                            },
                         })
                         .collect(),
                     truncated,

@@ -237,22 +237,18 @@ impl S3Front {
                 }
                 // Policy matching costs CPU: let other requests run.
                 glommio::yield_if_needed().await;
-                if !self.allowed(&auth.principal, "s3:DeleteObject", &req.bucket, Some(key)) {
-                    return Err(super::authz::access_denied());
-                }
                 let pick = match version.as_deref() {
                     None => Pick::Current,
                     Some(v) => Pick::parse(v)
                         .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
                 };
-                if pick != Pick::Current
-                    && !self.allowed(
-                        &auth.principal,
-                        "s3:DeleteObjectVersion",
-                        &req.bucket,
-                        Some(key),
-                    )
-                {
+                // As DeleteObject: a named version needs the version action.
+                let action = if pick == Pick::Current {
+                    "s3:DeleteObject"
+                } else {
+                    "s3:DeleteObjectVersion"
+                };
+                if !self.allowed(&auth.principal, action, &req.bucket, Some(key)) {
                     return Err(super::authz::access_denied());
                 }
                 Ok(self.shard.delete_version(&req.bucket, key, pick).await?)

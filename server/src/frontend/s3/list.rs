@@ -267,7 +267,7 @@ impl VersionPage {
                         break;
                     }
                 }
-                ListItem::Object { .. } => {}
+                ListItem::Object { .. } | ListItem::Skipped(_) => {}
             }
         }
         if stopped || more {
@@ -323,7 +323,7 @@ fn split_items(items: Vec<ListItem>) -> (Vec<xml::ObjectEntry>, Vec<String>) {
                 last_modified_unix_ms: mtime_ms,
             }),
             ListItem::Prefix(p) => common_prefixes.push(p),
-            ListItem::Versions { .. } => {}
+            ListItem::Versions { .. } | ListItem::Skipped(_) => {}
         }
     }
     (contents, common_prefixes)
