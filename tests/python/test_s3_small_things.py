@@ -94,7 +94,7 @@ def test_list_buckets_pages_by_prefix(env):
 @pytest.mark.parametrize("method,target,query,name", [
     ("PUT", "bucket", "encryption", "PutBucketEncryption"),
     ("GET", "bucket", "accelerate", "GetBucketAccelerateConfiguration"),
-    ("PUT", "bucket", "versioning", "PutBucketVersioning"),
+    ("GET", "bucket", "object-lock", "GetObjectLockConfiguration"),
     ("DELETE", "bucket", "website", "DeleteBucketWebsite"),
     ("GET", "object", "legal-hold", "GetObjectLegalHold"),
     ("PUT", "object", "retention", "PutObjectRetention"),
@@ -108,9 +108,10 @@ def test_not_implemented_names_the_operation(env, method, target, query, name):
 
 
 def test_versions_other_than_null_are_refused(env):
-    """Buckets are never versioned: the one version of an object is "null".
-    Any other version id is refused, so that deleting an old version can
-    never delete the current object."""
+    """In a bucket never versioned the one version of an object is "null".
+    A version id percore could not have given is refused, and one that
+    names no version deletes nothing, so that deleting an old version can
+    never delete the current object (docs/s3.md, "Versioning")."""
     srv, s3, bucket = env
     s3.put_object(Bucket=bucket, Key="v.bin", Body=b"keep me")
     for method in ("GET", "HEAD", "DELETE"):
@@ -121,7 +122,12 @@ def test_versions_other_than_null_are_refused(env):
     assert s3.get_object(Bucket=bucket, Key="v.bin")["Body"].read() == b"keep me"
     out = s3.delete_objects(Bucket=bucket, Delete={"Objects": [
         {"Key": "v.bin", "VersionId": "3HL4kqtJlcpXroDTD"}]})
-    assert [e["Code"] for e in out.get("Errors", [])] == ["NoSuchVersion"], out
+    assert [e["Code"] for e in out.get("Errors", [])] == ["InvalidArgument"], out
+    # Well formed, naming nothing: deletes nothing, reads nothing.
+    s3.delete_object(Bucket=bucket, Key="v.bin", VersionId="0123456789abcdef")
+    r = request(srv, "GET", f"/{bucket}/v.bin", query=[("versionId", "0123456789abcdef")])
+    assert (r.status, r.error_code()) == (404, "NoSuchVersion"), r.body
+    assert s3.get_object(Bucket=bucket, Key="v.bin")["Body"].read() == b"keep me"
     assert s3.get_object(Bucket=bucket, Key="v.bin", VersionId="null")["Body"].read() == b"keep me"
     s3.delete_object(Bucket=bucket, Key="v.bin", VersionId="null")
     with pytest.raises(Exception) as e:

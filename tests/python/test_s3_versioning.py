@@ -238,9 +238,9 @@ def test_list_versions_paging_and_prefixes(srv):
     assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["d0/", "d1/", "d2/"]
     assert "Versions" not in page
     # ListObjects shows the current versions that are objects.
-    live = {k for k, _, latest in want if latest} - {
-        k for k, v, latest in want if latest and v in {
-            m["VersionId"] for m in full.get("DeleteMarkers", [])}}
+    # Version ids are unique within a key (two keys may share one).
+    markers = {(m["Key"], m["VersionId"]) for m in full.get("DeleteMarkers", [])}
+    live = {k for k, v, latest in want if latest and (k, v) not in markers}
     listed = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]}
     assert listed == live
     # A version marker without a key marker is refused.
@@ -280,23 +280,30 @@ def test_lifecycle_noncurrent_versions(srv):
     s3.put_object(Bucket=bucket, Key="keep/b", Body=b"b1")
     s3.put_object(Bucket=bucket, Key="ckpt/gone", Body=b"g")
     s3.delete_object(Bucket=bucket, Key="ckpt/gone")
+    kept = [s3.put_object(Bucket=bucket, Key="two/c", Body=f"c{n}".encode())["VersionId"]
+            for n in range(5)]
     s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
         {"ID": "old", "Status": "Enabled", "Filter": {"Prefix": "ckpt/"},
          "NoncurrentVersionExpiration": {"NoncurrentDays": 1}},
         {"ID": "markers", "Status": "Enabled", "Filter": {"Prefix": "ckpt/"},
          "Expiration": {"ExpiredObjectDeleteMarker": True}},
+        {"ID": "keep-two", "Status": "Enabled", "Filter": {"Prefix": "two/"},
+         "NoncurrentVersionExpiration": {"NoncurrentDays": 1, "NewerNoncurrentVersions": 2}},
     ]})
     # A lifecycle day is a second here; passes run every second.
     deadline = time.time() + 30
     while time.time() < deadline:
         keys = [(k, latest, marker) for k, _, latest, marker in versions_of(srv, bucket)]
-        if keys == [("ckpt/a", True, False), ("keep/b", True, False), ("keep/b", False, False)]:
+        if keys == [("ckpt/a", True, False), ("keep/b", True, False), ("keep/b", False, False),
+                    ("two/c", True, False), ("two/c", False, False), ("two/c", False, False)]:
             break
         time.sleep(0.5)
     else:
         raise AssertionError(f"lifecycle left {versions_of(srv, bucket)}")
     assert s3.get_object(Bucket=bucket, Key="ckpt/a")["Body"].read() == b"a2"
-    assert metric(srv, "percore_lifecycle_expired_objects_total") >= 3
+    # The current version and the two newest noncurrent ones are kept.
+    assert [v[1] for v in versions_of(srv, bucket, "two/")] == kept[:1:-1]
+    assert metric(srv, "percore_lifecycle_expired_objects_total") >= 5
 
 
 class Model:

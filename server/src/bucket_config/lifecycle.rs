@@ -4,8 +4,8 @@
 //!
 //! Supported: Expiration by Days or Date; AbortIncompleteMultipartUpload;
 //! filters by prefix, tags and object size (alone or under And); Status.
-//! NoncurrentVersionExpiration and ExpiredObjectDeleteMarker are kept and
-//! have nothing to act on (buckets are not versioned). Transitions are
+//! NoncurrentVersionExpiration (NoncurrentDays, NewerNoncurrentVersions) and
+//! ExpiredObjectDeleteMarker act on versioned buckets. Transitions are
 //! refused: percore has one storage class.
 
 use super::{only_child, parse_root, ConfigError};
@@ -43,8 +43,11 @@ pub struct Rule {
     pub filter: Filter,
     pub expiration: Option<Expiration>,
     pub abort_incomplete_days: Option<u32>,
-    /// Kept and rendered back; noncurrent versions do not exist here.
+    /// NoncurrentVersionExpiration: NoncurrentDays.
     pub noncurrent_days: Option<u32>,
+    /// NoncurrentVersionExpiration: NewerNoncurrentVersions (how many of
+    /// the newest noncurrent versions are kept whatever their age).
+    pub newer_noncurrent: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,6 +116,35 @@ fn parse_size(e: &XmlElement) -> Result<u64, ConfigError> {
     e.text.trim().parse::<u64>().map_err(|_| {
         ConfigError::invalid_argument("Object size limits must be non-negative integers")
     })
+}
+
+/// `<NoncurrentVersionExpiration>` of a rule: (NoncurrentDays,
+/// NewerNoncurrentVersions).
+fn parse_noncurrent(r: &XmlElement) -> Result<(Option<u32>, Option<u32>), ConfigError> {
+    let Some(n) = only_child(r, "NoncurrentVersionExpiration")? else {
+        return Ok((None, None));
+    };
+    let d = days(
+        only_child(n, "NoncurrentDays")?.ok_or_else(|| {
+            ConfigError::malformed("NoncurrentVersionExpiration needs NoncurrentDays")
+        })?,
+        "NoncurrentDays",
+    )?;
+    let newer = only_child(n, "NewerNoncurrentVersions")?
+        .map(|v| {
+            v.text
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=100).contains(n))
+                .ok_or_else(|| {
+                    ConfigError::invalid_argument(
+                        "NewerNoncurrentVersions must be an integer from 1 to 100",
+                    )
+                })
+        })
+        .transpose()?;
+    Ok((Some(d), newer))
 }
 
 /// `<Expiration>`: Days, Date or ExpiredObjectDeleteMarker (None when that
@@ -301,15 +333,7 @@ impl Rule {
                 "AbortIncompleteMultipartUpload cannot be specified with Tags.",
             ));
         }
-        let noncurrent_days = match only_child(r, "NoncurrentVersionExpiration")? {
-            None => None,
-            Some(n) => Some(days(
-                only_child(n, "NoncurrentDays")?.ok_or_else(|| {
-                    ConfigError::malformed("NoncurrentVersionExpiration needs NoncurrentDays")
-                })?,
-                "NoncurrentDays",
-            )?),
-        };
+        let (noncurrent_days, newer_noncurrent) = parse_noncurrent(r)?;
         if expiration.is_none() && abort_incomplete_days.is_none() && noncurrent_days.is_none() {
             return Err(ConfigError::invalid_request(
                 "At least one action needs to be specified in a rule",
@@ -322,6 +346,7 @@ impl Rule {
             expiration,
             abort_incomplete_days,
             noncurrent_days,
+            newer_noncurrent,
         })
     }
 
@@ -405,6 +430,9 @@ impl Lifecycle {
             if let Some(n) = r.noncurrent_days {
                 out.push_str("<NoncurrentVersionExpiration>");
                 push_number_element(&mut out, "NoncurrentDays", n as u64);
+                if let Some(k) = r.newer_noncurrent {
+                    push_number_element(&mut out, "NewerNoncurrentVersions", k as u64);
+                }
                 out.push_str("</NoncurrentVersionExpiration>");
             }
             if let Some(n) = r.abort_incomplete_days {

@@ -107,11 +107,18 @@ fn lifecycle_parse_render_and_expiry() {
         <Expiration><Date>2020-01-01T00:00:00Z</Date></Expiration></Rule>
       <Rule><ID>mpu</ID><Prefix></Prefix><Status>Enabled</Status>
         <AbortIncompleteMultipartUpload><DaysAfterInitiation>2</DaysAfterInitiation></AbortIncompleteMultipartUpload></Rule>
+      <Rule><ID>old</ID><Filter/><Status>Enabled</Status>
+        <NoncurrentVersionExpiration><NoncurrentDays>3</NoncurrentDays>
+          <NewerNoncurrentVersions>5</NewerNoncurrentVersions></NoncurrentVersionExpiration></Rule>
     </LifecycleConfiguration>"#;
     let l = Lifecycle::parse(xml).unwrap();
     assert_eq!(Lifecycle::parse(l.to_xml().as_bytes()).unwrap(), l);
     assert_eq!(l.rules[1].id, "rule-2");
-    assert_eq!(l.enabled().count(), 2);
+    assert_eq!(l.enabled().count(), 3);
+    assert_eq!(
+        (l.rules[3].noncurrent_days, l.rules[3].newer_noncurrent),
+        (Some(3), Some(5))
+    );
     assert_eq!(
         l.rules[1].expiration,
         Some(Expiration::Date(1_577_836_800_000))
@@ -136,6 +143,8 @@ fn lifecycle_parse_render_and_expiry() {
         b"<LifecycleConfiguration><Rule><Status>Enabled</Status><Transition><Days>1</Days><StorageClass>GLACIER</StorageClass></Transition></Rule></LifecycleConfiguration>",
         b"<LifecycleConfiguration><Rule><ID>a</ID><Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule><Rule><ID>a</ID><Status>Enabled</Status><Expiration><Days>1</Days></Expiration></Rule></LifecycleConfiguration>",
         b"<LifecycleConfiguration><Rule><Filter><Tag><Key>k</Key><Value>v</Value></Tag></Filter><Status>Enabled</Status><AbortIncompleteMultipartUpload><DaysAfterInitiation>1</DaysAfterInitiation></AbortIncompleteMultipartUpload></Rule></LifecycleConfiguration>",
+        b"<LifecycleConfiguration><Rule><Status>Enabled</Status><NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays><NewerNoncurrentVersions>0</NewerNoncurrentVersions></NoncurrentVersionExpiration></Rule></LifecycleConfiguration>",
+        b"<LifecycleConfiguration><Rule><Status>Enabled</Status><NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays><NewerNoncurrentVersions>101</NewerNoncurrentVersions></NoncurrentVersionExpiration></Rule></LifecycleConfiguration>",
     ] {
         assert!(Lifecycle::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
     }

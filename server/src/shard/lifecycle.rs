@@ -17,33 +17,52 @@ use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER};
 use crate::store::versions::{Pick, VersionEntry, Versioning};
 use crate::store::{now_ms, ListItem};
 
+/// Where a key's versions stand when a page ends within them: its last
+/// version listed, and how many noncurrent versions came before.
+struct Carry {
+    key: String,
+    last: VersionEntry,
+    noncurrent: usize,
+}
+
 /// The noncurrent versions among `versions` (newest first; `newer`, the
-/// version before them, listed on the page before) that became noncurrent
-/// (the next newer one was written) at least `age_ms` ago and match the
-/// rule's prefix and size.
+/// version before them, listed on the page before after `seen` noncurrent
+/// ones) that became noncurrent (the next newer one was written) at least
+/// the rule's NoncurrentDays ago, are not among the NewerNoncurrentVersions
+/// newest noncurrent ones, and match the rule's prefix and size. Returns
+/// them and how many noncurrent versions the page held.
 fn noncurrent_due(
     rule: &Rule,
     key: &str,
     newer: Option<&VersionEntry>,
+    seen: usize,
     versions: &[VersionEntry],
     now: u64,
-    age_ms: Option<u64>,
-) -> Vec<Option<u64>> {
-    let Some(age_ms) = age_ms else {
-        return Vec::new();
+    day_ms: u64,
+) -> (Vec<Option<u64>>, usize) {
+    let Some(days) = rule.noncurrent_days else {
+        return (Vec::new(), 0);
     };
+    let age_ms = u64::from(days).saturating_mul(day_ms);
+    let keep = rule.newer_noncurrent.map_or(0, |k| k as usize);
     let newers = newer.into_iter().chain(versions);
     let olders = versions.iter().skip(usize::from(newer.is_none()));
-    newers
-        .zip(olders)
-        .filter(|(newer, v)| {
-            let size = v.object.as_ref().map_or(0, |(size, _)| *size);
-            !v.latest
-                && newer.mtime_ms.saturating_add(age_ms) <= now
-                && rule.filter.matches(key, size)
-        })
-        .map(|(_, v)| v.version)
-        .collect()
+    let mut ordinal = seen;
+    let mut due = Vec::new();
+    for (newer, v) in newers.zip(olders) {
+        if v.latest {
+            continue;
+        }
+        ordinal += 1;
+        let size = v.object.as_ref().map_or(0, |(size, _)| *size);
+        if ordinal > keep
+            && newer.mtime_ms.saturating_add(age_ms) <= now
+            && rule.filter.matches(key, size)
+        {
+            due.push(v.version);
+        }
+    }
+    (due, ordinal - seen)
 }
 
 /// The pick that names `version` (None: the null version).
@@ -307,17 +326,14 @@ impl Shard {
     ) -> u64 {
         let bucket = pass.bucket.as_str();
         let lone_markers = rule.expiration == Some(Expiration::DeleteMarkersOnly);
-        let noncurrent_ms = rule
-            .noncurrent_days
-            .map(|d| u64::from(d).saturating_mul(settings.day_ms));
-        if !lone_markers && noncurrent_ms.is_none() {
+        if !lone_markers && rule.noncurrent_days.is_none() {
             return 0;
         }
         let mut removed = 0;
         let (mut after, mut resume) = (String::new(), None);
-        // The last version of a key cut by the page before: the next page
-        // judges its first version against it.
-        let mut carry: Option<(String, VersionEntry)> = None;
+        // A key cut by the page before: the next page judges its first
+        // version against the last one, and goes on counting.
+        let mut carry: Option<Carry> = None;
         loop {
             if !self.still_current(pass) {
                 return removed;
@@ -333,24 +349,39 @@ impl Shard {
             let Some(last) = page.last() else {
                 break;
             };
-            let cut = match last {
+            let mut cut = match last {
                 ListItem::Versions {
                     key,
                     versions,
                     complete: false,
-                } => versions.last().map(|v| (key.clone(), v.clone())),
+                } => versions.last().map(|v| Carry {
+                    key: key.clone(),
+                    last: v.clone(),
+                    noncurrent: 0,
+                }),
                 _ => None,
             };
-            resume = cut.as_ref().map(|(_, v)| pick_of(v.version));
+            resume = cut.as_ref().map(|c| pick_of(c.last.version));
             after = last.name().to_string();
             glommio::yield_if_needed().await;
             for item in page {
                 let ListItem::Versions { key, versions, .. } = item else {
                     continue;
                 };
-                let newer = carry.take().filter(|(k, _)| *k == key).map(|(_, v)| v);
-                let mut doomed =
-                    noncurrent_due(rule, &key, newer.as_ref(), &versions, now, noncurrent_ms);
+                let before = carry.take().filter(|c| c.key == key);
+                let seen = before.as_ref().map_or(0, |c| c.noncurrent);
+                let (mut doomed, noncurrent) = noncurrent_due(
+                    rule,
+                    &key,
+                    before.as_ref().map(|c| &c.last),
+                    seen,
+                    &versions,
+                    now,
+                    settings.day_ms,
+                );
+                if let Some(c) = cut.as_mut().filter(|c| c.key == key) {
+                    c.noncurrent = seen + noncurrent;
+                }
                 if lone_markers
                     && versions.len() == 1
                     && versions[0].latest
@@ -361,45 +392,58 @@ impl Shard {
                     doomed.push(versions[0].version);
                 }
                 for version in doomed {
-                    let pick = pick_of(version);
-                    if !rule.filter.tags.is_empty() {
-                        pacer.take().await;
-                        if !self.has_rule_tags(bucket, &key, pick, None, rule).await {
-                            continue;
-                        }
-                    }
-                    pacer.take().await;
-                    if !self.still_current(pass) {
-                        return removed;
-                    }
-                    // Never the current version (unless it is a lone
-                    // marker): a write or a delete since the page was read
-                    // may have changed which one that is.
-                    let current = self.store.resolve(bucket, &key, Pick::Current);
-                    let is_current = current.as_ref().is_some_and(|c| c.version == version);
-                    let lone = is_current && self.store.versions(bucket, &key).len() == 1;
-                    if is_current && !(lone && current.is_some_and(|c| c.marker.is_some())) {
-                        continue;
-                    }
-                    let mode = self.versioning(bucket);
-                    match self.store.delete_object(bucket, &key, mode, pick).await {
-                        Ok(done) if done.existed => removed += 1,
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(
-                                shard = self.id,
-                                bucket,
-                                key,
-                                "lifecycle expiry failed: {e}"
-                            );
-                            return removed;
-                        }
+                    match self.remove_version(pass, rule, &key, version, pacer).await {
+                        Some(true) => removed += 1,
+                        Some(false) => {}
+                        None => return removed,
                     }
                 }
             }
             carry = cut;
         }
         removed
+    }
+
+    /// Removes `version` of `key` for good if it is still not the current
+    /// version (or a lone delete marker) and has the rule's tags. Some:
+    /// whether it did; None: stop the pass.
+    async fn remove_version(
+        &self,
+        pass: &Pass,
+        rule: &Rule,
+        key: &str,
+        version: Option<u64>,
+        pacer: &mut Pacer,
+    ) -> Option<bool> {
+        let bucket = pass.bucket.as_str();
+        let pick = pick_of(version);
+        if !rule.filter.tags.is_empty() {
+            pacer.take().await;
+            if !self.has_rule_tags(bucket, key, pick, None, rule).await {
+                return Some(false);
+            }
+        }
+        pacer.take().await;
+        if !self.still_current(pass) {
+            return None;
+        }
+        // Never the current version (unless it is a lone marker): a write
+        // or a delete since the page was read may have changed which one
+        // that is. Checked in the poll that takes the tombstone's seq.
+        let current = self.store.resolve(bucket, key, Pick::Current);
+        let is_current = current.as_ref().is_some_and(|c| c.version == version);
+        let lone = is_current && self.store.versions(bucket, key).len() == 1;
+        if is_current && !(lone && current.is_some_and(|c| c.marker.is_some())) {
+            return Some(false);
+        }
+        let mode = self.versioning(bucket);
+        match self.store.delete_object(bucket, key, mode, pick).await {
+            Ok(done) => Some(done.existed),
+            Err(e) => {
+                tracing::warn!(shard = self.id, bucket, key, "lifecycle expiry failed: {e}");
+                None
+            }
+        }
     }
 
     async fn abort_old_uploads(
