@@ -41,6 +41,16 @@ pub fn prefix_successor(prefix: &str) -> Option<String> {
 /// delete marker before it ends with `ListItem::Skipped`.
 pub const LIST_HIDDEN_MAX: usize = 10_000;
 
+/// Whether a listing may end on a `Skipped` cursor at `key`: markers stay
+/// until removed, so the number a page passes over is bounded, not only
+/// the bucket. Never at a key that ends with the delimiter: a listing
+/// resumed there would pass over its whole common prefix.
+fn resumable(key: &str, prefix: &str, delimiter: Option<&str>) -> bool {
+    !delimiter
+        .filter(|d| !d.is_empty())
+        .is_some_and(|d| key[prefix.len()..].ends_with(d))
+}
+
 /// The versions of `key` (after version `after`), at most `left` of them
 /// (less what is taken); None if there are none to list.
 fn versions_item(
@@ -148,11 +158,9 @@ impl Store {
                     Some(State::Live(info)) => Some(info),
                     _ if versions.is_some() => None,
                     _ => {
-                        // A delete marker is current: not listed. Markers
-                        // stay until removed, so their number is bounded
-                        // per page, not only by the bucket.
+                        // A delete marker is current: not listed.
                         hidden += 1;
-                        if hidden >= LIST_HIDDEN_MAX {
+                        if hidden >= LIST_HIDDEN_MAX && resumable(key, prefix, delimiter) {
                             items.push(ListItem::Skipped(key.to_string()));
                             break 'outer;
                         }
