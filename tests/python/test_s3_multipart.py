@@ -222,6 +222,47 @@ def test_copy_of_a_multipart_object(s3, bucket):
     assert md5(s3.get_object(Bucket=bucket, Key="mp-copy")["Body"].read()) == md5(whole)
 
 
+def test_get_and_head_by_part_number(s3, bucket, server):
+    """GET/HEAD `partNumber` of a multipart object: that part's bytes, as a
+    206 with its Content-Range and `x-amz-mp-parts-count`; an object not
+    uploaded in parts is its own part 1; a copy is not in parts."""
+    from signed import request
+    parts = [os.urandom(PART), os.urandom(PART), os.urandom(1234)]
+    uid, done = upload(s3, bucket, "parts.bin", parts)
+    s3.complete_multipart_upload(Bucket=bucket, Key="parts.bin", UploadId=uid,
+                                 MultipartUpload={"Parts": done})
+    offset = 0
+    for n, body in enumerate(parts, start=1):
+        got = s3.get_object(Bucket=bucket, Key="parts.bin", PartNumber=n)
+        assert status_of(got) == 206 and got["PartsCount"] == 3
+        assert got["ContentRange"] == f"bytes {offset}-{offset + len(body) - 1}/{PART * 2 + 1234}"
+        assert md5(got["Body"].read()) == md5(body)
+        head = s3.head_object(Bucket=bucket, Key="parts.bin", PartNumber=n)
+        assert head["ContentLength"] == len(body) and head["PartsCount"] == 3
+        offset += len(body)
+    # percore keeps its part sizes to itself.
+    assert not any(h.startswith("x-percore") for h in
+                   s3.head_object(Bucket=bucket, Key="parts.bin")["ResponseMetadata"]["HTTPHeaders"])
+    with s3_error("InvalidPartNumber", 416):
+        s3.get_object(Bucket=bucket, Key="parts.bin", PartNumber=4)
+    for bad in ("0", "10001", "x"):
+        r = request(server, "GET", f"/{bucket}/parts.bin", query=[("partNumber", bad)])
+        assert (r.status, r.error_code()) == (400, "InvalidArgument"), (bad, r.body)
+    r = request(server, "GET", f"/{bucket}/parts.bin", headers={"range": "bytes=0-1"},
+                query=[("partNumber", "1")])
+    assert (r.status, r.error_code()) == (400, "InvalidRequest"), r.body
+    # One PUT: part 1 is the whole object.
+    s3.put_object(Bucket=bucket, Key="one.bin", Body=b"single")
+    got = s3.get_object(Bucket=bucket, Key="one.bin", PartNumber=1)
+    assert got["Body"].read() == b"single" and "PartsCount" not in got
+    with s3_error("InvalidPartNumber", 416):
+        s3.get_object(Bucket=bucket, Key="one.bin", PartNumber=2)
+    # A copy is one object: its parts are not the source's.
+    s3.copy_object(Bucket=bucket, Key="copy.bin", CopySource={"Bucket": bucket, "Key": "parts.bin"})
+    with s3_error("InvalidPartNumber", 416):
+        s3.get_object(Bucket=bucket, Key="copy.bin", PartNumber=2)
+
+
 def test_delete_objects_batch_and_quiet(s3, bucket):
     keys = spread_keys(40, prefix="del/")
     for k in keys:

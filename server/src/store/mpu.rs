@@ -195,6 +195,52 @@ pub fn is_internal_key(key: &str) -> bool {
     key.starts_with('\0')
 }
 
+/// Stored header of a completed multipart object: its part sizes, as runs
+/// `size*count` joined by commas (`5242880*19,1000`), for GET/HEAD with
+/// `partNumber`. Never sent to clients (`is_reserved_header`).
+pub const PARTS_HEADER: &str = "x-percore-parts";
+/// Longest `PARTS_HEADER` stored (a header value is at most 64 KiB); parts
+/// of sizes too varied to fit are not recorded.
+const PARTS_HEADER_BYTES_MAX: usize = 16 * 1024;
+
+/// Whether a stored header is percore's own, not the object's.
+pub fn is_reserved_header(name: &str) -> bool {
+    name.starts_with("x-percore-")
+}
+
+/// `PARTS_HEADER`'s value for parts of these sizes.
+pub fn encode_part_sizes(sizes: &[u64]) -> String {
+    let mut runs: Vec<(u64, u32)> = Vec::new();
+    for &s in sizes {
+        match runs.last_mut() {
+            Some((size, n)) if *size == s => *n += 1,
+            _ => runs.push((s, 1)),
+        }
+    }
+    let runs: Vec<String> = runs.iter().map(|(s, n)| format!("{s}*{n}")).collect();
+    runs.join(",")
+}
+
+/// Part `number` (from 1) of an object with `PARTS_HEADER` `value`:
+/// (offset, length, parts count); None if there is no such part or the
+/// value is not one percore wrote.
+pub fn part_range(value: &str, number: u32) -> Option<(u64, u64, u32)> {
+    let mut offset = 0u64;
+    let mut count = 0u32;
+    let mut found = None;
+    for run in value.split(',') {
+        let (size, n) = run.split_once('*')?;
+        let (size, n): (u64, u32) = (size.parse().ok()?, n.parse().ok()?);
+        if found.is_none() && number > count && number <= count.checked_add(n)? {
+            let at = offset.checked_add(size.checked_mul(u64::from(number - count - 1))?)?;
+            found = Some((at, size));
+        }
+        offset = offset.checked_add(size.checked_mul(u64::from(n))?)?;
+        count = count.checked_add(n)?;
+    }
+    found.map(|(at, len)| (at, len, count))
+}
+
 pub fn valid_upload_id(id: &str) -> bool {
     id.len() == UPLOAD_ID_LEN
         && id
@@ -550,6 +596,7 @@ impl Store {
         let mut extents = Vec::new();
         let mut md5s = Vec::with_capacity(16 * parts.len());
         let mut size_bytes = 0u64;
+        let mut sizes = Vec::with_capacity(parts.len());
         for (i, (number, etag)) in parts.iter().enumerate() {
             let info = self
                 .head(bucket, &part_key(key, upload_id, *number))
@@ -562,6 +609,12 @@ impl Store {
             md5s.extend_from_slice(&digest);
             extents.extend_from_slice(&info.extents);
             size_bytes += info.size_bytes;
+            sizes.push(info.size_bytes);
+        }
+        let runs = encode_part_sizes(&sizes);
+        meta.headers.retain(|(n, _)| n != PARTS_HEADER);
+        if runs.len() <= PARTS_HEADER_BYTES_MAX && meta.headers.len() < record::HEADERS_COUNT_MAX {
+            meta.headers.push((PARTS_HEADER.to_string(), runs));
         }
         meta.etag = format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len());
         meta.size_bytes = size_bytes;
@@ -797,5 +850,27 @@ impl Store {
             self.write_tombstones(&bucket, keys).await?;
         }
         Ok(swept)
+    }
+}
+
+#[cfg(test)]
+mod part_size_tests {
+    use super::{encode_part_sizes, part_range};
+
+    #[test]
+    fn part_sizes_round_trip_as_runs() {
+        let sizes = [5u64, 5, 5, 7, 7, 2];
+        let v = encode_part_sizes(&sizes);
+        assert_eq!(v, "5*3,7*2,2*1");
+        let mut offset = 0;
+        for (i, &s) in sizes.iter().enumerate() {
+            assert_eq!(part_range(&v, i as u32 + 1), Some((offset, s, 6)));
+            offset += s;
+        }
+        assert_eq!(part_range(&v, 0), None);
+        assert_eq!(part_range(&v, 7), None);
+        for bad in ["", "5", "5*", "x*1", "5*1,,2*1", "18446744073709551615*2"] {
+            assert_eq!(part_range(bad, 1).and(part_range(bad, 2)), None, "{bad:?}");
+        }
     }
 }

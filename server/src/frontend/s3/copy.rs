@@ -16,6 +16,7 @@ use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{iso8601_ms, push_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::store::mpu::is_reserved_header;
 use crate::store::record::ObjectMeta;
 use crate::store::versions::Pick;
 
@@ -216,7 +217,8 @@ impl S3Front {
             }
         };
         // Tags follow x-amz-tagging-directive, apart from the metadata.
-        meta.headers.retain(|(n, _)| n != OBJECT_TAGS_HEADER);
+        meta.headers
+            .retain(|(n, _)| n != OBJECT_TAGS_HEADER && !is_reserved_header(n));
         let tags = match req.head.header_str("x-amz-tagging-directive") {
             None => src_tags(&src_meta),
             Some(v) if v.eq_ignore_ascii_case("COPY") => src_tags(&src_meta),

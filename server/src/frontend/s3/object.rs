@@ -25,6 +25,7 @@ use crate::frontend::s3::checksum;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::xml::{push_element, push_number_element, push_open_root};
 use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::store::mpu::{is_reserved_header, part_range, PARTS_HEADER};
 use crate::store::record::ObjectMeta;
 use crate::store::ObjectInfo;
 
@@ -283,6 +284,47 @@ impl S3Front {
         self.respond(conn, req, with_version(head, version), out.as_bytes())
             .await
     }
+    /// GET/HEAD `partNumber`: (offset, length, parts count) of that part.
+    /// An object not uploaded in parts is its own part 1 (no count).
+    fn part_of(
+        &self,
+        req: &Request,
+        meta: &ObjectMeta,
+    ) -> Result<Option<(u64, u64, Option<u32>)>, S3Error> {
+        if req.q("partNumber").is_none() {
+            return Ok(None);
+        }
+        if req.head.header("range").is_some() {
+            return Err(S3Error::new(
+                400,
+                "InvalidRequest",
+                "Cannot specify both Range header and partNumber query parameter",
+            ));
+        }
+        let number = super::multipart::parse_part_number(req)?;
+        let not_satisfiable = || {
+            S3Error::new(
+                416,
+                "InvalidPartNumber",
+                "The requested partnumber is not satisfiable",
+            )
+        };
+        let sizes = meta.headers.iter().find(|(n, _)| n == PARTS_HEADER);
+        match sizes {
+            Some((_, runs)) => part_range(runs, number)
+                .map(|(a, n, count)| Some((a, n, Some(count))))
+                .ok_or_else(not_satisfiable),
+            None if !meta.etag.contains('-') => match number {
+                1 => Ok(Some((0, meta.size_bytes, None))),
+                _ => Err(not_satisfiable()),
+            },
+            // Completed before percore kept part sizes.
+            None => Err(S3Error::not_implemented(
+                "partNumber on a multipart object completed by an older percore",
+            )),
+        }
+    }
+
     pub(super) async fn get_object(
         &self,
         conn: &mut Conn,
@@ -300,7 +342,12 @@ impl S3Front {
             head.push_header("Last-Modified", http_date(meta.mtime_ms));
             return self.respond(conn, req, head, b"").await;
         }
+        let part = self.part_of(req, &meta)?;
         let (status, start, len) = match req.head.header("range") {
+            // An empty part has no byte range to name.
+            None if part.is_some() => part.map_or((200, 0, size), |(a, n, _)| {
+                (if n == 0 { 200 } else { 206 }, a, n)
+            }),
             None => (200, 0, size),
             Some(value) => match parse_range(value, size) {
                 Ok(RangeSpec::Single(a, b)) => (206, a, b - a + 1),
@@ -332,7 +379,13 @@ impl S3Front {
                 .head
                 .header_str("x-amz-checksum-mode")
                 .is_some_and(|m| m.eq_ignore_ascii_case("enabled"));
+        if let Some((_, _, Some(count))) = part {
+            head.push_header("x-amz-mp-parts-count", count.to_string());
+        }
         for (name, value) in &meta.headers {
+            if is_reserved_header(name) {
+                continue;
+            }
             if name.starts_with(checksum::HEADER_PREFIX) {
                 if checksums {
                     head.push_header(name.clone(), value.clone());
