@@ -169,9 +169,14 @@ fn complete_concatenates_parts_and_survives_compaction_and_reopen() {
         assert!(read_all(&store, "b", "big/obj").await.unwrap() == whole);
         let reader = store.open_read("b", "big/obj").await.unwrap();
         assert_eq!(reader.meta.content_type, "text/csv");
+        // The upload's headers, and the part sizes for GET partNumber.
+        let sizes = format!("{PART_BYTES_MIN}*1,{}*1,777*1", PART_BYTES_MIN + 12345);
         assert_eq!(
             reader.meta.headers,
-            vec![("x-amz-meta-a".to_string(), "1".to_string())]
+            vec![
+                ("x-amz-meta-a".to_string(), "1".to_string()),
+                ("x-percore-parts".to_string(), sizes)
+            ]
         );
         drop(reader);
         assert!(internal_live_keys(&store).is_empty());

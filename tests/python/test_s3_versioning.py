@@ -422,8 +422,16 @@ def test_listing_past_many_delete_markers(srv):
             {"Key": f"m/{batch:02d}/{i:04d}"} for i in range(1000)]})
         assert not r.get("Errors")
     s3.put_object(Bucket=bucket, Key="z-live", Body=b"2")
+    s3.put_object(Bucket=bucket, Key="m/99/live", Body=b"3")
     listed = s3.list_objects_v2(Bucket=bucket)
-    assert [o["Key"] for o in listed["Contents"]] == ["a-live", "z-live"]
+    assert [o["Key"] for o in listed["Contents"]] == ["a-live", "m/99/live", "z-live"]
     assert not listed["IsTruncated"]
-    page = s3.list_objects_v2(Bucket=bucket, StartAfter="a-live", MaxKeys=1)
+    # With a delimiter the markers sit inside the common prefix "m/": a
+    # page never stops within it (it would list "m/" again after it).
+    folded = s3.list_objects_v2(Bucket=bucket, Delimiter="/")
+    assert [o["Key"] for o in folded["Contents"]] == ["a-live", "z-live"]
+    assert [p["Prefix"] for p in folded["CommonPrefixes"]] == ["m/"]
+    v1 = s3.list_objects(Bucket=bucket, Delimiter="/", MaxKeys=1)
+    assert [o["Key"] for o in v1["Contents"]] == ["a-live"] and v1["IsTruncated"]
+    page = s3.list_objects_v2(Bucket=bucket, StartAfter="m/99/live", MaxKeys=1)
     assert [o["Key"] for o in page["Contents"]] == ["z-live"]

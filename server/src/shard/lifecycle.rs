@@ -11,6 +11,7 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::buckets::WriteInProgress;
 use super::Shard;
 use crate::bucket_config::lifecycle::{Expiration, Lifecycle, Rule};
 use crate::bucket_config::tagging::{TagSet, OBJECT_TAGS_HEADER};
@@ -294,6 +295,9 @@ impl Shard {
                     return expired;
                 }
                 let mode = self.versioning(bucket);
+                // A delete marker is a version: a write for DeleteBucket.
+                let _writing =
+                    (mode != Versioning::Off).then(|| WriteInProgress::new(self, bucket));
                 match self.store.delete_if_current(bucket, &key, seq, mode).await {
                     Ok(true) => expired += 1,
                     Ok(false) => {}
@@ -361,14 +365,17 @@ impl Shard {
                 }),
                 _ => None,
             };
-            resume = cut.as_ref().map(|c| pick_of(c.last.version));
+            // By place, not by id: the null version may be gone by then.
+            resume = cut.as_ref().map(|c| Pick::Id(c.last.order));
             after = last.name().to_string();
             glommio::yield_if_needed().await;
             for item in page {
                 let ListItem::Versions { key, versions, .. } = item else {
                     continue;
                 };
-                let before = carry.take().filter(|c| c.key == key);
+                let before = carry.take().filter(|c| {
+                    c.key == key && versions.first().is_none_or(|v| v.order < c.last.order)
+                });
                 let seen = before.as_ref().map_or(0, |c| c.noncurrent);
                 let (mut doomed, noncurrent) = noncurrent_due(
                     rule,

@@ -41,31 +41,65 @@ pub fn prefix_successor(prefix: &str) -> Option<String> {
 /// delete marker before it ends with `ListItem::Skipped`.
 pub const LIST_HIDDEN_MAX: usize = 10_000;
 
+/// Where a listing of `prefix` after `start_after` starts (`resume`: at
+/// `start_after` itself, within its versions); None: nothing is left.
+fn first_bound(
+    prefix: &str,
+    start_after: &str,
+    delimiter: Option<&str>,
+    resume: bool,
+) -> Option<Bound<String>> {
+    let mut lower: Bound<String> = if resume {
+        Bound::Included(start_after.to_string())
+    } else if start_after >= prefix {
+        Bound::Excluded(start_after.to_string())
+    } else {
+        Bound::Included(prefix.to_string())
+    };
+    // A continuation that ends on a common prefix resumes after all of it.
+    if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
+        if let Some(rest) = start_after.strip_prefix(prefix) {
+            if rest.ends_with(d) && !rest.is_empty() {
+                lower = Bound::Included(prefix_successor(start_after)?);
+            }
+        }
+    }
+    // Keys starting with NUL are internal (multipart state, versions),
+    // never listed. Applied last, so that no bound computed above (from a
+    // token holding a NUL, say) can reach into them.
+    if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
+    {
+        lower = Bound::Included("\u{1}".to_string());
+    }
+    Some(lower)
+}
+
 /// Whether a listing may end on a `Skipped` cursor at `key`: markers stay
 /// until removed, so the number a page passes over is bounded, not only
-/// the bucket. Never at a key that ends with the delimiter: a listing
-/// resumed there would pass over its whole common prefix.
+/// the bucket. With a delimiter, never at a key inside a common prefix: a
+/// listing resumed there would list that prefix again after its cursor
+/// (or, at a key ending with the delimiter, pass over all of it). Hidden
+/// keys inside one common prefix are therefore not bounded per page.
 fn resumable(key: &str, prefix: &str, delimiter: Option<&str>) -> bool {
     !delimiter
         .filter(|d| !d.is_empty())
-        .is_some_and(|d| key[prefix.len()..].ends_with(d))
+        .is_some_and(|d| key[prefix.len()..].contains(d))
 }
 
 /// The versions of `key` (after version `after`), at most `left` of them
 /// (less what is taken); None if there are none to list.
 fn versions_item(
     keys: &BTreeMap<String, Entry>,
-    key: &str,
+    (key, current): (&str, Option<Option<u64>>),
     after: Option<Pick>,
     left: &mut usize,
 ) -> Option<ListItem> {
     let (page, complete) = versions_page(keys, key, after, *left);
-    // Only a walk from the newest starts with the current version.
-    let from_newest = matches!(after, None | Some(Pick::Current));
+    // Version ids are unique within a key: the current one is latest,
+    // wherever the page starts.
     let versions: Vec<VersionEntry> = page
         .into_iter()
-        .enumerate()
-        .map(|(i, (v, e))| version_entry(v, e, from_newest && i == 0))
+        .map(|(v, e)| version_entry(v, e, current == Some(v)))
         .collect();
     *left -= versions.len();
     (!versions.is_empty()).then(|| ListItem::Versions {
@@ -114,31 +148,10 @@ impl Store {
         };
         let mut versions_left = limit;
         let mut hidden = 0;
-        let mut lower: Bound<String> = if resume_in.is_some() {
-            Bound::Included(start_after.to_string())
-        } else if start_after >= prefix {
-            Bound::Excluded(start_after.to_string())
-        } else {
-            Bound::Included(prefix.to_string())
+        let Some(mut lower) = first_bound(prefix, start_after, delimiter, resume_in.is_some())
+        else {
+            return items;
         };
-        // A continuation that ends on a common prefix resumes after all of it.
-        if let Some(d) = delimiter.filter(|d| !d.is_empty()) {
-            if let Some(rest) = start_after.strip_prefix(prefix) {
-                if rest.ends_with(d) && !rest.is_empty() {
-                    match prefix_successor(start_after) {
-                        Some(next) => lower = Bound::Included(next),
-                        None => return items,
-                    }
-                }
-            }
-        }
-        // Keys starting with NUL are internal (multipart state), never
-        // listed. Applied last, so that no bound computed above (from a
-        // token holding a NUL, say) can reach into them.
-        if matches!(&lower, Bound::Included(p) | Bound::Excluded(p) if p.starts_with('\0') || p.is_empty())
-        {
-            lower = Bound::Included("\u{1}".to_string());
-        }
         'outer: while items.len() < limit {
             let mut range = KeyGroups::new(keys, &lower);
             loop {
@@ -184,7 +197,8 @@ impl Store {
                 }
                 if versions.is_some() {
                     let after = resume_in.filter(|_| key == start_after);
-                    let item = versions_item(keys, key, after, &mut versions_left);
+                    let current = current.map(|(v, _)| v);
+                    let item = versions_item(keys, (key, current), after, &mut versions_left);
                     let cut = matches!(
                         &item,
                         Some(ListItem::Versions {

@@ -613,7 +613,10 @@ impl Store {
         }
         let runs = encode_part_sizes(&sizes);
         meta.headers.retain(|(n, _)| n != PARTS_HEADER);
-        if runs.len() <= PARTS_HEADER_BYTES_MAX && meta.headers.len() < record::HEADERS_COUNT_MAX {
+        // Leaves a slot for tags (PutObjectTagging adds a header).
+        if runs.len() <= PARTS_HEADER_BYTES_MAX
+            && meta.headers.len() + 2 <= record::HEADERS_COUNT_MAX
+        {
             meta.headers.push((PARTS_HEADER.to_string(), runs));
         }
         meta.etag = format!("{}-{}", hex::encode(Md5::digest(&md5s)), parts.len());

@@ -126,6 +126,9 @@ pub struct DeleteOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionEntry {
     pub version: Option<u64>,
+    /// Its place among the key's versions (newer is larger): the seq in a
+    /// real version's id, the seq of the null version's record.
+    pub order: u64,
     pub latest: bool,
     /// None: a delete marker (then `mtime_ms` is its time).
     pub object: Option<(u64, Box<str>)>,
@@ -489,6 +492,7 @@ pub(super) fn version_entry(version: Option<u64>, e: &Entry, latest: bool) -> Ve
     };
     VersionEntry {
         version,
+        order: version.unwrap_or(e.seq),
         latest,
         object,
         mtime_ms,

@@ -311,16 +311,23 @@ impl S3Front {
         };
         let sizes = meta.headers.iter().find(|(n, _)| n == PARTS_HEADER);
         match sizes {
-            Some((_, runs)) => part_range(runs, number)
-                .map(|(a, n, count)| Some((a, n, Some(count))))
-                .ok_or_else(not_satisfiable),
+            Some((_, runs)) => match part_range(runs, number) {
+                Some((a, n, count)) if a.checked_add(n).is_some_and(|e| e <= meta.size_bytes) => {
+                    Ok(Some((a, n, Some(count))))
+                }
+                Some(_) => Err(S3Error::internal(
+                    "the object's part sizes disagree with its size",
+                )),
+                None => Err(not_satisfiable()),
+            },
             None if !meta.etag.contains('-') => match number {
                 1 => Ok(Some((0, meta.size_bytes, None))),
                 _ => Err(not_satisfiable()),
             },
-            // Completed before percore kept part sizes.
+            // Completed by an older percore, or with part sizes too
+            // varied to keep.
             None => Err(S3Error::not_implemented(
-                "partNumber on a multipart object completed by an older percore",
+                "partNumber on a multipart object whose part sizes percore did not keep",
             )),
         }
     }
