@@ -63,6 +63,20 @@ impl Store {
     /// Writes a delete marker for `key`: a new real version (`real`) or
     /// the null version. Returns its seq.
     pub(super) async fn write_marker(&self, bucket: &str, key: &str, real: bool) -> Result<u64> {
+        self.write_bodiless(bucket, key, Kind::DeleteMarker, real)
+            .await
+    }
+
+    pub(super) async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
+        self.write_bodiless(bucket, key, kind, false)
+            .await
+            .map(drop)
+    }
+
+    /// Writes and installs a record without payload of `kind` (Tombstone,
+    /// BucketDelete or DeleteMarker) for `key`, at a new real version's
+    /// index key with `real`. Returns its seq.
+    async fn write_bodiless(&self, bucket: &str, key: &str, kind: Kind, real: bool) -> Result<u64> {
         let _writing = self.start_writing(bucket, key);
         let seq = self.take_seq()?;
         let mtime_ms = now_ms();
@@ -71,13 +85,18 @@ impl Store {
         } else {
             key.to_string()
         };
+        let (body, state) = match kind {
+            Kind::BucketDelete => (Body::BucketDelete { mtime_ms }, State::Deleted),
+            Kind::DeleteMarker => (Body::DeleteMarker { mtime_ms }, State::Marker { mtime_ms }),
+            _ => (Body::Tombstone { mtime_ms }, State::Deleted),
+        };
         let header = Header {
             seq,
             bucket: bucket.into(),
             key: index_key.clone(),
             payload_bytes: 0,
             block_crcs: Vec::new(),
-            body: Body::DeleteMarker { mtime_ms },
+            body,
         };
         let header =
             record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
@@ -88,41 +107,10 @@ impl Store {
             Entry {
                 seq,
                 loc,
-                state: State::Marker { mtime_ms },
+                state,
                 older_on_disk: 0,
             },
         );
         Ok(seq)
-    }
-
-    pub(super) async fn write_tombstone(&self, bucket: &str, key: &str, kind: Kind) -> Result<()> {
-        let _writing = self.start_writing(bucket, key);
-        let seq = self.take_seq()?;
-        let body = match kind {
-            Kind::BucketDelete => Body::BucketDelete { mtime_ms: now_ms() },
-            _ => Body::Tombstone { mtime_ms: now_ms() },
-        };
-        let header = Header {
-            seq,
-            bucket: bucket.into(),
-            key: key.into(),
-            payload_bytes: 0,
-            block_crcs: Vec::new(),
-            body,
-        };
-        let header =
-            record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        let loc = self.append_durable(header, Bytes::new()).await?;
-        self.install(
-            bucket,
-            key,
-            Entry {
-                seq,
-                loc,
-                state: State::Deleted,
-                older_on_disk: 0,
-            },
-        );
-        Ok(())
     }
 }

@@ -184,21 +184,7 @@ pub(super) fn current_in<'a>(
 
 /// Every version of `key`, newest first.
 pub(super) fn versions_in<'a>(keys: &'a Keys, key: &str) -> Vec<(Option<u64>, &'a Entry)> {
-    let group = format!("{VERSIONS_PREFIX}{key}\0");
-    let mut out: Vec<(Option<u64>, &Entry)> = keys
-        .range::<str, _>((Bound::Included(group.as_str()), Bound::Unbounded))
-        .take_while(|(k, _)| k.starts_with(&group))
-        .filter(|(_, e)| e.state.is_version())
-        .filter_map(|(k, e)| split_version_key(k).map(|(_, seq)| (Some(seq), e)))
-        .collect();
-    if let Some(null) = keys.get(key).filter(|e| e.state.is_version()) {
-        let at = out
-            .iter()
-            .position(|(v, _)| v.is_some_and(|s| s < null.seq))
-            .unwrap_or(out.len());
-        out.insert(at, (None, null));
-    }
-    out
+    versions_page(keys, key, None, usize::MAX).0
 }
 
 /// At most `limit` versions of `key`, newest first, after the one `after`
