@@ -461,6 +461,7 @@ async fn create_upload(shard: &Rc<Shard>, bucket: &str, key: &str) -> String {
         bucket: bucket.into(),
         key: key.into(),
         meta: ObjectMeta::default(),
+        checksum: None,
     };
     match shard.execute(op).await {
         Reply::Upload(id) => id,
@@ -554,6 +555,7 @@ fn delete_bucket_discards_its_uploads_and_a_new_bucket_of_that_name_has_none() {
                     key: "k".into(),
                     upload_id: a.clone(),
                     parts: vec![e(1, &ea)],
+                    checks: Box::default(),
                 })
                 .await,
         );

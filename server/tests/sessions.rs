@@ -628,6 +628,7 @@ fn a_cancelled_local_multipart_completion_does_not_pin_the_bucket() {
                     bucket: "mpu".into(),
                     key: key.clone(),
                     meta: meta(),
+                    checksum: None,
                 },
             )
             .await
@@ -656,6 +657,7 @@ fn a_cancelled_local_multipart_completion_does_not_pin_the_bucket() {
                 key: key.clone(),
                 upload_id: upload_id.clone(),
                 parts: vec![(1, etag)],
+                checks: Box::default(),
             },
         );
         assert!(

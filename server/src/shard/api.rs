@@ -11,10 +11,15 @@ use std::rc::Rc;
 
 use super::msg::{Op, Removed, Reply, ShardError};
 use super::{Shard, BUCKET_OWNER_SHARD};
-use crate::store::mpu::{PartItem, UploadItem};
+use crate::store::checksum::{Algorithm, UploadChecksum};
+use crate::store::mpu::{CompletionChecks, PartItem, UploadItem};
 use crate::store::record::ObjectMeta;
 use crate::store::versions::Pick;
 use crate::store::{ListItem, ObjectInfo};
+
+/// A completed upload: the object, its version id to show (None: the bucket
+/// was never versioned) and its checksum.
+pub type Completion = (ObjectInfo, Option<String>, Option<(Algorithm, String)>);
 
 /// The error for a reply of the wrong kind (a bug), or the error it carries.
 pub(super) fn unexpected(r: Reply) -> ShardError {
@@ -127,11 +132,13 @@ impl Shard {
         bucket: &str,
         key: &str,
         meta: ObjectMeta,
+        checksum: Option<UploadChecksum>,
     ) -> Result<String, ShardError> {
         let op = Op::MpuCreate {
             bucket: bucket.into(),
             key: key.into(),
             meta,
+            checksum,
         };
         match self.call(self.owner_of(bucket, key), op).await {
             Reply::Upload(id) => Ok(id),
@@ -139,22 +146,43 @@ impl Shard {
         }
     }
 
-    /// Completes a multipart upload from `parts` (number, ETag).
+    /// The checksum an upload in progress was created with.
+    pub async fn mpu_checksum(
+        self: &Rc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<Option<UploadChecksum>, ShardError> {
+        let op = Op::MpuChecksum {
+            bucket: bucket.into(),
+            key: key.into(),
+            upload_id: upload_id.into(),
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::UploadChecksum(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Completes a multipart upload from `parts` (number, ETag), checking
+    /// `checks`: the object, its version id to show and its checksum.
     pub async fn mpu_complete(
         self: &Rc<Self>,
         bucket: &str,
         key: &str,
         upload_id: &str,
         parts: Vec<(u32, String)>,
-    ) -> Result<(ObjectInfo, Option<String>), ShardError> {
+        checks: CompletionChecks,
+    ) -> Result<Completion, ShardError> {
         let op = Op::MpuComplete {
             bucket: bucket.into(),
             key: key.into(),
             upload_id: upload_id.into(),
             parts,
+            checks: Box::new(checks),
         };
         match self.call(self.owner_of(bucket, key), op).await {
-            Reply::Put(info, version) => Ok((info, version)),
+            Reply::Completed(info, version, checksum) => Ok((info, version, checksum)),
             other => Err(unexpected(other)),
         }
     }
@@ -185,7 +213,7 @@ impl Shard {
         upload_id: &str,
         after: u32,
         limit: usize,
-    ) -> Result<Vec<PartItem>, ShardError> {
+    ) -> Result<(Vec<PartItem>, Option<UploadChecksum>), ShardError> {
         let op = Op::MpuParts {
             bucket: bucket.into(),
             key: key.into(),
@@ -194,7 +222,7 @@ impl Shard {
             limit,
         };
         match self.call(self.owner_of(bucket, key), op).await {
-            Reply::Parts(parts) => Ok(parts),
+            Reply::Parts(parts, checksum) => Ok((parts, checksum)),
             other => Err(unexpected(other)),
         }
     }

@@ -12,6 +12,8 @@ use super::msg::{Op, Removed, Reply, SessionId, ShardError};
 use super::sessions::Session;
 use super::{store_error, Shard};
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
+use crate::store::checksum::UploadChecksum;
+use crate::store::mpu::CompletionChecks;
 use crate::store::record::ObjectMeta;
 use crate::store::versions::{version_id, Pick, Versioning};
 use crate::store::{ObjectReader, PutCondition, PutWriter, StoreError};
@@ -178,14 +180,48 @@ impl Shard {
                 limit,
                 versions,
             )),
-            Op::MpuCreate { bucket, key, meta } => self.mpu_create_here(&bucket, &key, meta).await,
+            op @ (Op::MpuCreate { .. }
+            | Op::MpuChecksum { .. }
+            | Op::MpuComplete { .. }
+            | Op::MpuAbort { .. }
+            | Op::MpuParts { .. }
+            | Op::MpuList { .. }) => self.execute_mpu(op).await,
+            Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
+            Op::DropCache => {
+                self.store.drop_object_cache();
+                Reply::Ok
+            }
+            Op::Start => self.start().await,
+            // Buckets, their configurations and users (`is_bucket_op`).
+            op => self.execute_bucket_op(op).await,
+        }
+    }
+
+    /// Runs a multipart upload `op` here, on the upload's owner.
+    async fn execute_mpu(&self, op: Op) -> Reply {
+        match op {
+            Op::MpuCreate {
+                bucket,
+                key,
+                meta,
+                checksum,
+            } => self.mpu_create_here(&bucket, &key, meta, checksum).await,
+            Op::MpuChecksum {
+                bucket,
+                key,
+                upload_id,
+            } => match self.store.mpu_checksum(&bucket, &key, &upload_id) {
+                Ok(c) => Reply::UploadChecksum(c),
+                Err(e) => Reply::Err(store_error(e)),
+            },
             Op::MpuComplete {
                 bucket,
                 key,
                 upload_id,
                 parts,
+                checks,
             } => {
-                self.mpu_complete_here(&bucket, &key, &upload_id, &parts)
+                self.mpu_complete_here(&bucket, &key, &upload_id, &parts, &checks)
                     .await
             }
             Op::MpuAbort {
@@ -201,9 +237,10 @@ impl Shard {
                 limit,
             } => match self
                 .store
-                .mpu_parts(&bucket, &key, &upload_id, after, limit)
+                .mpu_parts_with_checksums(&bucket, &key, &upload_id, after, limit)
+                .await
             {
-                Ok(parts) => Reply::Parts(parts),
+                Ok((parts, checksum)) => Reply::Parts(parts, checksum),
                 Err(e) => Reply::Err(store_error(e)),
             },
             Op::MpuList {
@@ -219,14 +256,7 @@ impl Shard {
                 &upload_id_marker,
                 limit,
             )),
-            Op::Metrics => Reply::Metrics(Box::new(self.metrics_snapshot())),
-            Op::DropCache => {
-                self.store.drop_object_cache();
-                Reply::Ok
-            }
-            Op::Start => self.start().await,
-            // Buckets, their configurations and users (`is_bucket_op`).
-            op => self.execute_bucket_op(op).await,
+            _ => unreachable!("execute_mpu runs multipart ops only"),
         }
     }
 
@@ -350,14 +380,23 @@ impl Shard {
         }
     }
 
-    async fn mpu_create_here(&self, bucket: &str, key: &str, meta: ObjectMeta) -> Reply {
+    async fn mpu_create_here(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        checksum: Option<UploadChecksum>,
+    ) -> Reply {
         if !self.bucket_exists(bucket) {
             return Reply::Err(ShardError::NoSuchBucket);
         }
         // A write in progress for DeleteBucket, which would otherwise
         // miss an upload installed after its purge.
         let _writing = WriteInProgress::new(self, bucket);
-        let result = self.store.mpu_create(bucket, key, meta).await;
+        let result = self
+            .store
+            .mpu_create_with_checksum(bucket, key, meta, checksum)
+            .await;
         match result {
             Ok(id) => Reply::Upload(id),
             Err(e) => Reply::Err(store_error(e)),
@@ -370,6 +409,7 @@ impl Shard {
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        checks: &CompletionChecks,
     ) -> Reply {
         if !self.bucket_exists(bucket) {
             return Reply::Err(ShardError::NoSuchBucket);
@@ -380,10 +420,14 @@ impl Shard {
         let new_version = self.versioning(bucket) == Versioning::Enabled;
         let result = self
             .store
-            .mpu_complete_version(bucket, key, upload_id, parts, new_version)
+            .mpu_complete_version(bucket, key, upload_id, parts, checks, new_version)
             .await;
         match result {
-            Ok((info, version)) => Reply::Put(info, self.version_label(bucket, version)),
+            Ok(done) => Reply::Completed(
+                done.info,
+                self.version_label(bucket, done.version),
+                done.checksum,
+            ),
             Err(e) => Reply::Err(store_error(e)),
         }
     }

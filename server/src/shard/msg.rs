@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 
-use crate::store::mpu::{PartItem, UploadError, UploadItem};
+use crate::store::checksum::{Algorithm, UploadChecksum};
+use crate::store::mpu::{CompletionChecks, PartItem, UploadError, UploadItem};
 use crate::store::record::ObjectMeta;
 use crate::store::versions::Pick;
 use crate::store::{ListItem, ObjectInfo, PutCondition};
@@ -76,12 +77,20 @@ pub enum Op {
         bucket: String,
         key: String,
         meta: ObjectMeta,
+        checksum: Option<UploadChecksum>,
+    },
+    /// The checksum an upload in progress was created with.
+    MpuChecksum {
+        bucket: String,
+        key: String,
+        upload_id: String,
     },
     MpuComplete {
         bucket: String,
         key: String,
         upload_id: String,
         parts: Vec<(u32, String)>,
+        checks: Box<CompletionChecks>,
     },
     MpuAbort {
         bucket: String,
@@ -202,7 +211,11 @@ pub enum Reply {
     Created(bool),
     Count(usize),
     Upload(String),
-    Parts(Vec<PartItem>),
+    UploadChecksum(Option<UploadChecksum>),
+    /// A completed upload: the object, the version id to show, and its
+    /// checksum.
+    Completed(ObjectInfo, Option<String>, Option<(Algorithm, String)>),
+    Parts(Vec<PartItem>, Option<UploadChecksum>),
     Uploads(Vec<UploadItem>),
     Metrics(Box<crate::metrics::ShardSnapshot>),
 }

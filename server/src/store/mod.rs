@@ -42,6 +42,7 @@
 
 pub mod bucket_config;
 mod buckets;
+pub mod checksum;
 mod commit;
 mod compaction;
 mod delete;

@@ -56,6 +56,7 @@ use futures::channel::oneshot;
 use md5::{Digest, Md5};
 use thiserror::Error;
 
+use super::checksum::{Algorithm, ChecksumType, UploadChecksum};
 use super::record::{self, Body, ExtentRef, Header, Kind, ObjectMeta};
 use super::versions::{version_key, Pick};
 use super::{now_ms, Entry, ObjectInfo, PutWriter, Result, State, Store, StoreError};
@@ -188,6 +189,52 @@ pub enum UploadError {
     TooManyExtents(usize),
     #[error("a completion must list at least one part")]
     NoParts,
+    #[error("the upload was created without a checksum algorithm, so a completion cannot name one; create the upload with x-amz-checksum-algorithm")]
+    ChecksumNotChosen,
+    #[error("the upload was created with the {chosen} checksum algorithm, not {sent}")]
+    ChecksumAlgorithm {
+        chosen: &'static str,
+        sent: &'static str,
+    },
+    #[error("the upload was created with the {chosen} checksum type, not {sent}")]
+    ChecksumType {
+        chosen: &'static str,
+        sent: &'static str,
+    },
+    #[error("part {0} was uploaded without the upload's checksum; upload it again")]
+    PartChecksumMissing(u32),
+    #[error("the checksum listed for part {0} is not the part's")]
+    PartChecksum(u32),
+    #[error("the {0} checksum you specified did not match the calculated checksum")]
+    ObjectChecksum(&'static str),
+    #[error("x-amz-mp-object-size is {sent}, but the parts hold {actual} bytes")]
+    ObjectSize { sent: u64, actual: u64 },
+}
+
+/// What a CompleteMultipartUpload asks to be checked beyond its parts'
+/// ETags.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompletionChecks {
+    /// For each listed part, in order, the checksum the client lists for
+    /// it (may be shorter than the part list).
+    pub part_checksums: Vec<Option<(Algorithm, String)>>,
+    /// The whole object's checksum (x-amz-checksum-*); a COMPOSITE value
+    /// may carry its `-N`.
+    pub object: Option<(Algorithm, String)>,
+    /// x-amz-checksum-type.
+    pub kind: Option<ChecksumType>,
+    /// x-amz-mp-object-size.
+    pub size_bytes: Option<u64>,
+}
+
+/// A completed upload.
+#[derive(Debug, Clone)]
+pub struct CompletedObject {
+    pub info: ObjectInfo,
+    /// The version written (None: the null version).
+    pub version: Option<u64>,
+    /// The object's checksum, when the upload chose an algorithm.
+    pub checksum: Option<(Algorithm, String)>,
 }
 
 /// Whether `key` belongs to the reserved (multipart) namespace.
@@ -266,6 +313,8 @@ pub struct PartItem {
     pub size_bytes: u64,
     pub etag: Box<str>,
     pub mtime_ms: u64,
+    /// Its checksum of the upload's algorithm (`mpu_parts_with_checksums`).
+    pub checksum: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,6 +322,7 @@ pub struct UploadItem {
     pub key: String,
     pub upload_id: String,
     pub initiated_ms: u64,
+    pub checksum: Option<UploadChecksum>,
 }
 
 fn new_upload_id() -> String {
@@ -284,9 +334,21 @@ impl Store {
     /// Starts an upload; `meta` (content type, stored headers) is what the
     /// completed object will carry.
     pub async fn mpu_create(&self, bucket: &str, key: &str, meta: ObjectMeta) -> Result<String> {
+        self.mpu_create_with_checksum(bucket, key, meta, None).await
+    }
+
+    /// `mpu_create`, with the checksum every part carries and the completed
+    /// object gets (kept as the upload record's ETag; see `checksum`).
+    pub async fn mpu_create_with_checksum(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        checksum: Option<UploadChecksum>,
+    ) -> Result<String> {
         let upload_id = new_upload_id();
         let mut meta = meta;
-        meta.etag = String::new();
+        meta.etag = checksum.map(UploadChecksum::encode).unwrap_or_default();
         meta.mtime_ms = now_ms();
         self.put(bucket, &upload_key(key, &upload_id), meta, Bytes::new())
             .await?;
@@ -299,6 +361,23 @@ impl Store {
         }
         let upload = upload_key(key, upload_id);
         self.head(bucket, &upload).is_some() && !self.upload_ending(bucket, &upload)
+    }
+
+    /// The checksum the upload was created with (NoSuchUpload if it is not
+    /// in progress).
+    pub fn mpu_checksum(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<Option<UploadChecksum>> {
+        if !self.upload_live(bucket, key, upload_id) {
+            return Err(UploadError::NoSuchUpload.into());
+        }
+        let info = self
+            .head(bucket, &upload_key(key, upload_id))
+            .ok_or(UploadError::NoSuchUpload)?;
+        Ok(UploadChecksum::decode(&info.etag))
     }
 
     pub(super) fn upload_ending(&self, bucket: &str, upload: &str) -> bool {
@@ -369,9 +448,42 @@ impl Store {
                 size_bytes: info.size_bytes,
                 etag: info.etag.clone(),
                 mtime_ms: info.mtime_ms,
+                checksum: None,
             });
         }
         Ok(out)
+    }
+
+    /// `mpu_parts`, with the upload's checksum choice and, when it made
+    /// one, each part's checksum (read from the part's record).
+    pub async fn mpu_parts_with_checksums(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        after: u32,
+        limit: usize,
+    ) -> Result<(Vec<PartItem>, Option<UploadChecksum>)> {
+        let chosen = self.mpu_checksum(bucket, key, upload_id)?;
+        let mut parts = self.mpu_parts(bucket, key, upload_id, after, limit)?;
+        let Some(chosen) = chosen else {
+            return Ok((parts, None));
+        };
+        for p in &mut parts {
+            // A part gone meanwhile is listed without one.
+            if let Ok(reader) = self
+                .open_read(bucket, &part_key(key, upload_id, p.number))
+                .await
+            {
+                p.checksum = reader
+                    .meta
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == chosen.algorithm.header())
+                    .map(|(_, v)| v.clone());
+            }
+        }
+        Ok((parts, Some(chosen)))
     }
 
     /// Uploads in progress whose key starts with `prefix`, ordered by key
@@ -410,6 +522,7 @@ impl Store {
                 key: key.to_string(),
                 upload_id: id.to_string(),
                 initiated_ms: info.mtime_ms,
+                checksum: UploadChecksum::decode(&info.etag),
             });
         }
         out
@@ -424,21 +537,23 @@ impl Store {
         upload_id: &str,
         parts: &[(u32, String)],
     ) -> Result<ObjectInfo> {
-        self.mpu_complete_version(bucket, key, upload_id, parts, false)
+        let checks = CompletionChecks::default();
+        self.mpu_complete_version(bucket, key, upload_id, parts, &checks, false)
             .await
-            .map(|(info, _)| info)
+            .map(|done| done.info)
     }
 
-    /// `mpu_complete`; with `new_version` the object is a new real version
-    /// (`versions`). Returns the version written (None: the null version).
+    /// `mpu_complete`, checking `checks`; with `new_version` the object is
+    /// a new real version (`versions`).
     pub async fn mpu_complete_version(
         &self,
         bucket: &str,
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
+        checks: &CompletionChecks,
         new_version: bool,
-    ) -> Result<(ObjectInfo, Option<u64>)> {
+    ) -> Result<CompletedObject> {
         if !valid_upload_id(upload_id) {
             return Err(UploadError::NoSuchUpload.into());
         }
@@ -446,9 +561,15 @@ impl Store {
         self.completion_ended(bucket, &upload_index_key).await;
         if !self.upload_live(bucket, key, upload_id) {
             // Perhaps a retry of a completion that succeeded.
-            return self
+            let (info, version) = self
                 .completed_before(bucket, key, upload_id, parts)
-                .ok_or_else(|| UploadError::NoSuchUpload.into());
+                .ok_or(UploadError::NoSuchUpload)?;
+            let checksum = self.current_checksum(bucket, key).await;
+            return Ok(CompletedObject {
+                info,
+                version,
+                checksum,
+            });
         }
         // Nothing awaited since the check: from here a concurrent Complete
         // or Abort of this upload waits for this one to end.
@@ -471,9 +592,35 @@ impl Store {
         let upload = self.open_read(bucket, &upload_key(key, upload_id)).await?;
         let mut meta = ObjectMeta::clone(&upload.meta);
         drop(upload);
+        let chosen = UploadChecksum::decode(&meta.etag);
+        let summed = match chosen {
+            Some(c) => Some(
+                self.part_checksums(bucket, key, upload_id, parts, c, checks)
+                    .await?,
+            ),
+            // Checksums listed for the parts of an upload without one are
+            // not checked (a part may carry one of any algorithm).
+            None if checks.object.is_some() || checks.kind.is_some() => {
+                return Err(UploadError::ChecksumNotChosen.into());
+            }
+            None => None,
+        };
         // From here to the append nothing awaits: the parts read are the
         // parts written, and their segments are pinned against compaction.
         let extents = self.completion_extents(bucket, key, upload_id, parts, &mut meta)?;
+        if let Some(sent) = checks.size_bytes.filter(|s| *s != meta.size_bytes) {
+            return Err(UploadError::ObjectSize {
+                sent,
+                actual: meta.size_bytes,
+            }
+            .into());
+        }
+        let checksum = match (chosen, summed) {
+            (Some(c), Some(summed)) => Some(
+                self.object_checksum(bucket, key, upload_id, parts, c, &summed, checks, &mut meta)?,
+            ),
+            _ => None,
+        };
         let _writing = self.start_writing(bucket, key);
         let (seq, info) = self
             .write_completed(bucket, key, meta, extents, new_version)
@@ -488,7 +635,149 @@ impl Store {
             },
         );
         self.end_upload(bucket, key, upload_id, false).await?;
-        Ok((info, new_version.then_some(seq)))
+        Ok(CompletedObject {
+            info,
+            version: new_version.then_some(seq),
+            checksum,
+        })
+    }
+
+    /// Each listed part's raw digest of the upload's algorithm, its length
+    /// and the seq of the record read, checking the digests the client
+    /// lists. Parts are read in batches (a part's checksum is in its
+    /// record, not in the index).
+    async fn part_checksums(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        chosen: UploadChecksum,
+        checks: &CompletionChecks,
+    ) -> Result<Vec<(Vec<u8>, u64, u64)>> {
+        const READS_IN_FLIGHT_MAX: usize = 32;
+        let algorithm = chosen.algorithm;
+        if let Some((sent, _)) = checks
+            .part_checksums
+            .iter()
+            .flatten()
+            .find(|(a, _)| *a != algorithm)
+        {
+            return Err(UploadError::ChecksumAlgorithm {
+                chosen: algorithm.name(),
+                sent: sent.name(),
+            }
+            .into());
+        }
+        let mut out = Vec::with_capacity(parts.len());
+        for (batch_index, batch) in parts.chunks(READS_IN_FLIGHT_MAX).enumerate() {
+            let reads = batch.iter().map(|(number, _)| {
+                let part = part_key(key, upload_id, *number);
+                async move { self.open_read(bucket, &part).await }
+            });
+            let readers = futures::future::join_all(reads).await;
+            for (i, ((number, etag), reader)) in batch.iter().zip(readers).enumerate() {
+                let reader = match reader {
+                    Ok(r) if *r.meta.etag == **etag => r,
+                    Ok(_) | Err(StoreError::NotFound) => {
+                        return Err(UploadError::InvalidPart(*number).into())
+                    }
+                    Err(e) => return Err(e),
+                };
+                let raw = reader
+                    .meta
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == algorithm.header())
+                    .and_then(|(_, v)| algorithm.decode(v))
+                    .ok_or(UploadError::PartChecksumMissing(*number))?;
+                let listed = checks
+                    .part_checksums
+                    .get(batch_index * READS_IN_FLIGHT_MAX + i)
+                    .and_then(Option::as_ref);
+                if let Some((_, value)) = listed {
+                    if algorithm.decode(value).as_ref() != Some(&raw) {
+                        return Err(UploadError::PartChecksum(*number).into());
+                    }
+                }
+                out.push((raw, reader.meta.size_bytes, reader.seq));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The completed object's checksum from its parts' (read before, by
+    /// `part_checksums`: each must still be that record), checked against
+    /// what the client sent and added to `meta`'s headers.
+    #[allow(clippy::too_many_arguments)]
+    fn object_checksum(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(u32, String)],
+        chosen: UploadChecksum,
+        summed: &[(Vec<u8>, u64, u64)],
+        checks: &CompletionChecks,
+        meta: &mut ObjectMeta,
+    ) -> Result<(Algorithm, String)> {
+        for ((number, _), (_, _, seq)) in parts.iter().zip(summed) {
+            let same = self
+                .lookup(bucket, &part_key(key, upload_id, *number))
+                .is_some_and(|e| e.seq == *seq);
+            if !same {
+                return Err(StoreError::Invalid(
+                    "a part was uploaded again during completion; retry".into(),
+                ));
+            }
+        }
+        if let Some(sent) = checks.kind.filter(|k| *k != chosen.kind) {
+            return Err(UploadError::ChecksumType {
+                chosen: chosen.kind.name(),
+                sent: sent.name(),
+            }
+            .into());
+        }
+        let algorithm = chosen.algorithm;
+        let digests: Vec<(Vec<u8>, u64)> = summed
+            .iter()
+            .map(|(raw, len, _)| (raw.clone(), *len))
+            .collect();
+        let value = chosen.complete(&digests);
+        if let Some((sent_algorithm, sent)) = &checks.object {
+            if *sent_algorithm != algorithm {
+                return Err(UploadError::ChecksumAlgorithm {
+                    chosen: algorithm.name(),
+                    sent: sent_algorithm.name(),
+                }
+                .into());
+            }
+            // A COMPOSITE value may be sent with or without its `-N`.
+            let sent = sent.trim();
+            let matches = sent == value
+                || (chosen.kind == ChecksumType::Composite
+                    && value.split_once('-').is_some_and(|(v, _)| v == sent));
+            if !matches {
+                return Err(UploadError::ObjectChecksum(algorithm.name()).into());
+            }
+        }
+        meta.headers
+            .retain(|(n, _)| !n.starts_with(super::checksum::HEADER_PREFIX));
+        meta.headers
+            .push((algorithm.header().to_string(), value.clone()));
+        Ok((algorithm, value))
+    }
+
+    /// The checksum stored with the key's current version, if any.
+    async fn current_checksum(&self, bucket: &str, key: &str) -> Option<(Algorithm, String)> {
+        let found = self.version_to_read(bucket, key, Pick::Current).ok()?;
+        let reader = self.open_read(bucket, &found.index_key).await.ok()?;
+        reader.meta.headers.iter().find_map(|(n, v)| {
+            Algorithm::ALL
+                .into_iter()
+                .find(|a| a.header() == n)
+                .map(|a| (a, v.clone()))
+        })
     }
 
     /// Appends the completed object's record (a new seq, the parts'

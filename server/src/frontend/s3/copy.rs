@@ -7,7 +7,7 @@ use md5::{Digest, Md5};
 use super::conditional::check_conditions_with;
 use super::route::percent_decode;
 use super::versions::with_version;
-use super::{quoted, Conn, Request, S3Front};
+use super::{checksum, quoted, Conn, Request, S3Front};
 use crate::access::Principal;
 use crate::bucket_config::tagging::OBJECT_TAGS_HEADER;
 use crate::frontend::common::{PUT_BYTES_MAX, S3_KEY_BYTES_MAX};
@@ -151,6 +151,7 @@ impl S3Front {
         sink: &mut ObjectSink,
         start: u64,
         len: u64,
+        mut checksum: Option<&mut checksum::Hasher>,
     ) -> Result<String, S3Error> {
         let mut md5 = Md5::new();
         let mut offset = start;
@@ -163,6 +164,9 @@ impl S3Front {
                 return Err(S3Error::internal("copy source shorter than its metadata"));
             }
             md5.update(&chunk[..]);
+            if let Some(h) = checksum.as_deref_mut() {
+                h.update(&chunk[..]);
+            }
             offset += chunk.len() as u64;
             sink.write(Bytes::copy_from_slice(&chunk)).await?;
         }
@@ -217,8 +221,18 @@ impl S3Front {
             }
         };
         // Tags follow x-amz-tagging-directive, apart from the metadata.
-        meta.headers
-            .retain(|(n, _)| n != OBJECT_TAGS_HEADER && !is_reserved_header(n));
+        // A COMPOSITE checksum describes the source's parts, which the copy
+        // does not keep; with x-amz-checksum-algorithm the copy is summed
+        // anew.
+        let summed = copy_checksum(req)?;
+        meta.headers.retain(|(n, v)| {
+            n != OBJECT_TAGS_HEADER
+                && !is_reserved_header(n)
+                && !(n.starts_with(checksum::HEADER_PREFIX)
+                    && (summed.is_some()
+                        || checksum::ChecksumType::of_value(v)
+                            == checksum::ChecksumType::Composite))
+        });
         let tags = match req.head.header_str("x-amz-tagging-directive") {
             None => src_tags(&src_meta),
             Some(v) if v.eq_ignore_ascii_case("COPY") => src_tags(&src_meta),
@@ -233,15 +247,32 @@ impl S3Front {
             meta.headers.push((OBJECT_TAGS_HEADER.to_string(), tags));
         }
         let mut sink = ObjectSink::open(&self.shard, &req.bucket, &req.key, meta).await?;
+        let mut hasher = summed.map(checksum::Hasher::new);
         let etag = self
-            .copy_bytes(&mut source, &mut sink, 0, src_meta.size_bytes)
+            .copy_bytes(
+                &mut source,
+                &mut sink,
+                0,
+                src_meta.size_bytes,
+                hasher.as_mut(),
+            )
             .await?;
         drop(source);
-        let (info, version_id) = sink.finish_version(etag, Vec::new()).await?;
+        let stored: Vec<(String, String)> = summed
+            .zip(hasher)
+            .map(|(a, h)| (a.header().to_string(), h.finish_base64()))
+            .into_iter()
+            .collect();
+        let sum = stored.first().cloned();
+        let (info, version_id) = sink.finish_version(etag, stored).await?;
         let mut out = String::with_capacity(256);
         push_open_root(&mut out, "CopyObjectResult");
         push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
         push_element(&mut out, "ETag", &quoted(&info.etag));
+        if let (Some(a), Some((_, value))) = (summed, &sum) {
+            push_element(&mut out, &format!("Checksum{}", a.name()), value);
+            push_element(&mut out, "ChecksumType", "FULL_OBJECT");
+        }
         out.push_str("</CopyObjectResult>");
         let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
         let head = with_source_version(with_version(head, version_id), src_version);
@@ -254,6 +285,7 @@ impl S3Front {
         req: &Request,
         part: Option<(String, u32)>,
         principal: &Principal,
+        chosen: Option<checksum::UploadChecksum>,
     ) -> Result<(), S3Error> {
         let CopySource {
             mut source,
@@ -281,13 +313,27 @@ impl S3Front {
             None,
         )
         .await?;
-        let etag = self.copy_bytes(&mut source, &mut sink, start, len).await?;
+        // A part of an upload with a checksum carries one, as uploaded
+        // parts do.
+        let algorithm = chosen.map(|c| c.algorithm);
+        let mut hasher = algorithm.map(checksum::Hasher::new);
+        let etag = self
+            .copy_bytes(&mut source, &mut sink, start, len, hasher.as_mut())
+            .await?;
         drop(source);
-        let info = sink.finish(etag).await?;
+        let sum = algorithm.zip(hasher).map(|(a, h)| (a, h.finish_base64()));
+        let stored = sum
+            .iter()
+            .map(|(a, v)| (a.header().to_string(), v.clone()))
+            .collect();
+        let info = sink.finish_with(etag, stored).await?;
         let mut out = String::with_capacity(256);
         push_open_root(&mut out, "CopyPartResult");
         push_element(&mut out, "LastModified", &iso8601_ms(info.mtime_ms));
         push_element(&mut out, "ETag", &quoted(&info.etag));
+        if let Some((a, value)) = &sum {
+            push_element(&mut out, &format!("Checksum{}", a.name()), value);
+        }
         out.push_str("</CopyPartResult>");
         let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
         self.respond(
@@ -297,6 +343,22 @@ impl S3Front {
             out.as_bytes(),
         )
         .await
+    }
+}
+
+/// CopyObject's `x-amz-checksum-algorithm`: the copy is summed with it.
+fn copy_checksum(req: &Request) -> Result<Option<checksum::Algorithm>, S3Error> {
+    match req.head.header_str("x-amz-checksum-algorithm") {
+        None => Ok(None),
+        Some(name) => checksum::Algorithm::from_name(name.trim())
+            .map(Some)
+            .ok_or_else(|| {
+                S3Error::new(
+                    400,
+                    "InvalidRequest",
+                    format!("Checksum algorithm {name} is not supported; use CRC32, CRC32C, CRC64NVME, SHA1 or SHA256"),
+                )
+            }),
     }
 }
 

@@ -101,6 +101,13 @@ impl From<ShardError> for S3Error {
                     UploadError::EntityTooSmall(_) => S3Error::new(400, "EntityTooSmall", format!("Your proposed upload is smaller than the minimum allowed object size: {message}.")),
                     UploadError::TooManyExtents(_) => S3Error::new(400, "EntityTooLarge", format!("Your proposed upload exceeds the maximum allowed object size: {message}.")),
                     UploadError::NoParts => S3Error::new(400, "MalformedXML", "The XML you provided was not well-formed or did not validate against our published schema: it lists no parts."),
+                    UploadError::PartChecksum(_) => S3Error::new(400, "InvalidPart", format!("One or more of the specified parts could not be found: {message}. List the parts for their checksums.")),
+                    UploadError::ObjectChecksum(_) => S3Error::new(400, "BadDigest", format!("{message}.")),
+                    UploadError::ChecksumNotChosen
+                    | UploadError::ChecksumAlgorithm { .. }
+                    | UploadError::ChecksumType { .. }
+                    | UploadError::PartChecksumMissing(_)
+                    | UploadError::ObjectSize { .. } => S3Error::new(400, "InvalidRequest", format!("{message}.")),
                 }
             }
         }

@@ -13,7 +13,8 @@ use crate::frontend::s3::xml::{
 };
 use crate::shard::msg::ShardError;
 use crate::shard::object::ObjectSink;
-use crate::store::mpu::{PartItem, UploadItem, PART_NUMBER_MAX};
+use crate::store::checksum::{Algorithm, ChecksumType, UploadChecksum};
+use crate::store::mpu::{CompletionChecks, PartItem, UploadItem, PART_NUMBER_MAX};
 use crate::store::record::ObjectMeta;
 
 /// CompleteMultipartUpload bodies list up to 10,000 parts.
@@ -32,6 +33,78 @@ pub(super) fn parse_part_number(req: &Request) -> Result<u32, S3Error> {
         })
 }
 
+/// CreateMultipartUpload's `x-amz-checksum-algorithm` and
+/// `x-amz-checksum-type`.
+fn upload_checksum(req: &Request) -> Result<Option<UploadChecksum>, S3Error> {
+    let invalid = |m: String| S3Error::new(400, "InvalidRequest", m);
+    let kind = match req.head.header_str("x-amz-checksum-type") {
+        None => None,
+        Some(v) => Some(ChecksumType::from_name(v.trim()).ok_or_else(|| {
+            invalid(format!(
+                "Value for x-amz-checksum-type header is invalid: {v}; use COMPOSITE or FULL_OBJECT"
+            ))
+        })?),
+    };
+    let Some(name) = req.head.header_str("x-amz-checksum-algorithm") else {
+        return match kind {
+            None => Ok(None),
+            Some(_) => Err(invalid(
+                "The x-amz-checksum-type header can only be used with the x-amz-checksum-algorithm header".into(),
+            )),
+        };
+    };
+    let algorithm = Algorithm::from_name(name.trim()).ok_or_else(|| {
+        invalid(format!(
+            "Checksum algorithm {name} is not supported; use CRC32, CRC32C, CRC64NVME, SHA1 or SHA256"
+        ))
+    })?;
+    UploadChecksum::new(algorithm, kind)
+        .map(Some)
+        .map_err(invalid)
+}
+
+/// What CompleteMultipartUpload asks to be checked: the parts' listed
+/// checksums, and the object's checksum, checksum type and size headers.
+fn completion_checks(
+    req: &Request,
+    part_checksums: Vec<Option<(Algorithm, String)>>,
+) -> Result<CompletionChecks, S3Error> {
+    let invalid = |m: String| S3Error::new(400, "InvalidRequest", m);
+    let mut object = None;
+    for a in Algorithm::ALL {
+        if let Some(v) = req.head.header_str(a.header()) {
+            if object.is_some() {
+                return Err(invalid(
+                    "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed.".into(),
+                ));
+            }
+            object = Some((a, v.trim().to_string()));
+        }
+    }
+    let kind = match req.head.header_str("x-amz-checksum-type") {
+        None => None,
+        Some(v) => Some(ChecksumType::from_name(v.trim()).ok_or_else(|| {
+            invalid(format!(
+                "Value for x-amz-checksum-type header is invalid: {v}; use COMPOSITE or FULL_OBJECT"
+            ))
+        })?),
+    };
+    let size_bytes = match req.head.header_str("x-amz-mp-object-size") {
+        None => None,
+        Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
+            invalid(format!(
+                "Value for x-amz-mp-object-size header is invalid: {v}"
+            ))
+        })?),
+    };
+    Ok(CompletionChecks {
+        part_checksums,
+        object,
+        kind,
+        size_bytes,
+    })
+}
+
 pub(super) fn upload_id(req: &Request) -> String {
     req.q("uploadId").unwrap_or("").to_string()
 }
@@ -44,14 +117,23 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
         let meta = self.object_meta_from_request(req)?;
-        let id = self.shard.mpu_create(&req.bucket, &req.key, meta).await?;
+        let chosen = upload_checksum(req)?;
+        let id = self
+            .shard
+            .mpu_create(&req.bucket, &req.key, meta, chosen)
+            .await?;
         let mut out = String::with_capacity(256 + req.key.len());
         push_open_root(&mut out, "InitiateMultipartUploadResult");
         push_element(&mut out, "Bucket", &req.bucket);
         push_element(&mut out, "Key", &req.key);
         push_element(&mut out, "UploadId", &id);
         out.push_str("</InitiateMultipartUploadResult>");
-        self.respond_xml(conn, req, &out).await
+        let mut head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
+        if let Some(c) = chosen {
+            head.push_header("x-amz-checksum-algorithm", c.algorithm.name());
+            head.push_header("x-amz-checksum-type", c.kind.name());
+        }
+        self.respond(conn, req, head, out.as_bytes()).await
     }
 
     pub(super) async fn upload_part(
@@ -62,9 +144,13 @@ impl S3Front {
     ) -> Result<(), S3Error> {
         let number = parse_part_number(req)?;
         let part = Some((upload_id(req), number));
+        let chosen = self
+            .shard
+            .mpu_checksum(&req.bucket, &req.key, &upload_id(req))
+            .await?;
         if req.head.header("x-amz-copy-source").is_some() {
             return self
-                .upload_part_copy(conn, req, part, &auth.principal)
+                .upload_part_copy(conn, req, part, &auth.principal, chosen)
                 .await;
         }
         let sink = ObjectSink::open_part(
@@ -76,8 +162,13 @@ impl S3Front {
             None,
         )
         .await?;
-        let (info, _) = self.receive_object(conn, req, auth, sink).await?;
-        let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
+        let (info, _, checksum) = self
+            .receive_object(conn, req, auth, sink, chosen.map(|c| c.algorithm))
+            .await?;
+        let mut head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
+        if let Some((name, value)) = checksum {
+            head.push_header(name, value);
+        }
         self.respond(conn, req, head, b"").await
     }
 
@@ -96,10 +187,11 @@ impl S3Front {
                 BodyCheck::Complete,
             )
             .await?;
-        let parts = xml::parse_complete_multipart(&body).map_err(malformed)?;
-        let (info, version) = self
+        let (parts, part_checksums) = xml::parse_complete_multipart(&body).map_err(malformed)?;
+        let checks = completion_checks(req, part_checksums)?;
+        let (info, version, checksum) = self
             .shard
-            .mpu_complete(&req.bucket, &req.key, &upload_id(req), parts)
+            .mpu_complete(&req.bucket, &req.key, &upload_id(req), parts, checks)
             .await?;
         let mut out = String::with_capacity(320 + 2 * req.key.len());
         push_open_root(&mut out, "CompleteMultipartUploadResult");
@@ -111,6 +203,14 @@ impl S3Front {
         push_element(&mut out, "Bucket", &req.bucket);
         push_element(&mut out, "Key", &req.key);
         push_element(&mut out, "ETag", &quoted(&info.etag));
+        if let Some((algorithm, value)) = &checksum {
+            push_element(&mut out, &format!("Checksum{}", algorithm.name()), value);
+            push_element(
+                &mut out,
+                "ChecksumType",
+                ChecksumType::of_value(value).name(),
+            );
+        }
         out.push_str("</CompleteMultipartUploadResult>");
         let head = ResponseHead::new(200).with_header("Content-Type", "application/xml");
         self.respond(
@@ -144,7 +244,7 @@ impl S3Front {
                 .map_err(|_| S3Error::invalid_argument("part-number-marker must be an integer"))?,
         };
         let id = upload_id(req);
-        let mut parts: Vec<PartItem> = self
+        let (mut parts, chosen): (Vec<PartItem>, _) = self
             .shard
             .mpu_parts(&req.bucket, &req.key, &id, marker, max_parts + 1)
             .await?;
@@ -161,6 +261,10 @@ impl S3Front {
         out.push_str("</Initiator>");
         push_owner(&mut out, OWNER_ID_DEFAULT);
         push_element(&mut out, "StorageClass", "STANDARD");
+        if let Some(c) = chosen {
+            push_element(&mut out, "ChecksumAlgorithm", c.algorithm.name());
+            push_element(&mut out, "ChecksumType", c.kind.name());
+        }
         push_number_element(&mut out, "PartNumberMarker", u64::from(marker));
         if let Some(last) = parts.last() {
             push_number_element(&mut out, "NextPartNumberMarker", u64::from(last.number));
@@ -173,6 +277,9 @@ impl S3Front {
             push_element(&mut out, "LastModified", &iso8601_ms(p.mtime_ms));
             push_element(&mut out, "ETag", &quoted(&p.etag));
             push_number_element(&mut out, "Size", p.size_bytes);
+            if let (Some(c), Some(value)) = (chosen, &p.checksum) {
+                push_element(&mut out, &format!("Checksum{}", c.algorithm.name()), value);
+            }
             out.push_str("</Part>");
         }
         out.push_str("</ListPartsResult>");
@@ -243,6 +350,10 @@ impl S3Front {
             push_owner(&mut out, OWNER_ID_DEFAULT);
             push_element(&mut out, "StorageClass", "STANDARD");
             push_element(&mut out, "Initiated", &iso8601_ms(u.initiated_ms));
+            if let Some(c) = u.checksum {
+                push_element(&mut out, "ChecksumAlgorithm", c.algorithm.name());
+                push_element(&mut out, "ChecksumType", c.kind.name());
+            }
             out.push_str("</Upload>");
         }
         for e in &entries {

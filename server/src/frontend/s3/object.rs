@@ -106,21 +106,29 @@ impl S3Front {
         let condition = put_condition(&req.head)?;
         let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
             .await?;
-        let (info, version) = self.receive_object(conn, req, auth, sink).await?;
-        let head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
+        let (info, version, checksum) = self.receive_object(conn, req, auth, sink, None).await?;
+        let mut head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
+        if let Some((name, value)) = checksum {
+            head.push_header(name, value);
+        }
         self.respond(conn, req, with_version(head, version), b"")
             .await
     }
 
     /// Streams the request body into `sink`, verifying every signature and
-    /// digest before the object (or part) becomes visible.
+    /// digest before the object (or part) becomes visible. With `required`
+    /// (a part of an upload created with a checksum algorithm) the body is
+    /// summed with that algorithm whether or not the client sends a
+    /// checksum, and one of another algorithm is refused. Returns the
+    /// object, its version id to show and its stored checksum header.
     pub(super) async fn receive_object(
         &self,
         conn: &mut Conn,
         req: &Request,
         auth: &Verified,
         mut sink: ObjectSink,
-    ) -> Result<(ObjectInfo, Option<String>), S3Error> {
+        required: Option<checksum::Algorithm>,
+    ) -> Result<(ObjectInfo, Option<String>, Option<(String, String)>), S3Error> {
         let decoded_len = check_put_length(req, auth)?;
         let content_md5 = content_md5(&req.head)?;
         if req.head.expects_continue() {
@@ -130,7 +138,24 @@ impl S3Front {
             .payload
             .is_streaming()
             .then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
-        let expected_checksum = checksum::expected(&req.head)?;
+        let expected_checksum = match (checksum::expected(&req.head)?, required) {
+            (Some(sent), Some(chosen)) if sent.algorithm != chosen => {
+                return Err(S3Error::new(
+                    400,
+                    "InvalidRequest",
+                    format!(
+                        "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum Type: {}",
+                        chosen.name().to_ascii_lowercase(),
+                        sent.algorithm.name().to_ascii_lowercase()
+                    ),
+                ));
+            }
+            (None, Some(chosen)) => Some(checksum::Expected {
+                algorithm: chosen,
+                value: None,
+            }),
+            (sent, _) => sent,
+        };
         let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
         // Reads land in `input` and are cut off it as owned chunks (the MD5
         // engine hashes them later, in lanes with other uploads); a fresh
@@ -178,9 +203,10 @@ impl S3Front {
             decoder.as_ref(),
         )?;
         pieces.finish(&mut sink).await?;
+        let checksum = stored.first().cloned();
         let (info, version) = sink.finish_version(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
-        Ok((info, version))
+        Ok((info, version, checksum))
     }
 
     /// DeleteObject: of the current version (a delete marker where the
@@ -247,16 +273,16 @@ impl S3Front {
             let stored: Vec<&(String, String)> = meta
                 .headers
                 .iter()
-                .filter(|(n, _)| n.starts_with(crate::frontend::s3::checksum::HEADER_PREFIX))
+                .filter(|(n, _)| n.starts_with(checksum::HEADER_PREFIX))
                 .collect();
-            if !stored.is_empty() {
+            if let Some((_, first)) = stored.first() {
                 out.push_str("<Checksum>");
-                for (name, value) in stored {
-                    let alg = name[crate::frontend::s3::checksum::HEADER_PREFIX.len()..]
-                        .to_ascii_uppercase();
+                for (name, value) in &stored {
+                    let alg = name[checksum::HEADER_PREFIX.len()..].to_ascii_uppercase();
                     push_element(&mut out, &format!("Checksum{alg}"), value);
                 }
-                push_element(&mut out, "ChecksumType", "FULL_OBJECT");
+                let kind = checksum::ChecksumType::of_value(first);
+                push_element(&mut out, "ChecksumType", kind.name());
                 out.push_str("</Checksum>");
             }
         }
@@ -396,7 +422,8 @@ impl S3Front {
             if name.starts_with(checksum::HEADER_PREFIX) {
                 if checksums {
                     head.push_header(name.clone(), value.clone());
-                    head.push_header("x-amz-checksum-type", "FULL_OBJECT");
+                    let kind = checksum::ChecksumType::of_value(value);
+                    head.push_header("x-amz-checksum-type", kind.name());
                 }
                 continue;
             }

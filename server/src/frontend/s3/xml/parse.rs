@@ -2,6 +2,7 @@
 //! depth and no DTDs, and the three request shapes built on it.
 
 use super::*;
+use crate::store::checksum::Algorithm;
 
 /// Parses `<CreateBucketConfiguration><LocationConstraint>x</LocationConstraint></CreateBucketConfiguration>`.
 /// An empty body, a configuration without LocationConstraint, or an empty
@@ -30,12 +31,17 @@ pub fn parse_create_bucket(body: &[u8]) -> Result<Option<String>, String> {
 /// Parses a CompleteMultipartUpload body into (part number, ETag without
 /// quotes, lowercased) in document order; order and duplicates are the
 /// store's to judge.
-pub fn parse_complete_multipart(body: &[u8]) -> Result<Vec<(u32, String)>, String> {
+/// The parts a CompleteMultipartUpload lists: (number, ETag), and the
+/// checksum listed with each (`ChecksumCRC32` and the like), in order.
+pub type CompleteParts = (Vec<(u32, String)>, Vec<Option<(Algorithm, String)>>);
+
+pub fn parse_complete_multipart(body: &[u8]) -> Result<CompleteParts, String> {
     use crate::store::mpu::PART_NUMBER_MAX;
     let root = parse_xml(body)?
         .filter(|r| r.name == "CompleteMultipartUpload")
         .ok_or("The body must be a CompleteMultipartUpload element")?;
     let mut parts = Vec::new();
+    let mut sums = Vec::new();
     for p in root.children.iter().filter(|c| c.name == "Part") {
         if parts.len() >= PART_NUMBER_MAX as usize {
             return Err("At most 10000 parts".into());
@@ -49,9 +55,19 @@ pub fn parse_complete_multipart(body: &[u8]) -> Result<Vec<(u32, String)>, Strin
             .child("ETag")
             .map(|e| e.text.trim().trim_matches('"').to_ascii_lowercase())
             .ok_or("Every Part needs an ETag")?;
+        let mut sum = None;
+        for a in Algorithm::ALL {
+            if let Some(c) = p.child(&format!("Checksum{}", a.name())) {
+                if sum.is_some() {
+                    return Err("A Part lists at most one checksum".into());
+                }
+                sum = Some((a, c.text.trim().to_string()));
+            }
+        }
         parts.push((number, etag));
+        sums.push(sum);
     }
-    Ok(parts)
+    Ok((parts, sums))
 }
 
 /// Most keys in one DeleteObjects request (S3's limit).
