@@ -162,11 +162,11 @@ impl S3Front {
             None,
         )
         .await?;
-        let (info, _, checksum) = self
+        let (info, _, checksums) = self
             .receive_object(conn, req, auth, sink, chosen.map(|c| c.algorithm))
             .await?;
         let mut head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
-        if let Some((name, value)) = checksum {
+        for (name, value) in checksums {
             head.push_header(name, value);
         }
         self.respond(conn, req, head, b"").await

@@ -106,9 +106,9 @@ impl S3Front {
         let condition = put_condition(&req.head)?;
         let sink = ObjectSink::open_part(&self.shard, &req.bucket, &req.key, meta, None, condition)
             .await?;
-        let (info, version, checksum) = self.receive_object(conn, req, auth, sink, None).await?;
+        let (info, version, checksums) = self.receive_object(conn, req, auth, sink, None).await?;
         let mut head = ResponseHead::new(200).with_header("ETag", quoted(&info.etag));
-        if let Some((name, value)) = checksum {
+        for (name, value) in checksums {
             head.push_header(name, value);
         }
         self.respond(conn, req, with_version(head, version), b"")
@@ -119,8 +119,8 @@ impl S3Front {
     /// digest before the object (or part) becomes visible. With `required`
     /// (a part of an upload created with a checksum algorithm) the body is
     /// summed with that algorithm whether or not the client sends a
-    /// checksum, and one of another algorithm is refused. Returns the
-    /// object, its version id to show and its stored checksum header.
+    /// checksum. Returns the object, its version id to show and its stored
+    /// checksum headers.
     pub(super) async fn receive_object(
         &self,
         conn: &mut Conn,
@@ -128,7 +128,7 @@ impl S3Front {
         auth: &Verified,
         mut sink: ObjectSink,
         required: Option<checksum::Algorithm>,
-    ) -> Result<(ObjectInfo, Option<String>, Option<(String, String)>), S3Error> {
+    ) -> Result<(ObjectInfo, Option<String>, Vec<(String, String)>), S3Error> {
         let decoded_len = check_put_length(req, auth)?;
         let content_md5 = content_md5(&req.head)?;
         if req.head.expects_continue() {
@@ -138,25 +138,16 @@ impl S3Front {
             .payload
             .is_streaming()
             .then(|| ChunkedDecoder::new(&auth.payload, auth, decoded_len));
-        let expected_checksum = match (checksum::expected(&req.head)?, required) {
-            (Some(sent), Some(chosen)) if sent.algorithm != chosen => {
-                return Err(S3Error::new(
-                    400,
-                    "InvalidRequest",
-                    format!(
-                        "Checksum Type mismatch occurred, expected checksum Type: {}, actual checksum Type: {}",
-                        chosen.name().to_ascii_lowercase(),
-                        sent.algorithm.name().to_ascii_lowercase()
-                    ),
-                ));
-            }
-            (None, Some(chosen)) => Some(checksum::Expected {
-                algorithm: chosen,
-                value: None,
-            }),
-            (sent, _) => sent,
-        };
-        let mut digests = BodyDigests::new(auth, expected_checksum.as_ref());
+        let sent = checksum::expected(&req.head)?;
+        // A checksum of another algorithm (SDKs add CRC32 to every part
+        // unless told otherwise) is verified, and the upload's is summed
+        // too.
+        let also = required.filter(|c| sent.as_ref().is_some_and(|s| s.algorithm != *c));
+        let expected_checksum = sent.or(required.map(|algorithm| checksum::Expected {
+            algorithm,
+            value: None,
+        }));
+        let mut digests = BodyDigests::new(auth, expected_checksum.as_ref(), also);
         // Reads land in `input` and are cut off it as owned chunks (the MD5
         // engine hashes them later, in lanes with other uploads); a fresh
         // buffer once the room left is short.
@@ -203,10 +194,10 @@ impl S3Front {
             decoder.as_ref(),
         )?;
         pieces.finish(&mut sink).await?;
-        let checksum = stored.first().cloned();
+        let checksums = stored.clone();
         let (info, version) = sink.finish_version(etag, stored).await?;
         debug_assert_eq!(info.size_bytes, total);
-        Ok((info, version, checksum))
+        Ok((info, version, checksums))
     }
 
     /// DeleteObject: of the current version (a delete marker where the
@@ -729,22 +720,32 @@ fn decode_input<'a>(
 
 /// The digests computed over an upload's bytes as they arrive: SHA-256
 /// when the payload hash was signed, and the x-amz-checksum-* algorithm
-/// when one was asked for. (MD5, the ETag, is the `PieceBuilder`'s.)
+/// when one was asked for, and a second algorithm's to store (`also`).
+/// (MD5, the ETag, is the `PieceBuilder`'s.)
 struct BodyDigests {
     sha: Option<Sha256>,
     checksum: Option<checksum::Hasher>,
+    also: Option<(checksum::Algorithm, checksum::Hasher)>,
 }
 
 impl BodyDigests {
-    fn new(auth: &Verified, expected: Option<&checksum::Expected>) -> BodyDigests {
+    fn new(
+        auth: &Verified,
+        expected: Option<&checksum::Expected>,
+        also: Option<checksum::Algorithm>,
+    ) -> BodyDigests {
         BodyDigests {
             sha: matches!(auth.payload, PayloadMode::Sha256(_)).then(Sha256::new),
             checksum: expected.map(|e| checksum::Hasher::new(e.algorithm)),
+            also: also.map(|a| (a, checksum::Hasher::new(a))),
         }
     }
 
     fn update(&mut self, data: &[u8]) {
         if let Some(h) = self.checksum.as_mut() {
+            h.update(data);
+        }
+        if let Some((_, h)) = self.also.as_mut() {
             h.update(data);
         }
         if let Some(sha) = self.sha.as_mut() {
@@ -797,6 +798,9 @@ impl BodyDigests {
                 return Err(checksum::mismatch(expected.algorithm));
             }
             stored.push((name.to_string(), got));
+        }
+        if let Some((algorithm, hasher)) = self.also {
+            stored.push((algorithm.header().to_string(), hasher.finish_base64()));
         }
         Ok((hex::encode(digest), stored))
     }
