@@ -206,6 +206,9 @@ impl Shard {
                 meta,
                 checksum,
             } => self.mpu_create_here(&bucket, &key, meta, checksum).await,
+            Op::MpuChecksum { bucket, .. } if !self.bucket_exists(&bucket) => {
+                Reply::Err(ShardError::NoSuchBucket)
+            }
             Op::MpuChecksum {
                 bucket,
                 key,
