@@ -221,8 +221,18 @@ impl UploadChecksum {
             ChecksumType::FullObject => {
                 let crc = Reflected::of(self.algorithm).expect("FULL_OBJECT is for CRCs");
                 let mut whole = crc.empty();
+                // Parts are nearly all of one size: x^(8 len) once per size.
+                let mut shift: Option<(u64, u64)> = None;
                 for (raw, len) in parts {
-                    whole = crc.combine(whole, be_value(raw), *len);
+                    let by = match shift {
+                        Some((l, s)) if l == *len => s,
+                        _ => {
+                            let s = crc.shift(*len);
+                            shift = Some((*len, s));
+                            s
+                        }
+                    };
+                    whole = crc.multiply(by, whole) ^ be_value(raw);
                 }
                 b64(&crc.be_bytes(whole))
             }
@@ -300,7 +310,7 @@ impl Reflected {
         product
     }
 
-    /// x^(8 * bytes) mod P.
+    /// x^(8 * bytes) mod P: `crc(A ++ B) = shift(len(B)) * crc(A) ^ crc(B)`.
     fn shift(&self, bytes: u64) -> u64 {
         let mut result = self.one();
         let mut base = self.one() >> 8; // x^8
@@ -313,11 +323,6 @@ impl Reflected {
             n >>= 1;
         }
         result
-    }
-
-    /// The CRC of A ++ B from crc(A), crc(B) and len(B).
-    fn combine(&self, a: u64, b: u64, b_bytes: u64) -> u64 {
-        self.multiply(self.shift(b_bytes), a) ^ b
     }
 
     fn be_bytes(&self, v: u64) -> Vec<u8> {

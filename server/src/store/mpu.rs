@@ -189,8 +189,8 @@ pub enum UploadError {
     TooManyExtents(usize),
     #[error("a completion must list at least one part")]
     NoParts,
-    #[error("the upload was created without a checksum algorithm, so a completion cannot name one; create the upload with x-amz-checksum-algorithm")]
-    ChecksumNotChosen,
+    #[error("{0}")]
+    ChecksumChoice(String),
     #[error("the upload was created with the {chosen} checksum algorithm, not {sent}")]
     ChecksumAlgorithm {
         chosen: &'static str,
@@ -215,9 +215,10 @@ pub enum UploadError {
 /// ETags.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompletionChecks {
-    /// For each listed part, in order, the checksum the client lists for
-    /// it (may be shorter than the part list).
-    pub part_checksums: Vec<Option<(Algorithm, String)>>,
+    /// For each listed part, in order, the checksums the client lists for
+    /// it (may be shorter than the part list). Each is checked against the
+    /// part's stored checksum of its algorithm, if the part has one.
+    pub part_checksums: Vec<Vec<(Algorithm, String)>>,
     /// The whole object's checksum (x-amz-checksum-*); a COMPOSITE value
     /// may carry its `-N`.
     pub object: Option<(Algorithm, String)>,
@@ -235,6 +236,43 @@ pub struct CompletedObject {
     pub version: Option<u64>,
     /// The object's checksum, when the upload chose an algorithm.
     pub checksum: Option<(Algorithm, String)>,
+}
+
+/// Part records a completion or a listing reads at once.
+const READS_IN_FLIGHT_MAX: usize = 32;
+
+/// Refuses a completion whose `x-amz-mp-object-size` is not the parts'.
+fn check_size(checks: &CompletionChecks, actual: u64) -> Result<()> {
+    match checks.size_bytes {
+        Some(sent) if sent != actual => Err(UploadError::ObjectSize { sent, actual }.into()),
+        _ => Ok(()),
+    }
+}
+
+/// The checksum a completion names for an upload created without one: the
+/// algorithm of its `x-amz-checksum-*` header, with the type named or
+/// implied by the value (`-N`: COMPOSITE). It is verified and kept if every
+/// part carries a checksum of that algorithm.
+fn named_checksum(checks: &CompletionChecks) -> Result<Option<UploadChecksum>> {
+    let Some((algorithm, value)) = &checks.object else {
+        return match checks.kind {
+            None => Ok(None),
+            Some(_) => Err(UploadError::ChecksumChoice(
+                "x-amz-checksum-type needs an x-amz-checksum-* header with the object's checksum, or an upload created with x-amz-checksum-algorithm".into(),
+            )
+            .into()),
+        };
+    };
+    let kind = checks
+        .kind
+        .unwrap_or(if value.contains('-') || !algorithm.is_crc() {
+            ChecksumType::Composite
+        } else {
+            ChecksumType::FullObject
+        });
+    UploadChecksum::new(*algorithm, Some(kind))
+        .map(Some)
+        .map_err(|e| UploadError::ChecksumChoice(e).into())
 }
 
 /// Whether `key` belongs to the reserved (multipart) namespace.
@@ -469,12 +507,19 @@ impl Store {
         let Some(chosen) = chosen else {
             return Ok((parts, None));
         };
-        for p in &mut parts {
-            // A part gone meanwhile is listed without one.
-            if let Ok(reader) = self
-                .open_read(bucket, &part_key(key, upload_id, p.number))
-                .await
-            {
+        for batch in parts.chunks_mut(READS_IN_FLIGHT_MAX) {
+            let reads = batch.iter().map(|p| {
+                let part = part_key(key, upload_id, p.number);
+                async move { self.open_read(bucket, &part).await }
+            });
+            let readers = futures::future::join_all(reads).await;
+            for (p, reader) in batch.iter_mut().zip(readers) {
+                // A part gone meanwhile is listed without one; one
+                // uploaded again is listed as the record read.
+                let Ok(reader) = reader else { continue };
+                p.etag = reader.meta.etag.as_str().into();
+                p.size_bytes = reader.meta.size_bytes;
+                p.mtime_ms = reader.meta.mtime_ms;
                 p.checksum = reader
                     .meta
                     .headers
@@ -561,10 +606,10 @@ impl Store {
         self.completion_ended(bucket, &upload_index_key).await;
         if !self.upload_live(bucket, key, upload_id) {
             // Perhaps a retry of a completion that succeeded.
-            let (info, version) = self
+            let (seq, info, version) = self
                 .completed_before(bucket, key, upload_id, parts)
                 .ok_or(UploadError::NoSuchUpload)?;
-            let checksum = self.current_checksum(bucket, key).await;
+            let checksum = self.current_checksum(bucket, key, seq).await;
             return Ok(CompletedObject {
                 info,
                 version,
@@ -592,29 +637,31 @@ impl Store {
         let upload = self.open_read(bucket, &upload_key(key, upload_id)).await?;
         let mut meta = ObjectMeta::clone(&upload.meta);
         drop(upload);
-        let chosen = UploadChecksum::decode(&meta.etag);
+        let created = UploadChecksum::decode(&meta.etag);
+        let chosen = match created {
+            Some(c) => Some(c),
+            None => named_checksum(checks)?,
+        };
+        if chosen.is_some() {
+            // What the index can refuse, before a record is read per part.
+            let mut scratch = meta.clone();
+            self.completion_extents(bucket, key, upload_id, parts, &mut scratch)?;
+            check_size(checks, scratch.size_bytes)?;
+        }
         let summed = match chosen {
-            Some(c) => Some(
-                self.part_checksums(bucket, key, upload_id, parts, c, checks)
-                    .await?,
-            ),
             // Checksums listed for the parts of an upload without one are
             // not checked (a part may carry one of any algorithm).
-            None if checks.object.is_some() || checks.kind.is_some() => {
-                return Err(UploadError::ChecksumNotChosen.into());
-            }
             None => None,
+            Some(c) => {
+                let required = created.is_some();
+                self.part_checksums(bucket, key, upload_id, parts, c, checks, required)
+                    .await?
+            }
         };
         // From here to the append nothing awaits: the parts read are the
         // parts written, and their segments are pinned against compaction.
         let extents = self.completion_extents(bucket, key, upload_id, parts, &mut meta)?;
-        if let Some(sent) = checks.size_bytes.filter(|s| *s != meta.size_bytes) {
-            return Err(UploadError::ObjectSize {
-                sent,
-                actual: meta.size_bytes,
-            }
-            .into());
-        }
+        check_size(checks, meta.size_bytes)?;
         let checksum = match (chosen, summed) {
             (Some(c), Some(summed)) => Some(
                 self.object_checksum(bucket, key, upload_id, parts, c, &summed, checks, &mut meta)?,
@@ -645,7 +692,9 @@ impl Store {
     /// Each listed part's raw digest of the upload's algorithm, its length
     /// and the seq of the record read, checking the digests the client
     /// lists. Parts are read in batches (a part's checksum is in its
-    /// record, not in the index).
+    /// record, not in the index). Unless `required`, a part without a
+    /// digest of that algorithm makes it None.
+    #[allow(clippy::too_many_arguments)]
     async fn part_checksums(
         &self,
         bucket: &str,
@@ -654,21 +703,9 @@ impl Store {
         parts: &[(u32, String)],
         chosen: UploadChecksum,
         checks: &CompletionChecks,
-    ) -> Result<Vec<(Vec<u8>, u64, u64)>> {
-        const READS_IN_FLIGHT_MAX: usize = 32;
+        required: bool,
+    ) -> Result<Option<Vec<(Vec<u8>, u64, u64)>>> {
         let algorithm = chosen.algorithm;
-        if let Some((sent, _)) = checks
-            .part_checksums
-            .iter()
-            .flatten()
-            .find(|(a, _)| *a != algorithm)
-        {
-            return Err(UploadError::ChecksumAlgorithm {
-                chosen: algorithm.name(),
-                sent: sent.name(),
-            }
-            .into());
-        }
         let mut out = Vec::with_capacity(parts.len());
         for (batch_index, batch) in parts.chunks(READS_IN_FLIGHT_MAX).enumerate() {
             let reads = batch.iter().map(|(number, _)| {
@@ -684,26 +721,37 @@ impl Store {
                     }
                     Err(e) => return Err(e),
                 };
-                let raw = reader
-                    .meta
-                    .headers
-                    .iter()
-                    .find(|(n, _)| n == algorithm.header())
-                    .and_then(|(_, v)| algorithm.decode(v))
-                    .ok_or(UploadError::PartChecksumMissing(*number))?;
+                let stored = |a: Algorithm| {
+                    reader
+                        .meta
+                        .headers
+                        .iter()
+                        .find(|(n, _)| n == a.header())
+                        .and_then(|(_, v)| a.decode(v))
+                };
+                let Some(raw) = stored(algorithm) else {
+                    if required {
+                        return Err(UploadError::PartChecksumMissing(*number).into());
+                    }
+                    return Ok(None);
+                };
+                // Listed checksums of other algorithms (a part may carry
+                // two) are checked where the part has one of theirs.
                 let listed = checks
                     .part_checksums
                     .get(batch_index * READS_IN_FLIGHT_MAX + i)
-                    .and_then(Option::as_ref);
-                if let Some((_, value)) = listed {
-                    if algorithm.decode(value).as_ref() != Some(&raw) {
-                        return Err(UploadError::PartChecksum(*number).into());
+                    .map_or(&[][..], Vec::as_slice);
+                for (a, value) in listed {
+                    if let Some(mine) = stored(*a) {
+                        if a.decode(value).as_ref() != Some(&mine) {
+                            return Err(UploadError::PartChecksum(*number).into());
+                        }
                     }
                 }
                 out.push((raw, reader.meta.size_bytes, reader.seq));
             }
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// The completed object's checksum from its parts' (read before, by
@@ -752,11 +800,18 @@ impl Store {
                 }
                 .into());
             }
-            // A COMPOSITE value may be sent with or without its `-N`.
-            let sent = sent.trim();
-            let matches = sent == value
-                || (chosen.kind == ChecksumType::Composite
-                    && value.split_once('-').is_some_and(|(v, _)| v == sent));
+            // A COMPOSITE value may be sent with or without its `-N`;
+            // values are compared as digests, not as base64 text.
+            let digest = |v: &str| {
+                let (v, count) = v.trim().split_once('-').unwrap_or((v.trim(), ""));
+                algorithm.decode(v).map(|raw| (raw, count.to_string()))
+            };
+            let matches = match (digest(sent), digest(&value)) {
+                (Some((sent, sent_count)), Some((mine, count))) => {
+                    sent == mine && (sent_count.is_empty() || sent_count == count)
+                }
+                _ => false,
+            };
             if !matches {
                 return Err(UploadError::ObjectChecksum(algorithm.name()).into());
             }
@@ -765,13 +820,26 @@ impl Store {
             .retain(|(n, _)| !n.starts_with(super::checksum::HEADER_PREFIX));
         meta.headers
             .push((algorithm.header().to_string(), value.clone()));
+        if meta.headers.len() >= record::HEADERS_COUNT_MAX {
+            // The part sizes give way: the slot is for tags.
+            meta.headers.retain(|(n, _)| n != PARTS_HEADER);
+        }
         Ok((algorithm, value))
     }
 
-    /// The checksum stored with the key's current version, if any.
-    async fn current_checksum(&self, bucket: &str, key: &str) -> Option<(Algorithm, String)> {
+    /// The checksum stored with the key's current version if it is still
+    /// the record `seq`.
+    async fn current_checksum(
+        &self,
+        bucket: &str,
+        key: &str,
+        seq: u64,
+    ) -> Option<(Algorithm, String)> {
         let found = self.version_to_read(bucket, key, Pick::Current).ok()?;
         let reader = self.open_read(bucket, &found.index_key).await.ok()?;
+        if reader.seq != seq {
+            return None;
+        }
         reader.meta.headers.iter().find_map(|(n, v)| {
             Algorithm::ALL
                 .into_iter()
@@ -931,18 +999,19 @@ impl Store {
         }
     }
 
-    /// The key's current version, if it is what completing `upload_id` with
-    /// exactly `parts` wrote (see the module documentation).
+    /// The key's current version (its seq, info and version), if it is
+    /// what completing `upload_id` with exactly `parts` wrote (see the
+    /// module documentation).
     fn completed_before(
         &self,
         bucket: &str,
         key: &str,
         upload_id: &str,
         parts: &[(u32, String)],
-    ) -> Option<(ObjectInfo, Option<u64>)> {
+    ) -> Option<(u64, ObjectInfo, Option<u64>)> {
         let current = self.resolve(bucket, key, Pick::Current)?;
         let (current_seq, info) = self.current_live(bucket, key)?;
-        let info = (info, current.version);
+        let info = (current_seq, info, current.version);
         let upload = upload_key(key, upload_id);
         let remembered = self.inner.mpu.completed.borrow().get(bucket, &upload);
         if let Some(done) = remembered {
@@ -956,7 +1025,7 @@ impl Store {
         if ended.state != State::Deleted || ended.seq < current_seq {
             return None;
         }
-        (multipart_etag(parts)? == *info.0.etag).then_some(info)
+        (multipart_etag(parts)? == *info.1.etag).then_some(info)
     }
 
     /// Drops an upload and its parts.

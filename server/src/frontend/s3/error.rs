@@ -103,7 +103,7 @@ impl From<ShardError> for S3Error {
                     UploadError::NoParts => S3Error::new(400, "MalformedXML", "The XML you provided was not well-formed or did not validate against our published schema: it lists no parts."),
                     UploadError::PartChecksum(_) => S3Error::new(400, "InvalidPart", format!("One or more of the specified parts could not be found: {message}. List the parts for their checksums.")),
                     UploadError::ObjectChecksum(_) => S3Error::new(400, "BadDigest", format!("{message}.")),
-                    UploadError::ChecksumNotChosen
+                    UploadError::ChecksumChoice(_)
                     | UploadError::ChecksumAlgorithm { .. }
                     | UploadError::ChecksumType { .. }
                     | UploadError::PartChecksumMissing(_)

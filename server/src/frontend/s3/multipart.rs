@@ -18,7 +18,7 @@ use crate::store::mpu::{CompletionChecks, PartItem, UploadItem, PART_NUMBER_MAX}
 use crate::store::record::ObjectMeta;
 
 /// CompleteMultipartUpload bodies list up to 10,000 parts.
-const COMPLETE_BODY_BYTES_MAX: usize = xml::PARSE_BODY_BYTES_MAX;
+const COMPLETE_BODY_BYTES_MAX: usize = xml::COMPLETE_BODY_BYTES_MAX;
 const LIST_PARTS_MAX: usize = 1000;
 const LIST_UPLOADS_MAX: usize = 1000;
 
@@ -67,7 +67,7 @@ fn upload_checksum(req: &Request) -> Result<Option<UploadChecksum>, S3Error> {
 /// checksums, and the object's checksum, checksum type and size headers.
 fn completion_checks(
     req: &Request,
-    part_checksums: Vec<Option<(Algorithm, String)>>,
+    part_checksums: Vec<Vec<(Algorithm, String)>>,
 ) -> Result<CompletionChecks, S3Error> {
     let invalid = |m: String| S3Error::new(400, "InvalidRequest", m);
     let mut object = None;

@@ -270,7 +270,10 @@ impl S3Front {
                 out.push_str("<Checksum>");
                 for (name, value) in &stored {
                     let alg = name[checksum::HEADER_PREFIX.len()..].to_ascii_uppercase();
-                    push_element(&mut out, &format!("Checksum{alg}"), value);
+                    // As S3: a COMPOSITE value without its `-N` here
+                    // (ObjectParts gives the count).
+                    let digest = value.split('-').next().unwrap_or(value);
+                    push_element(&mut out, &format!("Checksum{alg}"), digest);
                 }
                 let kind = checksum::ChecksumType::of_value(first);
                 push_element(&mut out, "ChecksumType", kind.name());

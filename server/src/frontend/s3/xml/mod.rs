@@ -25,6 +25,10 @@ pub(crate) const S3_XMLNS: &str = "http://s3.amazonaws.com/doc/2006-03-01/";
 pub const OWNER_ID_DEFAULT: &str = "percore";
 /// Largest request body the parser accepts.
 pub const PARSE_BODY_BYTES_MAX: usize = 1 << 20;
+/// Largest CompleteMultipartUpload body: 10,000 parts, each with its ETag
+/// and the checksums SDKs copy from the UploadPart answers (up to about
+/// 300 bytes a part).
+pub const COMPLETE_BODY_BYTES_MAX: usize = 4 << 20;
 /// Deepest element nesting the parser accepts.
 const PARSE_DEPTH_MAX: usize = 32;
 

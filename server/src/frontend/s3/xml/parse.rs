@@ -32,12 +32,12 @@ pub fn parse_create_bucket(body: &[u8]) -> Result<Option<String>, String> {
 /// quotes, lowercased) in document order; order and duplicates are the
 /// store's to judge.
 /// The parts a CompleteMultipartUpload lists: (number, ETag), and the
-/// checksum listed with each (`ChecksumCRC32` and the like), in order.
-pub type CompleteParts = (Vec<(u32, String)>, Vec<Option<(Algorithm, String)>>);
+/// checksums listed with each (`ChecksumCRC32` and the like), in order.
+pub type CompleteParts = (Vec<(u32, String)>, Vec<Vec<(Algorithm, String)>>);
 
 pub fn parse_complete_multipart(body: &[u8]) -> Result<CompleteParts, String> {
     use crate::store::mpu::PART_NUMBER_MAX;
-    let root = parse_xml(body)?
+    let root = parse_xml_limited(body, COMPLETE_BODY_BYTES_MAX)?
         .filter(|r| r.name == "CompleteMultipartUpload")
         .ok_or("The body must be a CompleteMultipartUpload element")?;
     let mut parts = Vec::new();
@@ -55,15 +55,13 @@ pub fn parse_complete_multipart(body: &[u8]) -> Result<CompleteParts, String> {
             .child("ETag")
             .map(|e| e.text.trim().trim_matches('"').to_ascii_lowercase())
             .ok_or("Every Part needs an ETag")?;
-        let mut sum = None;
-        for a in Algorithm::ALL {
-            if let Some(c) = p.child(&format!("Checksum{}", a.name())) {
-                if sum.is_some() {
-                    return Err("A Part lists at most one checksum".into());
-                }
-                sum = Some((a, c.text.trim().to_string()));
-            }
-        }
+        let sum: Vec<(Algorithm, String)> = Algorithm::ALL
+            .into_iter()
+            .filter_map(|a| {
+                p.child(&format!("Checksum{}", a.name()))
+                    .map(|c| (a, c.text.trim().to_string()))
+            })
+            .collect();
         parts.push((number, etag));
         sums.push(sum);
     }
@@ -125,8 +123,13 @@ impl XmlElement {
 /// whitespace-only) body is `Ok(None)`. DTDs are refused (no entity
 /// expansion), nesting and size are bounded.
 pub fn parse_xml(body: &[u8]) -> Result<Option<XmlElement>, String> {
-    if body.len() > PARSE_BODY_BYTES_MAX {
-        return Err(format!("XML body larger than {PARSE_BODY_BYTES_MAX} bytes"));
+    parse_xml_limited(body, PARSE_BODY_BYTES_MAX)
+}
+
+/// `parse_xml` with another bound on the body's size.
+pub fn parse_xml_limited(body: &[u8], bytes_max: usize) -> Result<Option<XmlElement>, String> {
+    if body.len() > bytes_max {
+        return Err(format!("XML body larger than {bytes_max} bytes"));
     }
     let text = std::str::from_utf8(body).map_err(|_| "XML body is not UTF-8".to_string())?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
