@@ -1,2 +1,3 @@
 pub mod native;
+pub mod placement;
 pub mod routing;

@@ -1,0 +1,295 @@
+//! The cluster placement contract: which nodes hold an object, and which
+//! shard of each node owns it.
+//!
+//! Server nodes and cluster-aware clients compute exactly the same thing
+//! from the same map, so the contract is small, integer-only (no floating
+//! point: bit-identical in every language) and fixed (`docs/cluster.md`,
+//! "Placement contract"):
+//!
+//! ```text
+//! h        = object_hash(S, bucket, key)              (routing.rs)
+//! wide     = h * pg_count                             (128-bit product)
+//! pg       = wide >> 64                               (the placement group)
+//! position = wide mod 2^64                            (uniform within the PG)
+//! shard    = (position * shard_count) >> 64          (on each replica node)
+//!
+//! score(pg, node) = XXH3-64(S, "pg" ++ le_u32(pg) ++ le_u32(node.id))
+//! replicas(pg)    = walk the eligible nodes by score, highest first (ties:
+//!                   lower id first); take a node whose zone is not taken
+//!                   yet, until R are taken; if fewer than R zones have
+//!                   eligible nodes, walk again and take nodes not taken
+//!                   yet, until R (or every eligible node) are taken.
+//!                   replicas[0] is the primary.
+//! ```
+//!
+//! - The shard within a node uses the hash's position inside its PG, not
+//!   the hash itself: a node holds few PGs of a large cluster, and the top
+//!   bits that chose the PG would send all of a PG's keys to one shard.
+//! - Rendezvous (highest random weight) hashing moves only what must move:
+//!   a node added takes the replica slots where it now scores in the top R
+//!   (about R/N of them, the 1/N optimum of the data), a node removed gives
+//!   up only its own. No table of PGs is stored: the map is the node list.
+//! - Eligible nodes are those `in` the placement (`NodeState::Up`,
+//!   `NodeState::Down` until its grace period ends); `Draining` and `Out`
+//!   nodes hold no new replicas.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::routing::{object_hash, SHARD_COUNT_MAX};
+
+/// Most placement groups a cluster may have (fixed at creation).
+pub const PG_COUNT_MAX: u32 = 1 << 20;
+/// Most replicas of a placement group.
+pub const REPLICAS_MAX: usize = 7;
+
+/// A node's place in the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Serving; holds its replicas.
+    Up,
+    /// Its lease expired: still holds its replicas (the others serve) until
+    /// the grace period ends and it is marked `Out`.
+    Down,
+    /// Being emptied: holds no new replicas; serves until its PGs are
+    /// backfilled elsewhere.
+    Draining,
+    /// Not part of the placement.
+    Out,
+}
+
+impl NodeState {
+    /// Whether the node is a placement target.
+    #[must_use]
+    pub fn eligible(self) -> bool {
+        matches!(self, NodeState::Up | NodeState::Down)
+    }
+
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Up => "up",
+            NodeState::Down => "down",
+            NodeState::Draining => "draining",
+            NodeState::Out => "out",
+        }
+    }
+
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<NodeState> {
+        [
+            NodeState::Up,
+            NodeState::Down,
+            NodeState::Draining,
+            NodeState::Out,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
+}
+
+/// What placement needs of a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedNode {
+    /// Unique in the cluster, never reused.
+    pub id: u32,
+    /// Failure domain: replicas go to distinct zones where possible.
+    pub zone: String,
+    pub state: NodeState,
+}
+
+/// The placement group of a 64-bit object hash, and the hash's position
+/// within it.
+#[must_use]
+pub fn pg_of_hash(hash: u64, pg_count: u32) -> (u32, u64) {
+    assert!(pg_count > 0 && pg_count <= PG_COUNT_MAX);
+    let wide = u128::from(hash) * u128::from(pg_count);
+    ((wide >> 64) as u32, wide as u64)
+}
+
+/// The placement group of `(bucket, key)`.
+#[must_use]
+pub fn pg_of(seed: u64, pg_count: u32, bucket: &[u8], key: &[u8]) -> u32 {
+    pg_of_hash(object_hash(seed, bucket, key), pg_count).0
+}
+
+/// The shard of a replica node that owns `(bucket, key)`.
+#[must_use]
+pub fn cluster_shard(
+    seed: u64,
+    pg_count: u32,
+    shard_count: usize,
+    bucket: &[u8],
+    key: &[u8],
+) -> usize {
+    assert!(shard_count > 0 && shard_count <= SHARD_COUNT_MAX);
+    let (_, position) = pg_of_hash(object_hash(seed, bucket, key), pg_count);
+    ((u128::from(position) * shard_count as u128) >> 64) as usize
+}
+
+/// A node's rendezvous score for a placement group.
+#[must_use]
+pub fn score(seed: u64, pg: u32, node_id: u32) -> u64 {
+    let mut h = Xxh3::with_seed(seed);
+    h.update(b"pg");
+    h.update(&pg.to_le_bytes());
+    h.update(&node_id.to_le_bytes());
+    h.digest()
+}
+
+/// The ordered replica list (indexes into `nodes`, primary first) of `pg`:
+/// at most `replicas`, fewer only if fewer nodes are eligible.
+#[must_use]
+pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Vec<usize> {
+    assert!(replicas > 0 && replicas <= REPLICAS_MAX);
+    let mut ranked: Vec<(u64, u32, usize)> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.state.eligible())
+        .map(|(i, n)| (score(seed, pg, n.id), n.id, i))
+        .collect();
+    // Only the leaders matter: each zone's best, and a few more for the
+    // second walk. Sorting all keeps the contract obvious; N log N per PG
+    // is cheap next to a map change.
+    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
+    let mut zones: Vec<&str> = Vec::with_capacity(replicas);
+    for &(_, _, i) in &ranked {
+        if chosen.len() == replicas {
+            return chosen;
+        }
+        let zone = nodes[i].zone.as_str();
+        if !zones.contains(&zone) {
+            zones.push(zone);
+            chosen.push(i);
+        }
+    }
+    for &(_, _, i) in &ranked {
+        if chosen.len() == replicas {
+            break;
+        }
+        if !chosen.contains(&i) {
+            chosen.push(i);
+        }
+    }
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::HASH_SEED_DEFAULT;
+
+    fn node(id: u32, zone: &str) -> PlacedNode {
+        PlacedNode {
+            id,
+            zone: zone.into(),
+            state: NodeState::Up,
+        }
+    }
+
+    /// Pinned values: clients in other languages must compute these
+    /// exactly. Never change them casually.
+    #[test]
+    fn pinned_vectors() {
+        let h = object_hash(HASH_SEED_DEFAULT, b"bucket", b"key");
+        assert_eq!(pg_of_hash(h, 4096), (PINNED_PG, PINNED_POSITION));
+        assert_eq!(
+            cluster_shard(HASH_SEED_DEFAULT, 4096, 64, b"bucket", b"key"),
+            PINNED_SHARD
+        );
+        assert_eq!(score(HASH_SEED_DEFAULT, 7, 3), PINNED_SCORE);
+        let nodes: Vec<PlacedNode> = (1..=6)
+            .map(|id| node(id, ["a", "b", "c"][(id % 3) as usize]))
+            .collect();
+        let ids: Vec<u32> = replicas(HASH_SEED_DEFAULT, PINNED_PG, 3, &nodes)
+            .into_iter()
+            .map(|i| nodes[i].id)
+            .collect();
+        assert_eq!(ids, PINNED_REPLICAS);
+    }
+
+    // pg = the top 12 bits of object_hash = 0x5dcd_05cf_acfd_11ce, the
+    // position its other bits, the shard the position's top 6 bits.
+    const PINNED_PG: u32 = 1500;
+    const PINNED_POSITION: u64 = 0xd05c_facf_d11c_e000;
+    const PINNED_SHARD: usize = 52;
+    const PINNED_SCORE: u64 = 0x2335_cea8_4c8e_b50d;
+    // Nodes 1-6 in zones b, c, a, b, c, a.
+    const PINNED_REPLICAS: [u32; 3] = [1, 3, 2];
+
+    #[test]
+    fn zones_are_distinct_while_there_are_enough() {
+        let nodes: Vec<PlacedNode> = (0..30)
+            .map(|id| node(id, &format!("z{}", id % 5)))
+            .collect();
+        for pg in 0..2000 {
+            let r = replicas(1, pg, 3, &nodes);
+            assert_eq!(r.len(), 3);
+            let mut zones: Vec<&str> = r.iter().map(|&i| nodes[i].zone.as_str()).collect();
+            zones.sort_unstable();
+            zones.dedup();
+            assert_eq!(zones.len(), 3, "pg {pg}");
+        }
+        // Two zones for three replicas: both zones, three distinct nodes.
+        let two: Vec<PlacedNode> = (0..6)
+            .map(|id| node(id, ["x", "y"][id as usize % 2]))
+            .collect();
+        for pg in 0..500 {
+            let mut r = replicas(1, pg, 3, &two);
+            let zones: Vec<&str> = r.iter().map(|&i| two[i].zone.as_str()).collect();
+            assert!(zones.contains(&"x") && zones.contains(&"y"));
+            r.sort_unstable();
+            r.dedup();
+            assert_eq!(r.len(), 3);
+        }
+        // Fewer eligible nodes than replicas: all of them.
+        let mut few = vec![node(1, "a"), node(2, "a")];
+        few[1].state = NodeState::Out;
+        assert_eq!(replicas(1, 0, 3, &few), vec![0]);
+    }
+
+    #[test]
+    fn adding_a_node_moves_only_the_slots_it_takes() {
+        let mut nodes: Vec<PlacedNode> = (0..40)
+            .map(|id| node(id, &format!("z{}", id % 8)))
+            .collect();
+        let pgs = 4096;
+        let before: Vec<Vec<usize>> = (0..pgs).map(|pg| replicas(9, pg, 3, &nodes)).collect();
+        nodes.push(node(40, "z3"));
+        let mut moved = 0;
+        for pg in 0..pgs {
+            let after = replicas(9, pg, 3, &nodes);
+            let gone: Vec<&usize> = before[pg as usize]
+                .iter()
+                .filter(|i| !after.contains(i))
+                .collect();
+            // Every replica that left was replaced by the new node.
+            assert!(gone.len() <= 1, "pg {pg}");
+            if gone.len() == 1 {
+                assert!(after.contains(&40));
+                moved += 1;
+            }
+        }
+        // About R/N of the slots, 3 * 4096 / 41 = 300.
+        assert!((200..400).contains(&moved), "{moved}");
+    }
+
+    #[test]
+    fn shards_within_a_pg_are_uniform() {
+        // All keys of one PG spread over every shard of a node.
+        let mut counts = [0u32; 16];
+        let mut found = 0;
+        for i in 0..400_000u32 {
+            let key = i.to_le_bytes();
+            if pg_of(5, 64, b"b", &key) == 7 {
+                counts[cluster_shard(5, 64, 16, b"b", &key)] += 1;
+                found += 1;
+            }
+        }
+        let mean = found / 16;
+        assert!(
+            counts.iter().all(|&c| c > mean * 3 / 4 && c < mean * 5 / 4),
+            "{counts:?}"
+        );
+    }
+}
