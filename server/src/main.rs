@@ -1,6 +1,7 @@
 //! The `percore` binary.
 
 mod cli;
+mod cluster_cli;
 mod users_cli;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +47,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The cluster map in etcd: init, status, drain, remove.
+    #[command(subcommand)]
+    Cluster(cluster_cli::ClusterCommand),
     /// Users and their keys (through the admin endpoint).
     #[command(subcommand)]
     User(users_cli::UserCommand),
@@ -78,6 +82,7 @@ fn main() {
     let result = match cli.command {
         Command::Client(cmd) => cli::run(cmd),
         Command::User(cmd) => users_cli::run(cmd),
+        Command::Cluster(cmd) => cluster_cli::run(cmd),
         Command::Serve(args) => ServerConfig::resolve(&args, &|k| std::env::var(k).ok())
             .and_then(percore_server::boot::serve),
         Command::Fsck { data, json } => {

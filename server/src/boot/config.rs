@@ -55,6 +55,17 @@ pub struct ServeArgs {
     /// TOML configuration file (flags override it).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Join the cluster in these etcd endpoints (http://HOST:PORT,...);
+    /// without it percore is a single node.
+    #[arg(long, value_name = "URLS")]
+    pub cluster: Option<String>,
+    /// This node's name in the cluster (kept across restarts).
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// This node's failure domain (rack, room): replicas go to distinct
+    /// zones where possible (default: the node's name).
+    #[arg(long, value_name = "ZONE")]
+    pub zone: Option<String>,
 }
 
 /// The TOML file; every key optional, unknown keys are errors.
@@ -91,6 +102,12 @@ pub struct FileConfig {
     pub cross_shard_timeout_s: Option<u64>,
     pub session_idle_timeout_s: Option<u64>,
     pub native_put_data_timeout_s: Option<u64>,
+    pub cluster: Option<String>,
+    pub node: Option<String>,
+    pub zone: Option<String>,
+    pub cluster_name: Option<String>,
+    pub cluster_lease_ttl_s: Option<u64>,
+    pub cluster_down_out_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -151,6 +168,8 @@ pub struct ServerConfig {
     /// Admin writes (PUT /log/level) without `Authorization: Bearer
     /// <secret key>`; off by default.
     pub admin_open_writes: bool,
+    /// `--cluster`: this node joins a cluster.
+    pub cluster: Option<crate::cluster::control::ClusterSettings>,
 }
 
 /// Environment names that were renamed to match their file key, as
@@ -434,6 +453,9 @@ impl ServerConfig {
         }
         let (access_key, secret_key, default_credentials) = credentials(env)?;
         let (lifecycle_interval_s, lifecycle_actions_per_sec, lifecycle_day_s) = lifecycle(&l, &f)?;
+        let cluster = cluster_settings(&l, args, &f)?;
+        let (cross_shard_timeout_s, session_idle_timeout_s, native_put_data_timeout_s) =
+            shard_timeouts(&l, &f)?;
         Ok(ServerConfig {
             data: l.setting("data", args.data.clone(), f.data, DATA_DIR_DEFAULT.into())?,
             s3: l.setting("s3", args.s3, f.s3, addr(S3_ADDR_DEFAULT))?,
@@ -494,30 +516,84 @@ impl ServerConfig {
             )?,
             idle_timeout_s: l.bounded("idle_timeout_s", (None, f.idle_timeout_s), 60, 1..=86400)?,
             body_timeout_s: l.bounded("body_timeout_s", (None, f.body_timeout_s), 30, 1..=3600)?,
-            cross_shard_timeout_s: l.bounded(
-                "cross_shard_timeout_s",
-                (None, f.cross_shard_timeout_s),
-                60,
-                1..=3600,
-            )?,
-            session_idle_timeout_s: l.bounded(
-                "session_idle_timeout_s",
-                (None, f.session_idle_timeout_s),
-                300,
-                1..=86400,
-            )?,
-            native_put_data_timeout_s: l.bounded(
-                "native_put_data_timeout_s",
-                (None, f.native_put_data_timeout_s),
-                30,
-                1..=3600,
-            )?,
+            cross_shard_timeout_s,
+            session_idle_timeout_s,
+            native_put_data_timeout_s,
             access_key,
             secret_key,
             default_credentials,
             admin_open_writes: admin_open_writes(env, f.admin_open_writes),
+            cluster,
         })
     }
+}
+
+/// Cross-shard call, idle session and native PutData timeouts.
+fn shard_timeouts(l: &Layers, f: &FileConfig) -> Result<(u64, u64, u64), String> {
+    Ok((
+        l.bounded(
+            "cross_shard_timeout_s",
+            (None, f.cross_shard_timeout_s),
+            60,
+            1..=3600,
+        )?,
+        l.bounded(
+            "session_idle_timeout_s",
+            (None, f.session_idle_timeout_s),
+            300,
+            1..=86400,
+        )?,
+        l.bounded(
+            "native_put_data_timeout_s",
+            (None, f.native_put_data_timeout_s),
+            30,
+            1..=3600,
+        )?,
+    ))
+}
+
+/// `--cluster` and the settings that go with it.
+fn cluster_settings(
+    l: &Layers,
+    args: &ServeArgs,
+    f: &FileConfig,
+) -> Result<Option<crate::cluster::control::ClusterSettings>, String> {
+    let Some(urls) = l.get("cluster", args.cluster.clone(), f.cluster.clone())? else {
+        if args.node.is_some() || args.zone.is_some() {
+            return Err("--node and --zone need --cluster (the etcd endpoints)".into());
+        }
+        return Ok(None);
+    };
+    let node: String = l
+        .get("node", args.node.clone(), f.node.clone())?
+        .ok_or("--cluster needs --node NAME (this node's name in the cluster)")?;
+    crate::cluster::map::check_node_name(&node)?;
+    let zone = l
+        .get("zone", args.zone.clone(), f.zone.clone())?
+        .unwrap_or_else(|| node.clone());
+    Ok(Some(crate::cluster::control::ClusterSettings {
+        urls,
+        cluster: l.setting(
+            "cluster_name",
+            None,
+            f.cluster_name.clone(),
+            "percore".into(),
+        )?,
+        node,
+        zone,
+        lease_ttl_s: l.bounded(
+            "cluster_lease_ttl_s",
+            (None, f.cluster_lease_ttl_s),
+            10,
+            2..=3600,
+        )?,
+        down_out_s: l.bounded(
+            "cluster_down_out_s",
+            (None, f.cluster_down_out_s),
+            600,
+            1..=30 * 86_400,
+        )?,
+    }))
 }
 
 /// The lifecycle runner's settings: interval (0: off), actions per second

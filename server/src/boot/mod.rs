@@ -71,12 +71,43 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     let listeners = bind_listeners(&cfg, &plan)?;
     let shards = spawn_shards(&cfg, plan, &listeners)?;
     shards.wait_ready(&sigset)?;
+    if let Err(e) = join_cluster(&cfg, &listeners.native_ports) {
+        shards.drain_and_stop();
+        return Err(e);
+    }
     print_endpoints(&cfg, &listeners.native_ports);
     let sig = wait_for_signal(&sigset);
     println!("percore: signal {sig}, draining");
     flush_stdout();
     shards.drain_and_stop();
     println!("percore: stopped");
+    Ok(())
+}
+
+/// With `--cluster`: joins the cluster (a node that cannot join does not
+/// start) and starts its control thread.
+fn join_cluster(cfg: &ServerConfig, native_ports: &[u16]) -> Result<(), String> {
+    let Some(settings) = cfg.cluster.clone() else {
+        return Ok(());
+    };
+    let joining = crate::cluster::map::Joining {
+        name: settings.node.clone(),
+        zone: settings.zone.clone(),
+        s3: cfg.s3.to_string(),
+        native: std::net::SocketAddr::new(cfg.native.ip(), native_ports[0]).to_string(),
+        admin: cfg.admin.to_string(),
+        shards: native_ports.len(),
+    };
+    let status = crate::cluster::control::start(settings.clone(), joining)
+        .map_err(|e| format!("cannot join the cluster: {e}"))?;
+    println!(
+        "cluster: joined {} as node {} (id {}) in zone {}",
+        settings.cluster,
+        settings.node,
+        status.node_id.load(std::sync::atomic::Ordering::Relaxed),
+        settings.zone
+    );
+    flush_stdout();
     Ok(())
 }
 

@@ -1,0 +1,8 @@
+//! Clusters of percore nodes on etcd (issue 18; docs/cluster.md): the
+//! etcd client, the map's keys and transactions, and a node's control
+//! thread. The placement function itself is shared with clients
+//! (`percore_protocol::placement`).
+
+pub mod control;
+pub mod etcd;
+pub mod map;
