@@ -210,6 +210,33 @@ mod tests {
 
     // pg = the top 12 bits of object_hash = 0x5dcd_05cf_acfd_11ce, the
     // position its other bits, the shard the position's top 6 bits.
+    /// More pinned cases: a PG count that is not a power of two, fewer
+    /// zones than replicas (the second walk), and ineligible nodes.
+    #[test]
+    fn pinned_edge_vectors() {
+        let h = object_hash(HASH_SEED_DEFAULT, b"bucket", b"key");
+        assert_eq!(pg_of_hash(h, 1000), PINNED_PG_1000);
+        let mut nodes: Vec<PlacedNode> = (1..=6)
+            .map(|id| node(id, ["a", "b"][(id % 2) as usize]))
+            .collect();
+        let ids = |nodes: &[PlacedNode]| -> Vec<u32> {
+            replicas(HASH_SEED_DEFAULT, 42, 3, nodes)
+                .into_iter()
+                .map(|i| nodes[i].id)
+                .collect()
+        };
+        assert_eq!(ids(&nodes), PINNED_TWO_ZONES);
+        nodes[0].state = NodeState::Draining;
+        nodes[1].state = NodeState::Out;
+        nodes[2].state = NodeState::Down;
+        assert_eq!(ids(&nodes), PINNED_INELIGIBLE);
+    }
+
+    const PINNED_PG_1000: (u32, u64) = (366, 7_556_674_293_922_106_544);
+    const PINNED_TWO_ZONES: [u32; 3] = [5, 6, 1];
+    // Node 1 draining and 2 out are skipped; 3, down, still counts.
+    const PINNED_INELIGIBLE: [u32; 3] = [5, 6, 3];
+
     const PINNED_PG: u32 = 1500;
     const PINNED_POSITION: u64 = 0xd05c_facf_d11c_e000;
     const PINNED_SHARD: usize = 52;

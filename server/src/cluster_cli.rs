@@ -29,6 +29,10 @@ pub enum ClusterCommand {
         /// above about 100 at the largest planned size (docs/cluster.md).
         #[arg(long, default_value_t = 4096)]
         pgs: u32,
+        /// A node down this long is marked out and its placement groups
+        /// get other replicas.
+        #[arg(long, default_value_t = map::DOWN_OUT_S_DEFAULT)]
+        down_out_s: u64,
     },
     /// One line per node (name, state, addresses, placement groups), then
     /// the map's epoch.
@@ -38,6 +42,12 @@ pub enum ClusterCommand {
     },
     /// Move a node's placement groups elsewhere; it keeps serving meanwhile.
     Drain {
+        node: String,
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Give a drained node placement groups again.
+    Undrain {
         node: String,
         #[command(flatten)]
         etcd: EtcdArgs,
@@ -60,18 +70,27 @@ pub fn run(cmd: ClusterCommand) -> Result<(), String> {
             etcd,
             replicas,
             pgs,
+            down_out_s,
         } => {
             let (client, keys) = open(&etcd)?;
-            let c = map::init(&client, &keys, replicas, pgs, HASH_SEED_DEFAULT)?;
+            if !(1..=30 * 86_400).contains(&down_out_s) {
+                return Err(format!("--down-out-s {down_out_s}: use 1 to 2592000"));
+            }
+            let c = map::init(
+                &client,
+                &keys,
+                (replicas, pgs, down_out_s),
+                HASH_SEED_DEFAULT,
+            )?;
             println!(
-                "cluster {} created: {} replicas, {} placement groups, seed {:#x}; start nodes with `percore serve --cluster {} --node NAME --zone ZONE`",
-                etcd.name, c.replicas, c.pgs, c.seed, etcd.cluster
+                "cluster {} created: {} replicas, {} placement groups, seed {}, down nodes out after {} s; start nodes with `percore serve --cluster {} --node NAME --zone ZONE`",
+                etcd.name, c.replicas, c.pgs, c.seed, c.down_out_s, etcd.cluster
             );
             Ok(())
         }
         ClusterCommand::Status { etcd } => {
             let (client, keys) = open(&etcd)?;
-            print!("{}", status_text(&map::load(&client, &keys)?));
+            print!("{}", status_text(&map::load(&client, &keys)?)?);
             Ok(())
         }
         ClusterCommand::Drain { node, etcd } => {
@@ -91,6 +110,24 @@ pub fn run(cmd: ClusterCommand) -> Result<(), String> {
             }
             Ok(())
         }
+        ClusterCommand::Undrain { node, etcd } => {
+            let (client, keys) = open(&etcd)?;
+            let changed = map::update_node(&client, &keys, &node, &|_, r| {
+                Ok(
+                    (r.node_state() == NodeState::Draining).then(|| map::NodeRecord {
+                        // Marked down at once if it is not running.
+                        state: NodeState::Up.name().into(),
+                        since_ms: map::now_ms(),
+                        ..r.clone()
+                    }),
+                )
+            })?;
+            match changed {
+                Some(_) => println!("node {node} takes placement groups again"),
+                None => println!("node {node} was not draining"),
+            }
+            Ok(())
+        }
         ClusterCommand::Remove { node, etcd } => {
             let (client, keys) = open(&etcd)?;
             let r = map::remove(&client, &keys, &node)?;
@@ -101,11 +138,11 @@ pub fn run(cmd: ClusterCommand) -> Result<(), String> {
 }
 
 /// The status lines: one per node, then the epoch and placement.
-fn status_text(view: &map::View) -> String {
-    let counts = view.placement_counts();
+fn status_text(view: &map::View) -> Result<String, String> {
+    let counts = view.placement_counts()?;
     let mut out = String::new();
     for ((n, _), (pgs, primaries)) in view.nodes.iter().zip(counts) {
-        let lease = if view.alive.contains(&n.id) {
+        let lease = if view.alive.contains_key(&n.id) {
             "leased"
         } else {
             "no-lease"
@@ -115,6 +152,9 @@ fn status_text(view: &map::View) -> String {
             n.name, n.state, n.zone, n.s3, n.native, n.admin, n.shards, n.id
         ));
     }
+    for (key, why) in &view.unreadable {
+        out.push_str(&format!("unreadable {key}: {why}\n"));
+    }
     out.push_str(&format!(
         "epoch {} nodes {} replicas {} pgs {}\nbackfill: none in progress (replication and backfill are not built yet)\n",
         view.epoch,
@@ -122,5 +162,5 @@ fn status_text(view: &map::View) -> String {
         view.config.replicas,
         view.config.pgs
     ));
-    out
+    Ok(out)
 }

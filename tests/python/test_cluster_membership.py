@@ -115,13 +115,13 @@ def status(urls: str) -> tuple[dict[str, dict[str, str]], str]:
     return nodes, "\n".join(lines[-2:])
 
 
-def wait_for(urls: str, name: str, state: str, timeout: float = 20) -> dict:
+def wait_for(urls: str, name: str, state: str, timeout: float = 20, field: str = "state") -> dict:
     deadline = time.monotonic() + timeout
     while True:
         nodes, _ = status(urls)
-        if name in nodes and nodes[name]["state"] == state:
+        if name in nodes and nodes[name][field] == state:
             return nodes
-        assert time.monotonic() < deadline, f"{name} never became {state}: {nodes}"
+        assert time.monotonic() < deadline, f"{name} never had {field} {state}: {nodes}"
         time.sleep(0.2)
 
 
@@ -190,17 +190,38 @@ def test_membership_lease_drain_and_remove(etcd):
         nodes[1].start()
         listed = wait_for(urls, "n2", "up")
         assert listed["n2"]["id"] == ids["n2"]
+        # A restart right after kill -9 waits out the old process's lease,
+        # then joins with the same id, never marked down.
+        nodes[0].kill9()
+        nodes[0].start()
+        listed, _ = status(urls)
+        assert listed["n1"]["state"] == "up" and listed["n1"]["id"] == ids["n1"]
+        # A second process with the same name is refused.
+        twin = Node("127.0.0.5", "n1", "z1", urls)
+        try:
+            with pytest.raises(Exception):
+                twin.start(timeout=LEASE_TTL_S + 15)
+            assert "another process runs as node n1" in twin.logs()
+        finally:
+            twin.close()
+        assert status(urls)[0]["n1"]["s3"] == f"{nodes[0].ip}:{nodes[0].s3_port}"
 
         # Drain: no placement groups on n3; the two others hold them all.
         percore("cluster", "drain", "n3", "--cluster", urls)
         listed, _ = status(urls)
         assert listed["n3"]["state"] == "draining" and listed["n3"]["pgs"] == "0"
         assert listed["n1"]["pgs"] == "256" and listed["n2"]["pgs"] == "256"
+        # Undrain and drain again; a stopped draining node stays draining.
+        percore("cluster", "undrain", "n3", "--cluster", urls)
+        assert status(urls)[0]["n3"]["pgs"] == "256"
+        percore("cluster", "drain", "n3", "--cluster", urls)
         # A running node cannot be removed; a stopped one can.
         r = percore("cluster", "remove", "n3", "--cluster", urls, check=False)
         assert r.returncode == 1 and "running" in r.stderr
         nodes[2].terminate()
-        wait_for(urls, "n3", "down", timeout=LEASE_TTL_S * 4)
+        listed = wait_for(urls, "n3", "no-lease", timeout=LEASE_TTL_S * 4, field="lease")
+        time.sleep(LEASE_TTL_S)
+        assert status(urls)[0]["n3"]["state"] == "draining"
         percore("cluster", "remove", "n3", "--cluster", urls)
         listed, _ = status(urls)
         assert sorted(listed) == ["n1", "n2"]
@@ -227,6 +248,13 @@ def test_serve_refuses_bad_cluster_settings(etcd, tmp_path):
     r = percore("serve", "--data", str(tmp_path / "d2"), "--cluster", etcd.urls, "--node",
                 "bad/name", check=False)
     assert r.returncode == 1 and "node name" in r.stderr
+    r = percore("serve", "--data", str(tmp_path / "d3"), "--cluster", etcd.urls, "--node",
+                "n", "--zone", "rack a", check=False)
+    assert r.returncode == 1 and "zone" in r.stderr
+    r = percore("serve", "--data", str(tmp_path / "d4"), "--cluster", etcd.urls, "--node", "n",
+                "--s3", "0.0.0.0:0", "--native", "127.0.0.1:0", "--admin", "127.0.0.1:0",
+                "--unpinned", "--shards", "1", check=False)
+    assert r.returncode == 1 and "advertises its addresses" in r.stderr
     del e
 
 
@@ -238,7 +266,8 @@ def test_one_etcd_member_down(tmp_path):
     e = Etcd(tmp_path, members=3)
     nodes = []
     try:
-        percore("cluster", "init", "--cluster", e.urls, "--replicas", "2", "--pgs", "64")
+        percore("cluster", "init", "--cluster", e.urls, "--replicas", "2", "--pgs", "64",
+                "--down-out-s", "3")
         nodes = [Node("127.0.0.2", "a", "z1", e.urls), Node("127.0.0.3", "b", "z2", e.urls)]
         nodes[0].start()
         e.kill(0)
@@ -249,6 +278,8 @@ def test_one_etcd_member_down(tmp_path):
         assert listed["b"]["state"] == "up"
         nodes[1].kill9()
         wait_for(e.urls, "b", "down", timeout=LEASE_TTL_S * 4)
+        # Out once the grace period (etcd's lease of --down-out-s) ends.
+        wait_for(e.urls, "b", "out", timeout=20)
     finally:
         for n in nodes:
             n.close()

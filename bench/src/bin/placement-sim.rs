@@ -75,7 +75,7 @@ fn balance(t: &Table, nodes: &[PlacedNode]) -> (f64, f64, f64) {
 /// One node's record as the map keeps it in etcd (JSON; see docs/cluster.md).
 fn node_record(id: u32, zone: &str) -> String {
     format!(
-        r#"{{"id":{id},"name":"node-{id:04}","zone":"{zone}","state":"up","s3":"10.1.{a}.{b}:9000","native":"10.1.{a}.{b}:9100","admin":"10.1.{a}.{b}:9900","shards":64}}"#,
+        r#"{{"id":{id},"name":"node-{id:04}","zone":"{zone}","state":"up","s3":"10.1.{a}.{b}:9000","native":"10.1.{a}.{b}:9100","admin":"10.1.{a}.{b}:9900","shards":64,"since_ms":1796315545775}}"#,
         a = id / 250,
         b = id % 250
     )
@@ -166,6 +166,6 @@ fn main() {
         .sum();
     let one = record_bytes / args.nodes as usize;
     println!();
-    println!("Map: one etcd key per node (about {one} bytes of JSON each) plus the cluster record and the epoch; {} nodes: {:.0} KiB in all. No PG table is stored (placement is computed from the node list).\n", args.nodes, record_bytes as f64 / 1024.0);
-    println!("etcd traffic per map change (one node's state, one transaction writing its key and the epoch): about {} bytes written, and each of the {} watching nodes receives about {} bytes: {:.0} KiB in all, independent of the PG count.", one + 64, args.nodes, one + 64, ((one + 64) * (args.nodes as usize + 1)) as f64 / 1024.0);
+    println!("Map: one record per node (about {one} bytes of JSON each, with one native address; a node lists one per shard), plus a name and an alive key per node, the cluster record and the epoch; {} nodes: {:.0} KiB of records. No PG table is stored (placement is computed from the node list).\n", args.nodes, record_bytes as f64 / 1024.0);
+    println!("etcd traffic per map change with a watch (not built yet: nodes poll today, docs/cluster.md): one transaction writing a node's record and the epoch, about {} bytes, and each of the {} watching nodes receives about as much: {:.0} KiB in all, independent of the PG count.", one + 64, args.nodes, ((one + 64) * (args.nodes as usize + 1)) as f64 / 1024.0);
 }

@@ -66,6 +66,9 @@ pub struct ServeArgs {
     /// zones where possible (default: the node's name).
     #[arg(long, value_name = "ZONE")]
     pub zone: Option<String>,
+    /// The cluster's name in etcd (default percore).
+    #[arg(long, value_name = "NAME")]
+    pub cluster_name: Option<String>,
 }
 
 /// The TOML file; every key optional, unknown keys are errors.
@@ -107,7 +110,6 @@ pub struct FileConfig {
     pub zone: Option<String>,
     pub cluster_name: Option<String>,
     pub cluster_lease_ttl_s: Option<u64>,
-    pub cluster_down_out_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -558,40 +560,37 @@ fn cluster_settings(
     args: &ServeArgs,
     f: &FileConfig,
 ) -> Result<Option<crate::cluster::control::ClusterSettings>, String> {
+    let node = l.get("node", args.node.clone(), f.node.clone())?;
+    let zone = l.get("zone", args.zone.clone(), f.zone.clone())?;
+    let cluster = l.setting(
+        "cluster_name",
+        args.cluster_name.clone(),
+        f.cluster_name.clone(),
+        "percore".into(),
+    )?;
     let Some(urls) = l.get("cluster", args.cluster.clone(), f.cluster.clone())? else {
-        if args.node.is_some() || args.zone.is_some() {
-            return Err("--node and --zone need --cluster (the etcd endpoints)".into());
+        if node.is_some() || zone.is_some() {
+            return Err("node and zone (--node, --zone, PERCORE_NODE, PERCORE_ZONE or the config file) need cluster: --cluster URLS, PERCORE_CLUSTER or `cluster` in the config file (the etcd endpoints)".into());
         }
         return Ok(None);
     };
-    let node: String = l
-        .get("node", args.node.clone(), f.node.clone())?
-        .ok_or("--cluster needs --node NAME (this node's name in the cluster)")?;
-    crate::cluster::map::check_node_name(&node)?;
-    let zone = l
-        .get("zone", args.zone.clone(), f.zone.clone())?
-        .unwrap_or_else(|| node.clone());
+    let node = node.ok_or(
+        "cluster needs this node's name: --node NAME, PERCORE_NODE or `node` in the config file",
+    )?;
+    crate::cluster::map::check_name("node name", &node)?;
+    let zone = zone.unwrap_or_else(|| node.clone());
+    crate::cluster::map::check_name("zone", &zone)?;
+    crate::cluster::map::check_name("cluster name", &cluster)?;
     Ok(Some(crate::cluster::control::ClusterSettings {
         urls,
-        cluster: l.setting(
-            "cluster_name",
-            None,
-            f.cluster_name.clone(),
-            "percore".into(),
-        )?,
+        cluster,
         node,
         zone,
         lease_ttl_s: l.bounded(
             "cluster_lease_ttl_s",
             (None, f.cluster_lease_ttl_s),
             10,
-            2..=3600,
-        )?,
-        down_out_s: l.bounded(
-            "cluster_down_out_s",
-            (None, f.cluster_down_out_s),
-            600,
-            1..=30 * 86_400,
+            3..=3600,
         )?,
     }))
 }

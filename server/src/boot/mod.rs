@@ -90,13 +90,31 @@ fn join_cluster(cfg: &ServerConfig, native_ports: &[u16]) -> Result<(), String> 
     let Some(settings) = cfg.cluster.clone() else {
         return Ok(());
     };
+    // Other nodes and clients reach it at these addresses.
+    for (what, a) in [
+        ("--s3", cfg.s3),
+        ("--native", cfg.native),
+        ("--admin", cfg.admin),
+    ] {
+        if a.ip().is_unspecified() {
+            return Err(format!(
+                "{what} {a}: a cluster node advertises its addresses; bind to the address others reach it at, not {}",
+                a.ip()
+            ));
+        }
+    }
+    let native: Vec<String> = native_ports
+        .iter()
+        .map(|&p| std::net::SocketAddr::new(cfg.native.ip(), p).to_string())
+        .collect();
     let joining = crate::cluster::map::Joining {
         name: settings.node.clone(),
         zone: settings.zone.clone(),
         s3: cfg.s3.to_string(),
-        native: std::net::SocketAddr::new(cfg.native.ip(), native_ports[0]).to_string(),
+        native: native.join(","),
         admin: cfg.admin.to_string(),
         shards: native_ports.len(),
+        nonce: Vec::new(),
     };
     let status = crate::cluster::control::start(settings.clone(), joining)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;

@@ -1,21 +1,23 @@
 //! The control thread of a cluster node (`percore serve --cluster`): joins
-//! the map, keeps the node's lease alive, and marks nodes whose lease
-//! expired `down` (then `out` after the grace period). One plain thread
-//! with blocking etcd calls: nothing here touches a shard, and a slow or
-//! lost etcd stalls only this thread (the node keeps serving).
+//! the map, keeps the node's lease alive, checks its own entry, and marks
+//! nodes whose lease expired `down` (then `out` after the grace period).
+//! One plain thread with blocking etcd calls: nothing here touches a shard,
+//! and a slow or lost etcd stalls only this thread (the node keeps
+//! serving).
 //!
 //! Not built yet (issue 18): handing the map to the shards, replication,
 //! forwarding and backfill; see docs/cluster.md.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use percore_protocol::placement::NodeState;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::etcd::Etcd;
-use super::map::{self, Joining, Keys};
+use super::map::{self, JoinError, Joining, Keys, View};
 
 /// A node's cluster settings (`serve --cluster URLS --node NAME ...`).
 #[derive(Debug, Clone)]
@@ -26,32 +28,70 @@ pub struct ClusterSettings {
     pub zone: String,
     /// Lease time: a node silent this long is marked down.
     pub lease_ttl_s: u64,
-    /// A down node is marked out (its placement groups move) after this.
-    pub down_out_s: u64,
 }
 
-/// What the control thread shares with the admin endpoint: plain atomics,
-/// written by the control thread only.
+/// What the control thread shares with the rest of the node: plain
+/// atomics, written by the control thread only.
 #[derive(Default)]
 pub struct ClusterStatus {
     pub epoch: AtomicU64,
     pub node_id: AtomicU64,
     /// Whether the lease is held (the node counts as up).
     pub leased: AtomicBool,
-    pub nodes_up: AtomicU64,
-    pub nodes_down: AtomicU64,
+    /// The node was removed from the map while it ran: it no longer takes
+    /// part (restart it to join as a new node).
+    pub removed: AtomicBool,
     pub etcd_errors: AtomicU64,
 }
 
+/// The control thread's etcd client and identity.
+struct Control {
+    etcd: Etcd,
+    keys: Keys,
+    joining: Joining,
+    id: u32,
+    lease: i64,
+    ttl_s: u64,
+}
+
 /// Joins the cluster (before the node serves: a node that cannot join does
-/// not start) and starts the control thread.
-pub fn start(settings: ClusterSettings, joining: Joining) -> Result<Arc<ClusterStatus>, String> {
-    let etcd = Etcd::new(&settings.urls)?;
+/// not start) and starts the control thread. A previous process of this
+/// node whose lease has not expired yet (a restart after kill -9) is
+/// waited for, up to the lease time.
+pub fn start(
+    settings: ClusterSettings,
+    mut joining: Joining,
+) -> Result<Arc<ClusterStatus>, String> {
+    let ttl_s = settings.lease_ttl_s.clamp(3, 3600);
+    // Each call to etcd well within a third of the lease.
+    let timeout = Duration::from_millis((ttl_s * 1000 / 8).clamp(500, 5000));
+    let etcd = Etcd::with_timeout(&settings.urls, timeout)?;
     let keys = Keys::new(&settings.cluster)?;
-    let record = map::join(&etcd, &keys, &joining)?;
-    let ttl = i64::try_from(settings.lease_ttl_s.clamp(2, 3600)).unwrap_or(10);
-    let lease = etcd.lease_grant(ttl)?;
-    etcd.put(&keys.alive(record.id), b"", lease)?;
+    joining.nonce = format!("{:032x}", rand::random::<u128>()).into_bytes();
+    let lease = etcd.lease_grant(i64::try_from(ttl_s).unwrap_or(10))?;
+    let deadline = Instant::now() + Duration::from_secs(ttl_s + 2);
+    let record = loop {
+        match map::join(&etcd, &keys, &joining, lease, None) {
+            Ok(r) => break r,
+            Err(JoinError::AliveElsewhere) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(500));
+                // Our own lease must outlive the wait.
+                etcd.lease_keepalive(lease)?;
+            }
+            Err(JoinError::AliveElsewhere) => {
+                let _ = etcd.lease_revoke(lease);
+                return Err(format!(
+                    "another process runs as node {} (its lease is still renewed); stop it, or give this one another --node",
+                    joining.name
+                ));
+            }
+            Err(JoinError::Removed) => unreachable!("a first join takes any id"),
+            Err(JoinError::Etcd(e)) => {
+                let _ = etcd.lease_revoke(lease);
+                return Err(e);
+            }
+        }
+    };
     let status = Arc::new(ClusterStatus::default());
     status
         .node_id
@@ -65,89 +105,139 @@ pub fn start(settings: ClusterSettings, joining: Joining) -> Result<Arc<ClusterS
         "joined the cluster"
     );
     let shared = status.clone();
+    let mut control = Control {
+        etcd,
+        keys,
+        joining,
+        id: record.id,
+        lease,
+        ttl_s,
+    };
     std::thread::Builder::new()
         .name("percore-cluster".into())
-        .spawn(move || run(&etcd, &keys, &settings, &joining, record.id, lease, &shared))
+        .spawn(move || control.run(&shared))
         .map_err(|e| format!("cannot start the cluster control thread: {e}"))?;
     Ok(status)
 }
 
-#[allow(clippy::needless_pass_by_value)]
-fn run(
-    etcd: &Etcd,
-    keys: &Keys,
-    settings: &ClusterSettings,
-    joining: &Joining,
-    id: u32,
-    mut lease: i64,
-    status: &ClusterStatus,
-) {
-    let ttl = settings.lease_ttl_s.clamp(2, 3600);
-    // A third of the lease: two renewals may fail before it expires. The
-    // map is read as often (a watch would scale better: see
-    // docs/cluster.md, "Not yet").
-    let period = Duration::from_millis(ttl * 1000 / 3);
-    loop {
-        std::thread::sleep(period);
-        if let Err(e) = keep_lease(etcd, keys, joining, id, &mut lease, ttl) {
-            status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-            status.leased.store(false, Ordering::Relaxed);
-            warn!(error = %e, "cluster: cannot renew this node's lease; retrying");
-            continue;
+impl Control {
+    fn run(&mut self, status: &ClusterStatus) {
+        // A third of the lease: two renewals may fail before it expires.
+        // The map is read between renewals, never delaying one (a watch
+        // would scale better: see docs/cluster.md, "Not yet").
+        let period = Duration::from_millis(self.ttl_s * 1000 / 3);
+        let mut renew_at = Instant::now() + period;
+        let mut read_at = Instant::now() + period / 2;
+        loop {
+            let now = Instant::now();
+            let next = renew_at.min(read_at);
+            if next > now {
+                std::thread::sleep(next - now);
+                continue;
+            }
+            let renewing = renew_at <= read_at;
+            let tick = catch_unwind(AssertUnwindSafe(|| {
+                if renewing {
+                    self.renew()
+                } else {
+                    self.check_map(status)
+                }
+            }));
+            match tick {
+                Ok(Ok(())) if renewing => {
+                    status.leased.store(true, Ordering::Relaxed);
+                    renew_at = Instant::now() + period;
+                }
+                Ok(Ok(())) => read_at = Instant::now() + period,
+                Ok(Err(JoinError::Removed)) => {
+                    status.leased.store(false, Ordering::Relaxed);
+                    status.removed.store(true, Ordering::Relaxed);
+                    error!(
+                        node = %self.joining.name,
+                        "cluster: this node was removed from the cluster while it ran; it no longer takes part (restart it to join as a new node)"
+                    );
+                    let _ = self.etcd.lease_revoke(self.lease);
+                    return;
+                }
+                Ok(Err(e)) => {
+                    status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                    if renewing {
+                        status.leased.store(false, Ordering::Relaxed);
+                        renew_at = Instant::now() + Duration::from_millis(500);
+                    } else {
+                        read_at = Instant::now() + period;
+                    }
+                    warn!(error = ?e, "cluster: etcd call failed; retrying");
+                }
+                Err(_) => {
+                    status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                    error!("cluster: the control loop panicked; going on");
+                    renew_at = Instant::now();
+                    read_at = Instant::now() + period;
+                }
+            }
         }
-        status.leased.store(true, Ordering::Relaxed);
-        if let Err(e) = watch_others(etcd, keys, settings, status) {
-            status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-            warn!(error = %e, "cluster: cannot read the map; retrying");
+    }
+
+    /// Renews the lease; if it expired (etcd lost it, or this node was cut
+    /// off longer than the TTL), takes a new one and joins again.
+    fn renew(&mut self) -> Result<(), JoinError> {
+        if self.etcd.lease_keepalive(self.lease)? > 0 {
+            return Ok(());
+        }
+        warn!("cluster: this node's lease had expired; joining again");
+        self.lease = self
+            .etcd
+            .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
+        self.rejoin()
+    }
+
+    fn rejoin(&mut self) -> Result<(), JoinError> {
+        map::join(
+            &self.etcd,
+            &self.keys,
+            &self.joining,
+            self.lease,
+            Some(self.id),
+        )
+        .map(|_| ())
+    }
+
+    /// Reads the map: checks this node's own entry (rejoins if it was
+    /// marked down or its alive key is gone), publishes the epoch, and
+    /// marks failed nodes.
+    fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
+        let view = map::load(&self.etcd, &self.keys)?;
+        status.epoch.store(view.epoch, Ordering::Relaxed);
+        self.check_self(&view)?;
+        for (key, why) in &view.unreadable {
+            warn!(key = %key, error = %why, "cluster: a node record cannot be read; skipped");
+        }
+        if let Some((name, state)) = map::detect_failures(&self.etcd, &self.keys, &view)? {
+            warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
+        }
+        Ok(())
+    }
+
+    fn check_self(&mut self, view: &View) -> Result<(), JoinError> {
+        let Some((me, _)) = view.node(self.id) else {
+            return Err(JoinError::Removed);
+        };
+        let mine = view.alive.get(&self.id);
+        let state_ok = matches!(me.node_state(), NodeState::Up | NodeState::Draining);
+        match mine {
+            Some(a) if a.nonce != self.joining.nonce => {
+                error!(
+                    node = %self.joining.name,
+                    "cluster: another process holds this node's alive key (same --node twice?); not taking it back"
+                );
+                Ok(())
+            }
+            Some(a) if a.lease == self.lease && state_ok => Ok(()),
+            _ => {
+                warn!(node = %self.joining.name, state = %me.state, "cluster: this node's entry was not up with its lease; joining again");
+                self.rejoin()
+            }
         }
     }
-}
-
-/// Renews the lease; if it expired (etcd lost it, or this node was cut off
-/// longer than the TTL), takes a new one and joins again.
-fn keep_lease(
-    etcd: &Etcd,
-    keys: &Keys,
-    joining: &Joining,
-    id: u32,
-    lease: &mut i64,
-    ttl: u64,
-) -> Result<(), String> {
-    if etcd.lease_keepalive(*lease)? > 0 {
-        return Ok(());
-    }
-    warn!("cluster: this node's lease had expired; joining again");
-    let record = map::join(etcd, keys, joining)?;
-    debug_assert_eq!(record.id, id);
-    *lease = etcd.lease_grant(i64::try_from(ttl).unwrap_or(10))?;
-    etcd.put(&keys.alive(id), b"", *lease)
-}
-
-/// Reads the map, publishes its figures, and marks failed nodes.
-fn watch_others(
-    etcd: &Etcd,
-    keys: &Keys,
-    settings: &ClusterSettings,
-    status: &ClusterStatus,
-) -> Result<(), String> {
-    let view = map::load(etcd, keys)?;
-    status.epoch.store(view.epoch, Ordering::Relaxed);
-    let up = view
-        .nodes
-        .iter()
-        .filter(|(n, _)| n.node_state() == NodeState::Up)
-        .count();
-    let down = view
-        .nodes
-        .iter()
-        .filter(|(n, _)| n.node_state() == NodeState::Down)
-        .count();
-    status.nodes_up.store(up as u64, Ordering::Relaxed);
-    status.nodes_down.store(down as u64, Ordering::Relaxed);
-    if let Some((name, state)) =
-        map::detect_failures(etcd, keys, &view, settings.down_out_s * 1000)?
-    {
-        warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
-    }
-    Ok(())
 }

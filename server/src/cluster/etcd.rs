@@ -89,6 +89,12 @@ pub mod txn {
         json!({"request_put": {"key": b64(key), "value": b64(value)}})
     }
 
+    /// A put attached to a lease.
+    #[must_use]
+    pub fn put_leased(key: &[u8], value: &[u8], lease: i64) -> Value {
+        json!({"request_put": {"key": b64(key), "value": b64(value), "lease": lease.to_string()}})
+    }
+
     #[must_use]
     pub fn delete(key: &[u8]) -> Value {
         json!({"request_delete_range": {"key": b64(key)}})
@@ -98,6 +104,12 @@ pub mod txn {
 impl Etcd {
     /// `urls`: comma-separated `http://host:port` (or `host:port`).
     pub fn new(urls: &str) -> Result<Etcd, String> {
+        Self::with_timeout(urls, Duration::from_secs(5))
+    }
+
+    /// `new`, with `timeout` for each connect, read and write (and a whole
+    /// call to one endpoint takes at most about twice that).
+    pub fn with_timeout(urls: &str, timeout: Duration) -> Result<Etcd, String> {
         let endpoints: Vec<String> = urls
             .split(',')
             .map(str::trim)
@@ -120,7 +132,7 @@ impl Etcd {
         }
         Ok(Etcd {
             endpoints,
-            timeout: Duration::from_secs(5),
+            timeout,
             current: std::cell::Cell::new(0),
         })
     }
@@ -163,13 +175,7 @@ impl Etcd {
             body.len()
         );
         s.write_all(request.as_bytes()).map_err(io)?;
-        let mut raw = Vec::new();
-        s.take(RESPONSE_BYTES_MAX as u64 + 1)
-            .read_to_end(&mut raw)
-            .map_err(io)?;
-        if raw.len() > RESPONSE_BYTES_MAX {
-            return Err(Failure::Endpoint("response too large".into()));
-        }
+        let raw = read_response(&mut s, self.timeout).map_err(Failure::Endpoint)?;
         let (status, chunked, body) = split_response(&raw).map_err(Failure::Endpoint)?;
         let body = if chunked {
             dechunk(body).map_err(Failure::Endpoint)?
@@ -188,7 +194,7 @@ impl Etcd {
             .unwrap_or("error")
             .to_string();
         // Not the leader, no quorum, unavailable: another member may do.
-        if status >= 500 || status == 503 {
+        if status >= 500 {
             return Err(Failure::Endpoint(format!("HTTP {status}: {message}")));
         }
         Err(Failure::Request(format!(
@@ -262,7 +268,10 @@ impl Etcd {
     /// Renews a lease; its remaining TTL (0: it had expired).
     pub fn lease_keepalive(&self, id: i64) -> Result<i64, String> {
         let v = self.call("/v3/lease/keepalive", &json!({"ID": id.to_string()}))?;
-        Ok(int(&v["result"]["TTL"]))
+        match v.get("result") {
+            Some(r) => Ok(int(&r["TTL"])),
+            None => Err(format!("etcd answered a keepalive without a result: {v}")),
+        }
     }
 
     pub fn lease_revoke(&self, id: i64) -> Result<(), String> {
@@ -276,6 +285,40 @@ enum Failure {
     Endpoint(String),
     /// etcd answered and refused: another member would too.
     Request(String),
+}
+
+/// Reads one response: up to its Content-Length, or to the end of the
+/// connection (we ask for `Connection: close`); at most
+/// `RESPONSE_BYTES_MAX`, and in at most about twice `timeout` in all (a
+/// server that dribbles bytes does not hold the thread).
+fn read_response(s: &mut TcpStream, timeout: Duration) -> Result<Vec<u8>, String> {
+    let deadline = std::time::Instant::now() + timeout * 2;
+    let mut raw = Vec::with_capacity(4096);
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if std::time::Instant::now() > deadline {
+            return Err("response too slow".into());
+        }
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Ok(raw);
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if raw.len() > RESPONSE_BYTES_MAX {
+            return Err("response too large".into());
+        }
+        if let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let length = head.lines().find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            });
+            if length.is_some_and(|len| raw.len() >= end + 4 + len) {
+                raw.truncate(end + 4 + length.unwrap_or(0));
+                return Ok(raw);
+            }
+        }
+    }
 }
 
 /// (status, chunked, body) of a raw HTTP/1.1 response.
@@ -316,7 +359,7 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
         if size == 0 {
             return Ok(out);
         }
-        if body.len() < size + 2 {
+        if body.len() < size.saturating_add(2) {
             return Err("truncated chunk".into());
         }
         out.extend_from_slice(&body[..size]);

@@ -2,20 +2,23 @@
 //! change it (`docs/cluster.md`, "etcd layout").
 //!
 //! ```text
-//! /percore/<cluster>/config        {"pgs":..,"replicas":..,"seed":..}   created once
+//! /percore/<cluster>/config        {"pgs":..,"replicas":..,"seed":"0x..",..}   created once
 //! /percore/<cluster>/epoch         decimal map epoch, +1 with every change to nodes/
 //! /percore/<cluster>/next_id       decimal, the next node id
 //! /percore/<cluster>/names/<name>  decimal id of a node name
 //! /percore/<cluster>/nodes/<id>    NodeRecord (JSON)
-//! /percore/<cluster>/alive/<id>    attached to the node's lease
+//! /percore/<cluster>/alive/<id>    the running process's nonce, on its lease
+//! /percore/<cluster>/down/<id>     on a lease of the grace period, from when the
+//!                                  node was marked down
 //! ```
 //!
 //! Every change to `nodes/` is one transaction that also moves the epoch,
 //! with compares on the revisions it read (optimistic: on a conflict the
 //! caller reads again and retries), so each change is made once, by one
-//! writer, whoever else tries.
+//! writer, whoever else tries. Time is etcd's: the grace period is a lease,
+//! not a comparison of two nodes' clocks.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use percore_protocol::placement::{self, NodeState, PlacedNode};
 use serde::{Deserialize, Serialize};
@@ -26,13 +29,33 @@ use super::etcd::{prefix_end, txn, Etcd};
 pub const PGS_MAX: u32 = placement::PG_COUNT_MAX;
 /// Tries of an optimistic transaction before giving up.
 const CONFLICT_RETRIES: usize = 20;
+/// Default grace period before a down node is marked out.
+pub const DOWN_OUT_S_DEFAULT: u64 = 600;
+
+fn down_out_default() -> u64 {
+    DOWN_OUT_S_DEFAULT
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ClusterConfig {
     pub pgs: u32,
     pub replicas: usize,
-    pub seed: u64,
+    /// The placement seed as a hex string (`0x...`): a JSON number above
+    /// 2^53 is rounded by many JSON readers.
+    pub seed: String,
+    /// A node down this long is marked out (cluster-wide).
+    #[serde(default = "down_out_default")]
+    pub down_out_s: u64,
     pub created_ms: u64,
+}
+
+impl ClusterConfig {
+    pub fn seed(&self) -> Result<u64, String> {
+        self.seed
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .ok_or_else(|| format!("cluster config: bad seed {:?}", self.seed))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,10 +66,12 @@ pub struct NodeRecord {
     /// `up`, `down`, `draining` or `out` (`NodeState`).
     pub state: String,
     pub s3: String,
+    /// Every shard's native address, comma-separated (shard i is the i-th).
     pub native: String,
     pub admin: String,
     pub shards: usize,
-    /// When `state` last changed (ms since the epoch).
+    /// When `state` last changed (ms since the epoch, the writer's clock;
+    /// shown, never compared).
     pub since_ms: u64,
 }
 
@@ -57,22 +82,35 @@ impl NodeRecord {
     }
 }
 
-/// The map as read from etcd at one revision.
+/// The `alive/<id>` key of a running node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alive {
+    pub lease: i64,
+    /// The process's nonce.
+    pub nonce: Vec<u8>,
+    pub mod_revision: i64,
+}
+
+/// The map as read from etcd.
 #[derive(Debug, Clone)]
 pub struct View {
     pub config: ClusterConfig,
     pub epoch: u64,
     /// With the mod revision of each record.
     pub nodes: Vec<(NodeRecord, i64)>,
-    /// Nodes whose lease key exists.
-    pub alive: HashSet<u32>,
+    /// Running nodes.
+    pub alive: HashMap<u32, Alive>,
+    /// Nodes in their grace period.
+    pub downs: HashSet<u32>,
+    /// Records that could not be read (key, error): skipped.
+    pub unreadable: Vec<(String, String)>,
     pub epoch_revision: i64,
 }
 
 impl View {
     /// Placement groups per node (replicas, primaries), by index in `nodes`.
-    #[must_use]
-    pub fn placement_counts(&self) -> Vec<(usize, usize)> {
+    pub fn placement_counts(&self) -> Result<Vec<(usize, usize)>, String> {
+        let seed = self.config.seed()?;
         let placed: Vec<PlacedNode> = self
             .nodes
             .iter()
@@ -84,7 +122,7 @@ impl View {
             .collect();
         let mut counts = vec![(0, 0); placed.len()];
         for pg in 0..self.config.pgs {
-            let r = placement::replicas(self.config.seed, pg, self.config.replicas, &placed);
+            let r = placement::replicas(seed, pg, self.config.replicas, &placed);
             for (i, &n) in r.iter().enumerate() {
                 counts[n].0 += 1;
                 if i == 0 {
@@ -92,7 +130,7 @@ impl View {
                 }
             }
         }
-        counts
+        Ok(counts)
     }
 
     #[must_use]
@@ -106,6 +144,11 @@ impl View {
             .cloned()
             .ok_or_else(|| format!("no node named {name} in the cluster"))
     }
+
+    #[must_use]
+    pub fn node(&self, id: u32) -> Option<&(NodeRecord, i64)> {
+        self.nodes.iter().find(|(n, _)| n.id == id)
+    }
 }
 
 /// The keys of one cluster.
@@ -115,16 +158,7 @@ pub struct Keys {
 
 impl Keys {
     pub fn new(cluster: &str) -> Result<Keys, String> {
-        if cluster.is_empty()
-            || cluster.len() > 64
-            || !cluster
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(format!(
-                "cluster name {cluster:?}: use 1-64 letters, digits, - and _"
-            ));
-        }
+        check_name("cluster name", cluster)?;
         Ok(Keys {
             root: format!("/percore/{cluster}/"),
         })
@@ -152,12 +186,17 @@ impl Keys {
     fn nodes(&self) -> Vec<u8> {
         self.key("nodes/")
     }
-    #[must_use]
-    pub fn alive(&self, id: u32) -> Vec<u8> {
+    fn alive(&self, id: u32) -> Vec<u8> {
         self.key(&format!("alive/{id}"))
     }
     fn alives(&self) -> Vec<u8> {
         self.key("alive/")
+    }
+    fn down(&self, id: u32) -> Vec<u8> {
+        self.key(&format!("down/{id}"))
+    }
+    fn downs(&self) -> Vec<u8> {
+        self.key("down/")
     }
 }
 
@@ -174,9 +213,9 @@ fn decimal(bytes: &[u8]) -> Result<u64, String> {
         .ok_or_else(|| format!("not a number in etcd: {:?}", String::from_utf8_lossy(bytes)))
 }
 
-/// Whether a node name is usable (it is an etcd key component and shows in
-/// status lines).
-pub fn check_node_name(name: &str) -> Result<(), String> {
+/// Names of clusters, nodes and zones: etcd key components and words of
+/// the status lines; compared as bytes (so `rack-a` and `Rack-A` differ).
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -184,18 +223,18 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     {
         return Err(format!(
-            "node name {name:?}: use 1-64 letters, digits, '-', '_' and '.'"
+            "{what} {name:?}: use 1-64 letters, digits, '-', '_' and '.'"
         ));
     }
     Ok(())
 }
 
-/// Creates the cluster; refuses if it exists.
+/// Creates the cluster; refuses if it exists, or if keys of an earlier
+/// cluster of that name are left.
 pub fn init(
     etcd: &Etcd,
     keys: &Keys,
-    replicas: usize,
-    pgs: u32,
+    (replicas, pgs, down_out_s): (usize, u32, u64),
     seed: u64,
 ) -> Result<ClusterConfig, String> {
     if !(1..=placement::REPLICAS_MAX).contains(&replicas) {
@@ -210,12 +249,17 @@ pub fn init(
     let config = ClusterConfig {
         pgs,
         replicas,
-        seed,
+        seed: format!("{seed:#018x}"),
+        down_out_s,
         created_ms: now_ms(),
     };
     let json = serde_json::to_vec(&config).map_err(|e| e.to_string())?;
     let created = etcd.txn(
-        vec![txn::absent(&keys.config())],
+        vec![
+            txn::absent(&keys.config()),
+            txn::absent(&keys.epoch()),
+            txn::absent(&keys.next_id()),
+        ],
         vec![
             txn::put(&keys.config(), &json),
             txn::put(&keys.epoch(), b"1"),
@@ -224,43 +268,83 @@ pub fn init(
         vec![],
     )?;
     if !created {
-        return Err("the cluster exists already (percore cluster status shows it)".into());
+        return Err(
+            "the cluster exists already, or keys of an earlier cluster of this name are left (percore cluster status shows it; pick another --name)"
+                .into(),
+        );
     }
     Ok(config)
 }
 
-/// Reads the whole map.
+/// Reads the whole map. Unreadable node records are skipped and listed.
 pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
     let config = etcd.get(&keys.config())?.ok_or(
         "no such cluster in etcd: create it with `percore cluster init --cluster URLS --replicas R`",
     )?;
     let config: ClusterConfig =
         serde_json::from_slice(&config.value).map_err(|e| format!("cluster config: {e}"))?;
+    config.seed()?;
     let epoch = etcd
         .get(&keys.epoch())?
         .ok_or("the cluster has no epoch key")?;
     let (nodes, _) = etcd.range(&keys.nodes(), Some(&prefix_end(&keys.nodes())))?;
     let mut records = Vec::with_capacity(nodes.len());
+    let mut unreadable = Vec::new();
     for kv in nodes {
-        let record: NodeRecord = serde_json::from_slice(&kv.value)
-            .map_err(|e| format!("node record {}: {e}", String::from_utf8_lossy(&kv.key)))?;
-        records.push((record, kv.mod_revision));
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        match serde_json::from_slice::<NodeRecord>(&kv.value) {
+            Ok(r) if key.ends_with(&format!("/{}", r.id)) => records.push((r, kv.mod_revision)),
+            Ok(r) => unreadable.push((key, format!("holds the record of id {}", r.id))),
+            Err(e) => unreadable.push((key, e.to_string())),
+        }
     }
     records.sort_by_key(|(n, _)| n.id);
-    let (alive, _) = etcd.range(&keys.alives(), Some(&prefix_end(&keys.alives())))?;
-    let prefix = keys.alives();
-    let alive = alive
-        .iter()
-        .filter_map(|kv| decimal(&kv.key[prefix.len()..]).ok())
-        .map(|id| id as u32)
+    let ids = |prefix: &[u8], kvs: &[super::etcd::Kv]| -> Vec<(u32, usize)> {
+        kvs.iter()
+            .enumerate()
+            .filter_map(|(i, kv)| {
+                let id = decimal(kv.key.get(prefix.len()..)?).ok()?;
+                Some((u32::try_from(id).ok()?, i))
+            })
+            .collect()
+    };
+    let (alives, _) = etcd.range(&keys.alives(), Some(&prefix_end(&keys.alives())))?;
+    let alive = ids(&keys.alives(), &alives)
+        .into_iter()
+        .map(|(id, i)| {
+            let kv = &alives[i];
+            (
+                id,
+                Alive {
+                    lease: kv.lease,
+                    nonce: kv.value.clone(),
+                    mod_revision: kv.mod_revision,
+                },
+            )
+        })
+        .collect();
+    let (downs, _) = etcd.range(&keys.downs(), Some(&prefix_end(&keys.downs())))?;
+    let downs = ids(&keys.downs(), &downs)
+        .into_iter()
+        .map(|(id, _)| id)
         .collect();
     Ok(View {
         config,
         epoch: decimal(&epoch.value)?,
         nodes: records,
         alive,
+        downs,
+        unreadable,
         epoch_revision: epoch.mod_revision,
     })
+}
+
+/// The epoch after `view`'s, as etcd stores it.
+fn next_epoch(view: &View) -> Result<String, String> {
+    view.epoch
+        .checked_add(1)
+        .map(|e| e.to_string())
+        .ok_or_else(|| "the map epoch is exhausted".into())
 }
 
 /// Writes `record` (compared against the revision `seen` it was read at;
@@ -274,7 +358,6 @@ fn write_node(
     seen: i64,
 ) -> Result<bool, String> {
     let json = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-    let next = (view.epoch + 1).to_string();
     etcd.txn(
         vec![
             txn::unchanged(&keys.epoch(), view.epoch_revision),
@@ -282,7 +365,7 @@ fn write_node(
         ],
         vec![
             txn::put(&keys.node(record.id), &json),
-            txn::put(&keys.epoch(), next.as_bytes()),
+            txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
         ],
         vec![],
     )
@@ -312,45 +395,83 @@ pub fn update_node(
     Err("the cluster map kept changing; try again".into())
 }
 
-/// What a node advertises when it joins.
+/// What a node advertises when it joins, and who it is.
 #[derive(Debug, Clone)]
 pub struct Joining {
     pub name: String,
     pub zone: String,
     pub s3: String,
+    /// Every shard's native address, comma-separated.
     pub native: String,
     pub admin: String,
     pub shards: usize,
+    /// This process's nonce, the value of its `alive/` key.
+    pub nonce: Vec<u8>,
 }
 
-/// Registers (or re-registers) a node, `up`; its id. A name keeps its id.
-pub fn join(etcd: &Etcd, keys: &Keys, joining: &Joining) -> Result<NodeRecord, String> {
-    check_node_name(&joining.name)?;
+/// Why a join did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinError {
+    /// Another process holds the node's `alive/` key (a previous process
+    /// whose lease has not expired yet, or a second one with the same
+    /// name).
+    AliveElsewhere,
+    /// The node was removed from the map while this process ran.
+    Removed,
+    Etcd(String),
+}
+
+impl From<String> for JoinError {
+    fn from(e: String) -> JoinError {
+        JoinError::Etcd(e)
+    }
+}
+
+impl From<&str> for JoinError {
+    fn from(e: &str) -> JoinError {
+        JoinError::Etcd(e.to_string())
+    }
+}
+
+/// Registers (or re-registers) a node, `up` (a draining node stays
+/// draining), and puts its `alive/` key on `lease`, in one transaction
+/// with the epoch. A name keeps its id; `expect_id` (a rejoin) refuses to
+/// take another.
+pub fn join(
+    etcd: &Etcd,
+    keys: &Keys,
+    joining: &Joining,
+    lease: i64,
+    expect_id: Option<u32>,
+) -> Result<NodeRecord, JoinError> {
+    check_name("node name", &joining.name)?;
+    check_name("zone", &joining.zone)?;
     for _ in 0..CONFLICT_RETRIES {
         let view = load(etcd, keys)?;
-        let (id, seen) = match etcd.get(&keys.name(&joining.name))? {
-            Some(kv) => {
-                let id = decimal(&kv.value)? as u32;
-                let seen = view
-                    .nodes
-                    .iter()
-                    .find(|(n, _)| n.id == id)
-                    .map_or(0, |(_, r)| *r);
-                (id, seen)
+        let named = etcd.get(&keys.name(&joining.name))?;
+        let id = match (named, expect_id) {
+            (Some(kv), expected) => {
+                let id = u32::try_from(decimal(&kv.value)?).map_err(|e| e.to_string())?;
+                if expected.is_some_and(|e| e != id) {
+                    return Err(JoinError::Removed);
+                }
+                id
             }
-            None => {
+            (None, Some(_)) => return Err(JoinError::Removed),
+            (None, None) => {
                 // Reserve a fresh id for the name.
                 let next = etcd
                     .get(&keys.next_id())?
                     .ok_or("the cluster has no next_id key")?;
-                let id = decimal(&next.value)? as u32;
+                let id = u32::try_from(decimal(&next.value)?).map_err(|e| e.to_string())?;
+                let after = id.checked_add(1).ok_or("node ids are exhausted")?;
                 let reserved = etcd.txn(
                     vec![
                         txn::unchanged(&keys.next_id(), next.mod_revision),
                         txn::absent(&keys.name(&joining.name)),
                     ],
                     vec![
-                        txn::put(&keys.next_id(), (id + 1).to_string().as_bytes()),
+                        txn::put(&keys.next_id(), after.to_string().as_bytes()),
                         txn::put(&keys.name(&joining.name), id.to_string().as_bytes()),
                     ],
                     vec![],
@@ -358,35 +479,53 @@ pub fn join(etcd: &Etcd, keys: &Keys, joining: &Joining) -> Result<NodeRecord, S
                 if !reserved {
                     continue;
                 }
-                (id, 0)
+                id
             }
+        };
+        let alive_seen = match view.alive.get(&id) {
+            Some(a) if a.nonce != joining.nonce => return Err(JoinError::AliveElsewhere),
+            Some(a) => a.mod_revision,
+            None => 0,
+        };
+        let old = view.node(id);
+        let state = match old {
+            Some((o, _)) if o.node_state() == NodeState::Draining => NodeState::Draining,
+            _ => NodeState::Up,
         };
         let record = NodeRecord {
             id,
             name: joining.name.clone(),
             zone: joining.zone.clone(),
-            state: NodeState::Up.name().into(),
+            state: state.name().into(),
             s3: joining.s3.clone(),
             native: joining.native.clone(),
             admin: joining.admin.clone(),
             shards: joining.shards,
-            since_ms: now_ms(),
-        };
-        let old = view.nodes.iter().find(|(n, _)| n.id == id).map(|(n, _)| n);
-        // A draining node stays draining when it restarts.
-        let record = match old {
-            Some(o) if o.node_state() == NodeState::Draining => NodeRecord {
-                state: o.state.clone(),
-                since_ms: o.since_ms,
-                ..record
+            since_ms: match old {
+                Some((o, _)) if o.state == state.name() => o.since_ms,
+                _ => now_ms(),
             },
-            _ => record,
         };
-        if old == Some(&record) || write_node(etcd, keys, &view, &record, seen)? {
+        let seen = old.map_or(0, |(_, r)| *r);
+        let mut success = vec![txn::put_leased(&keys.alive(id), &joining.nonce, lease)];
+        let mut compare = vec![
+            txn::unchanged(&keys.alive(id), alive_seen),
+            txn::unchanged(&keys.node(id), seen),
+        ];
+        if old.map(|(o, _)| o) != Some(&record) {
+            let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+            success.push(txn::put(&keys.node(id), &json));
+            success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
+            success.push(txn::delete(&keys.down(id)));
+            compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
+        }
+        if etcd.txn(compare, success, vec![])? {
             return Ok(record);
         }
     }
-    Err("the cluster map kept changing while this node joined; try again".into())
+    Err(JoinError::Etcd(
+        "the cluster map kept changing while this node joined; try again".into(),
+    ))
 }
 
 /// Removes a node from the map for good (its name may join again, as a new
@@ -395,12 +534,11 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
     for _ in 0..CONFLICT_RETRIES {
         let view = load(etcd, keys)?;
         let (record, seen) = view.named(name)?;
-        if view.alive.contains(&record.id) {
+        if view.alive.contains_key(&record.id) {
             return Err(format!(
-                "node {name} is running; stop it first (drain it before, so that its data moves)"
+                "node {name} is running (or stopped less than its lease time ago, cluster_lease_ttl_s): stop it, wait that long and retry; drain it first so that its data moves"
             ));
         }
-        let next = (view.epoch + 1).to_string();
         let done = etcd.txn(
             vec![
                 txn::unchanged(&keys.epoch(), view.epoch_revision),
@@ -410,7 +548,8 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
             vec![
                 txn::delete(&keys.node(record.id)),
                 txn::delete(&keys.name(name)),
-                txn::put(&keys.epoch(), next.as_bytes()),
+                txn::delete(&keys.down(record.id)),
+                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
             ],
             vec![],
         )?;
@@ -421,45 +560,54 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
     Err("the cluster map kept changing; try again".into())
 }
 
-/// Marks nodes whose lease is gone `down`, and nodes down for longer than
-/// `out_after_ms` `out`; at most one change per call (the caller calls
-/// again). Returns the change made, as (name, new state).
+/// Marks an `up` node whose lease is gone `down` (starting its grace
+/// period, a lease of `config.down_out_s` on `down/<id>`), and a `down`
+/// node whose grace period ended `out`. Draining nodes stay draining (they
+/// hold no placement groups either way). At most one change per call (the
+/// caller calls again). Returns the change made, as (name, new state).
 pub fn detect_failures(
     etcd: &Etcd,
     keys: &Keys,
     view: &View,
-    out_after_ms: u64,
 ) -> Result<Option<(String, NodeState)>, String> {
-    let now = now_ms();
     for (record, seen) in &view.nodes {
-        let alive = view.alive.contains(&record.id);
-        let next = match record.node_state() {
-            NodeState::Up | NodeState::Draining if !alive => NodeState::Down,
-            NodeState::Down if !alive && now.saturating_sub(record.since_ms) >= out_after_ms => {
-                NodeState::Out
+        if view.alive.contains_key(&record.id) {
+            continue;
+        }
+        let (next, grace) = match record.node_state() {
+            NodeState::Up => {
+                let ttl = i64::try_from(view.config.down_out_s.max(1)).unwrap_or(i64::MAX);
+                (NodeState::Down, Some(etcd.lease_grant(ttl)?))
             }
+            NodeState::Down if !view.downs.contains(&record.id) => (NodeState::Out, None),
             _ => continue,
         };
         let new = NodeRecord {
             state: next.name().into(),
-            since_ms: now,
+            since_ms: now_ms(),
             ..record.clone()
         };
-        // The lease must still be gone when the change is made.
         let json = serde_json::to_vec(&new).map_err(|e| e.to_string())?;
-        let epoch = (view.epoch + 1).to_string();
-        let done = etcd.txn(
-            vec![
-                txn::unchanged(&keys.epoch(), view.epoch_revision),
-                txn::unchanged(&keys.node(record.id), *seen),
-                txn::absent(&keys.alive(record.id)),
-            ],
-            vec![
-                txn::put(&keys.node(record.id), &json),
-                txn::put(&keys.epoch(), epoch.as_bytes()),
-            ],
-            vec![],
-        )?;
+        let mut compare = vec![
+            txn::unchanged(&keys.epoch(), view.epoch_revision),
+            txn::unchanged(&keys.node(record.id), *seen),
+            // The lease must still be gone when the change is made.
+            txn::absent(&keys.alive(record.id)),
+        ];
+        let mut success = vec![
+            txn::put(&keys.node(record.id), &json),
+            txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
+        ];
+        match grace {
+            Some(lease) => success.push(txn::put_leased(&keys.down(record.id), b"", lease)),
+            None => compare.push(txn::absent(&keys.down(record.id))),
+        }
+        let done = etcd.txn(compare, success, vec![])?;
+        if !done {
+            if let Some(lease) = grace {
+                let _ = etcd.lease_revoke(lease);
+            }
+        }
         return Ok(done.then(|| (record.name.clone(), next)));
     }
     Ok(None)
