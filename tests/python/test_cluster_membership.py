@@ -125,6 +125,15 @@ def wait_for(urls: str, name: str, state: str, timeout: float = 20, field: str =
         time.sleep(0.2)
 
 
+def cluster_gauges(node: Node) -> dict[str, int]:
+    """The percore_cluster_* samples of a node's /metrics."""
+    import urllib.request
+    body = urllib.request.urlopen(f"http://{node.ip}:{node.admin_port}/metrics",
+                                  timeout=5).read().decode()
+    return {line.split()[0]: int(float(line.split()[1])) for line in body.splitlines()
+            if line.startswith("percore_cluster_")}
+
+
 def loopback_ok(ip: str) -> bool:
     try:
         s = socket.socket()
@@ -173,6 +182,16 @@ def test_membership_lease_drain_and_remove(etcd):
         assert sum(int(r["primary"]) for r in listed.values()) == 256
         assert "replicas 3 pgs 256" in summary
         ids = {name: row["id"] for name, row in listed.items()}
+        # Each node's /metrics: its lease, id, and the map as it last read it.
+        deadline = time.monotonic() + 10
+        while cluster_gauges(nodes[0]).get('percore_cluster_nodes{state="up"}') != 3:
+            assert time.monotonic() < deadline, cluster_gauges(nodes[0])
+            time.sleep(0.2)
+        g = cluster_gauges(nodes[0])
+        assert g["percore_cluster_leased"] == 1 and g["percore_cluster_removed"] == 0
+        assert g["percore_cluster_node_id"] == int(ids["n1"])
+        assert g["percore_cluster_epoch"] >= 3
+        assert g['percore_cluster_nodes{state="down"}'] == 0
 
         # Each node serves S3 on its own address.
         s3 = nodes[0].client()

@@ -42,6 +42,80 @@ pub struct ClusterStatus {
     /// part (restart it to join as a new node).
     pub removed: AtomicBool,
     pub etcd_errors: AtomicU64,
+    /// Nodes in the map by state, as of the last map read: up, down,
+    /// draining, out.
+    pub nodes: [AtomicU64; 4],
+}
+
+/// The node's cluster status, once it has joined (for `/metrics`).
+pub static STATUS: std::sync::OnceLock<Arc<ClusterStatus>> = std::sync::OnceLock::new();
+
+impl ClusterStatus {
+    /// The Prometheus text of the cluster gauges.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(1024);
+        let mut gauge = |name: &str, help: &str, kind: &str, samples: &[(String, u64)]| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (labels, v) in samples {
+                out.push_str(&format!("{name}{labels} {v}\n"));
+            }
+        };
+        let plain = |v: u64| vec![(String::new(), v)];
+        gauge(
+            "percore_cluster_epoch",
+            "The cluster map epoch this node last read.",
+            "gauge",
+            &plain(self.epoch.load(Ordering::Relaxed)),
+        );
+        gauge(
+            "percore_cluster_node_id",
+            "This node's id in the cluster.",
+            "gauge",
+            &plain(self.node_id.load(Ordering::Relaxed)),
+        );
+        gauge(
+            "percore_cluster_leased",
+            "1 while this node holds its etcd lease (it counts as up).",
+            "gauge",
+            &plain(u64::from(self.leased.load(Ordering::Relaxed))),
+        );
+        gauge(
+            "percore_cluster_removed",
+            "1 if this node was removed from the cluster while it ran.",
+            "gauge",
+            &plain(u64::from(self.removed.load(Ordering::Relaxed))),
+        );
+        gauge(
+            "percore_cluster_etcd_errors_total",
+            "Failed calls of the control thread to etcd.",
+            "counter",
+            &plain(self.etcd_errors.load(Ordering::Relaxed)),
+        );
+        let states = [
+            NodeState::Up,
+            NodeState::Down,
+            NodeState::Draining,
+            NodeState::Out,
+        ];
+        let by_state: Vec<(String, u64)> = states
+            .iter()
+            .zip(&self.nodes)
+            .map(|(s, n)| {
+                (
+                    format!("{{state=\"{}\"}}", s.name()),
+                    n.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        gauge(
+            "percore_cluster_nodes",
+            "Nodes in the cluster map by state, as this node last read it.",
+            "gauge",
+            &by_state,
+        );
+        out
+    }
 }
 
 /// The control thread's etcd client and identity.
@@ -97,6 +171,7 @@ pub fn start(
         .node_id
         .store(u64::from(record.id), Ordering::Relaxed);
     status.leased.store(true, Ordering::Relaxed);
+    let _ = STATUS.set(status.clone());
     info!(
         node = %record.name,
         id = record.id,
@@ -209,6 +284,20 @@ impl Control {
     fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
+        let states = [
+            NodeState::Up,
+            NodeState::Down,
+            NodeState::Draining,
+            NodeState::Out,
+        ];
+        for (slot, state) in status.nodes.iter().zip(states) {
+            let n = view
+                .nodes
+                .iter()
+                .filter(|(r, _)| r.node_state() == state)
+                .count();
+            slot.store(n as u64, Ordering::Relaxed);
+        }
         self.check_self(&view)?;
         for (key, why) in &view.unreadable {
             warn!(key = %key, error = %why, "cluster: a node record cannot be read; skipped");

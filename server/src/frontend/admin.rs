@@ -156,6 +156,9 @@ impl Admin {
         let snaps = shard.metrics_all().await;
         let mut text = crate::metrics::render(&snaps);
         text.push_str(&process_gauges());
+        if let Some(cluster) = crate::cluster::control::STATUS.get() {
+            text.push_str(&cluster.render());
+        }
         (200, "text/plain; version=0.0.4", text.into_bytes())
     }
 
