@@ -19,6 +19,7 @@ import atexit
 import ctypes
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -83,8 +84,47 @@ def percore_bin() -> Path:
     return target / "release" / "percore"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback TCP ports (bind to port 0, then close)."""
+    """n distinct free loopback TCP ports for servers to listen on.
+
+    Drawn below the kernel's ephemeral range when there is room (bind to
+    port 0 hands out ports from that range, which outgoing connections also
+    take: a port freed here could be some client's local port by the time
+    the server binds it, "Address already in use"), never twice in one
+    test run; checked free on 127.0.0.1 first."""
+    low, _ = _ephemeral_range()
+    first = 10000
+    ports: list[int] = []
+    if low - first >= 1000:
+        candidates = list(range(first, low))
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(ports) == n:
+                break
+            if port in _HANDED_OUT:
+                continue
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            finally:
+                s.close()
+            ports.append(port)
+        if len(ports) == n:
+            _HANDED_OUT.update(ports)
+            return ports
     socks = []
     try:
         for _ in range(n):
