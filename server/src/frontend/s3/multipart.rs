@@ -33,18 +33,25 @@ pub(super) fn parse_part_number(req: &Request) -> Result<u32, S3Error> {
         })
 }
 
+/// The request's `x-amz-checksum-type`, if any.
+fn checksum_type(req: &Request) -> Result<Option<ChecksumType>, S3Error> {
+    let Some(v) = req.head.header_str("x-amz-checksum-type") else {
+        return Ok(None);
+    };
+    ChecksumType::from_name(v.trim()).map(Some).ok_or_else(|| {
+        S3Error::new(
+            400,
+            "InvalidRequest",
+            format!("Value for x-amz-checksum-type header is invalid: {v}; use COMPOSITE or FULL_OBJECT"),
+        )
+    })
+}
+
 /// CreateMultipartUpload's `x-amz-checksum-algorithm` and
 /// `x-amz-checksum-type`.
 fn upload_checksum(req: &Request) -> Result<Option<UploadChecksum>, S3Error> {
     let invalid = |m: String| S3Error::new(400, "InvalidRequest", m);
-    let kind = match req.head.header_str("x-amz-checksum-type") {
-        None => None,
-        Some(v) => Some(ChecksumType::from_name(v.trim()).ok_or_else(|| {
-            invalid(format!(
-                "Value for x-amz-checksum-type header is invalid: {v}; use COMPOSITE or FULL_OBJECT"
-            ))
-        })?),
-    };
+    let kind = checksum_type(req)?;
     let Some(name) = req.head.header_str("x-amz-checksum-algorithm") else {
         return match kind {
             None => Ok(None),
@@ -81,14 +88,7 @@ fn completion_checks(
             object = Some((a, v.trim().to_string()));
         }
     }
-    let kind = match req.head.header_str("x-amz-checksum-type") {
-        None => None,
-        Some(v) => Some(ChecksumType::from_name(v.trim()).ok_or_else(|| {
-            invalid(format!(
-                "Value for x-amz-checksum-type header is invalid: {v}; use COMPOSITE or FULL_OBJECT"
-            ))
-        })?),
-    };
+    let kind = checksum_type(req)?;
     let size_bytes = match req.head.header_str("x-amz-mp-object-size") {
         None => None,
         Some(v) => Some(v.trim().parse::<u64>().map_err(|_| {
