@@ -16,10 +16,10 @@ pub mod fb {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_STATUS: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_STATUS: u16 = 19;
+pub const ENUM_MAX_STATUS: u16 = 20;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_STATUS: [Status; 20] = [
+pub const ENUM_VALUES_STATUS: [Status; 21] = [
   Status::Ok,
   Status::NoSuchKey,
   Status::NoSuchBucket,
@@ -40,6 +40,7 @@ pub const ENUM_VALUES_STATUS: [Status; 20] = [
   Status::PreconditionFailed,
   Status::InvalidKey,
   Status::InvalidBucketName,
+  Status::WrongNode,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -67,9 +68,12 @@ impl Status {
   pub const PreconditionFailed: Self = Self(17);
   pub const InvalidKey: Self = Self(18);
   pub const InvalidBucketName: Self = Self(19);
+  /// Cluster mode: this node does not hold the key's placement group (or
+  /// has no map yet); fetch the map again (ClusterMap) and retry.
+  pub const WrongNode: Self = Self(20);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 19;
+  pub const ENUM_MAX: u16 = 20;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Ok,
     Self::NoSuchKey,
@@ -91,6 +95,7 @@ impl Status {
     Self::PreconditionFailed,
     Self::InvalidKey,
     Self::InvalidBucketName,
+    Self::WrongNode,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -115,6 +120,7 @@ impl Status {
       Self::PreconditionFailed => Some("PreconditionFailed"),
       Self::InvalidKey => Some("InvalidKey"),
       Self::InvalidBucketName => Some("InvalidBucketName"),
+      Self::WrongNode => Some("WrongNode"),
       _ => None,
     }
   }
@@ -608,6 +614,9 @@ impl<'a> HelloOk<'a> {
   pub const VT_BATCH_ITEMS_MAX: ::flatbuffers::VOffsetT = 24;
   pub const VT_LIST_LIMIT_MAX: ::flatbuffers::VOffsetT = 26;
   pub const VT_OBJECT_BYTES_MAX: ::flatbuffers::VOffsetT = 28;
+  pub const VT_PG_COUNT: ::flatbuffers::VOffsetT = 30;
+  pub const VT_CLUSTER_EPOCH: ::flatbuffers::VOffsetT = 32;
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 34;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -619,8 +628,11 @@ impl<'a> HelloOk<'a> {
     args: &'args HelloOkArgs<'args>
   ) -> ::flatbuffers::WIPOffset<HelloOk<'bldr>> {
     let mut builder = HelloOkBuilder::new(_fbb);
+    builder.add_cluster_epoch(args.cluster_epoch);
     builder.add_object_bytes_max(args.object_bytes_max);
     builder.add_hash_seed(args.hash_seed);
+    builder.add_node_id(args.node_id);
+    builder.add_pg_count(args.pg_count);
     builder.add_list_limit_max(args.list_limit_max);
     builder.add_batch_items_max(args.batch_items_max);
     builder.add_ranges_max(args.ranges_max);
@@ -727,6 +739,30 @@ impl<'a> HelloOk<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(HelloOk::VT_OBJECT_BYTES_MAX, Some(0)).unwrap()}
   }
+  /// Cluster mode (0: a single node): placement groups, the map epoch this
+  /// node holds, and its node id (-1: none). Shards are then chosen with
+  /// `placement::cluster_shard`, and keys live on their PG's primary.
+  #[inline]
+  pub fn pg_count(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(HelloOk::VT_PG_COUNT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn cluster_epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(HelloOk::VT_CLUSTER_EPOCH, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn node_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(HelloOk::VT_NODE_ID, Some(-1)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for HelloOk<'_> {
@@ -748,6 +784,9 @@ impl ::flatbuffers::Verifiable for HelloOk<'_> {
      .visit_field::<u32>("batch_items_max", Self::VT_BATCH_ITEMS_MAX, false)?
      .visit_field::<u32>("list_limit_max", Self::VT_LIST_LIMIT_MAX, false)?
      .visit_field::<u64>("object_bytes_max", Self::VT_OBJECT_BYTES_MAX, false)?
+     .visit_field::<u32>("pg_count", Self::VT_PG_COUNT, false)?
+     .visit_field::<u64>("cluster_epoch", Self::VT_CLUSTER_EPOCH, false)?
+     .visit_field::<i32>("node_id", Self::VT_NODE_ID, false)?
      .finish();
     Ok(())
   }
@@ -766,6 +805,9 @@ pub struct HelloOkArgs<'a> {
     pub batch_items_max: u32,
     pub list_limit_max: u32,
     pub object_bytes_max: u64,
+    pub pg_count: u32,
+    pub cluster_epoch: u64,
+    pub node_id: i32,
 }
 impl<'a> Default for HelloOkArgs<'a> {
   #[inline]
@@ -784,6 +826,9 @@ impl<'a> Default for HelloOkArgs<'a> {
       batch_items_max: 0,
       list_limit_max: 0,
       object_bytes_max: 0,
+      pg_count: 0,
+      cluster_epoch: 0,
+      node_id: -1,
     }
   }
 }
@@ -846,6 +891,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HelloOkBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(HelloOk::VT_OBJECT_BYTES_MAX, object_bytes_max, 0);
   }
   #[inline]
+  pub fn add_pg_count(&mut self, pg_count: u32) {
+    self.fbb_.push_slot::<u32>(HelloOk::VT_PG_COUNT, pg_count, 0);
+  }
+  #[inline]
+  pub fn add_cluster_epoch(&mut self, cluster_epoch: u64) {
+    self.fbb_.push_slot::<u64>(HelloOk::VT_CLUSTER_EPOCH, cluster_epoch, 0);
+  }
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: i32) {
+    self.fbb_.push_slot::<i32>(HelloOk::VT_NODE_ID, node_id, -1);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HelloOkBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     HelloOkBuilder {
@@ -876,6 +933,9 @@ impl ::core::fmt::Debug for HelloOk<'_> {
       ds.field("batch_items_max", &self.batch_items_max());
       ds.field("list_limit_max", &self.list_limit_max());
       ds.field("object_bytes_max", &self.object_bytes_max());
+      ds.field("pg_count", &self.pg_count());
+      ds.field("cluster_epoch", &self.cluster_epoch());
+      ds.field("node_id", &self.node_id());
       ds.finish()
   }
 }
@@ -2066,6 +2126,85 @@ impl ::core::fmt::Debug for ListBuckets<'_> {
       ds.finish()
   }
 }
+pub enum ClusterMapOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Cluster mode: the map this node holds (Reply.cluster_map).
+pub struct ClusterMap<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ClusterMap<'a> {
+  type Inner = ClusterMap<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ClusterMap<'a> {
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ClusterMap { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    _args: &'args ClusterMapArgs
+  ) -> ::flatbuffers::WIPOffset<ClusterMap<'bldr>> {
+    let mut builder = ClusterMapBuilder::new(_fbb);
+    builder.finish()
+  }
+
+}
+
+impl ::flatbuffers::Verifiable for ClusterMap<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ClusterMapArgs {
+}
+impl<'a> Default for ClusterMapArgs {
+  #[inline]
+  fn default() -> Self {
+    ClusterMapArgs {
+    }
+  }
+}
+
+pub struct ClusterMapBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ClusterMapBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ClusterMapBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ClusterMapBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ClusterMap<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ClusterMap<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ClusterMap");
+      ds.finish()
+  }
+}
 pub enum ItemHeadOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -2757,6 +2896,8 @@ impl<'a> Reply<'a> {
   pub const VT_TRUNCATED: ::flatbuffers::VOffsetT = 24;
   pub const VT_NEXT_START_AFTER: ::flatbuffers::VOffsetT = 26;
   pub const VT_BUCKETS: ::flatbuffers::VOffsetT = 28;
+  pub const VT_MAP_EPOCH: ::flatbuffers::VOffsetT = 30;
+  pub const VT_CLUSTER_MAP: ::flatbuffers::VOffsetT = 32;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2768,8 +2909,10 @@ impl<'a> Reply<'a> {
     args: &'args ReplyArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Reply<'bldr>> {
     let mut builder = ReplyBuilder::new(_fbb);
+    builder.add_map_epoch(args.map_epoch);
     builder.add_mtime_ms(args.mtime_ms);
     builder.add_size(args.size);
+    if let Some(x) = args.cluster_map { builder.add_cluster_map(x); }
     if let Some(x) = args.buckets { builder.add_buckets(x); }
     if let Some(x) = args.next_start_after { builder.add_next_start_after(x); }
     if let Some(x) = args.entries { builder.add_entries(x); }
@@ -2881,6 +3024,23 @@ impl<'a> Reply<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BucketEntry>>>>(Reply::VT_BUCKETS, None)}
   }
+  /// Cluster mode: the map epoch of the node that answered (with WrongNode,
+  /// and in every ClusterMap reply).
+  #[inline]
+  pub fn map_epoch(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Reply::VT_MAP_EPOCH, Some(0)).unwrap()}
+  }
+  /// ClusterMap: the map as JSON (docs/cluster.md, "The map for clients").
+  #[inline]
+  pub fn cluster_map(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Reply::VT_CLUSTER_MAP, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Reply<'_> {
@@ -2902,6 +3062,8 @@ impl ::flatbuffers::Verifiable for Reply<'_> {
      .visit_field::<bool>("truncated", Self::VT_TRUNCATED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("next_start_after", Self::VT_NEXT_START_AFTER, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BucketEntry>>>>("buckets", Self::VT_BUCKETS, false)?
+     .visit_field::<u64>("map_epoch", Self::VT_MAP_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cluster_map", Self::VT_CLUSTER_MAP, false)?
      .finish();
     Ok(())
   }
@@ -2920,6 +3082,8 @@ pub struct ReplyArgs<'a> {
     pub truncated: bool,
     pub next_start_after: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub buckets: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BucketEntry<'a>>>>>,
+    pub map_epoch: u64,
+    pub cluster_map: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for ReplyArgs<'a> {
   #[inline]
@@ -2938,6 +3102,8 @@ impl<'a> Default for ReplyArgs<'a> {
       truncated: false,
       next_start_after: None,
       buckets: None,
+      map_epoch: 0,
+      cluster_map: None,
     }
   }
 }
@@ -3000,6 +3166,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ReplyBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Reply::VT_BUCKETS, buckets);
   }
   #[inline]
+  pub fn add_map_epoch(&mut self, map_epoch: u64) {
+    self.fbb_.push_slot::<u64>(Reply::VT_MAP_EPOCH, map_epoch, 0);
+  }
+  #[inline]
+  pub fn add_cluster_map(&mut self, cluster_map: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Reply::VT_CLUSTER_MAP, cluster_map);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ReplyBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ReplyBuilder {
@@ -3030,6 +3204,8 @@ impl ::core::fmt::Debug for Reply<'_> {
       ds.field("truncated", &self.truncated());
       ds.field("next_start_after", &self.next_start_after());
       ds.field("buckets", &self.buckets());
+      ds.field("map_epoch", &self.map_epoch());
+      ds.field("cluster_map", &self.cluster_map());
       ds.finish()
   }
 }

@@ -163,6 +163,10 @@ pub fn decode_request(kind: Kind, header: &[u8]) -> Result<Request, DecodeError>
             root::<fb::ListBuckets>("ListBuckets", header)?;
             Request::ListBuckets
         }
+        Kind::ClusterMap => {
+            root::<fb::ClusterMap>("ClusterMap", header)?;
+            Request::ClusterMap
+        }
         other => return Err(DecodeError(format!("{} is not a request", other.name()))),
     })
 }
@@ -196,6 +200,9 @@ pub fn decode_server(kind: Kind, header: &[u8]) -> Result<ServerMessage, DecodeE
                 batch_items_max: m.batch_items_max(),
                 list_limit_max: m.list_limit_max(),
                 object_bytes_max: m.object_bytes_max(),
+                pg_count: m.pg_count(),
+                cluster_epoch: m.cluster_epoch(),
+                node_id: m.node_id(),
             })
         }
         Kind::ItemHead => {
@@ -221,52 +228,57 @@ pub fn decode_server(kind: Kind, header: &[u8]) -> Result<ServerMessage, DecodeE
                 crc32c: m.crc32c(),
             })
         }
-        Kind::Reply => {
-            let m = root::<fb::Reply>("Reply", header)?;
-            ServerMessage::Reply(Reply {
-                status: m.status().0,
-                message: s(m.message()),
-                owner_shard: m.owner_shard(),
-                size: m.size(),
-                etag: s(m.etag()),
-                mtime_ms: m.mtime_ms(),
-                content_type: s(m.content_type()),
-                crc32c: m.crc32c(),
-                existed: m.existed(),
-                entries: m
-                    .entries()
-                    .map(|v| {
-                        v.iter()
-                            .map(|e| ListEntry {
-                                key: s(e.key()),
-                                size: e.size(),
-                                etag: s(e.etag()),
-                                mtime_ms: e.mtime_ms(),
-                                is_prefix: e.is_prefix(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                truncated: m.truncated(),
-                next_start_after: s(m.next_start_after()),
-                buckets: m
-                    .buckets()
-                    .map(|v| {
-                        v.iter()
-                            .map(|b| BucketEntry {
-                                name: s(b.name()),
-                                created_ms: b.created_ms(),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            })
-        }
+        Kind::Reply => ServerMessage::Reply(decode_reply(header)?),
         other => {
             return Err(DecodeError(format!(
                 "{} is not a server frame",
                 other.name()
             )))
         }
+    })
+}
+
+/// A Reply's message header.
+fn decode_reply(header: &[u8]) -> Result<Reply, DecodeError> {
+    let m = root::<fb::Reply>("Reply", header)?;
+    Ok(Reply {
+        status: m.status().0,
+        message: s(m.message()),
+        owner_shard: m.owner_shard(),
+        size: m.size(),
+        etag: s(m.etag()),
+        mtime_ms: m.mtime_ms(),
+        content_type: s(m.content_type()),
+        crc32c: m.crc32c(),
+        existed: m.existed(),
+        entries: m
+            .entries()
+            .map(|v| {
+                v.iter()
+                    .map(|e| ListEntry {
+                        key: s(e.key()),
+                        size: e.size(),
+                        etag: s(e.etag()),
+                        mtime_ms: e.mtime_ms(),
+                        is_prefix: e.is_prefix(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        truncated: m.truncated(),
+        next_start_after: s(m.next_start_after()),
+        buckets: m
+            .buckets()
+            .map(|v| {
+                v.iter()
+                    .map(|b| BucketEntry {
+                        name: s(b.name()),
+                        created_ms: b.created_ms(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        map_epoch: m.map_epoch(),
+        cluster_map: s(m.cluster_map()),
     })
 }

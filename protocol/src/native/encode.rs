@@ -32,6 +32,7 @@ impl Request {
             Request::List(_) => Kind::List,
             Request::CreateBucket { .. } => Kind::CreateBucket,
             Request::ListBuckets => Kind::ListBuckets,
+            Request::ClusterMap => Kind::ClusterMap,
         }
     }
 
@@ -131,6 +132,10 @@ impl Request {
                 let o = fb::ListBuckets::create(&mut b, &fb::ListBucketsArgs {});
                 b.finish_minimal(o);
             }
+            Request::ClusterMap => {
+                let o = fb::ClusterMap::create(&mut b, &fb::ClusterMapArgs {});
+                b.finish_minimal(o);
+            }
         }
         b.finished_data().to_vec()
     }
@@ -173,6 +178,9 @@ impl ServerMessage {
                     batch_items_max: h.batch_items_max,
                     list_limit_max: h.list_limit_max,
                     object_bytes_max: h.object_bytes_max,
+                    pg_count: h.pg_count,
+                    cluster_epoch: h.cluster_epoch,
+                    node_id: h.node_id,
                 };
                 let o = fb::HelloOk::create(&mut b, &args);
                 b.finish_minimal(o);
@@ -193,56 +201,7 @@ impl ServerMessage {
                 b.finish_minimal(o);
             }
             ServerMessage::Chunk(c) => return encode_chunk(c),
-            ServerMessage::Reply(r) => {
-                let entries = (!r.entries.is_empty()).then(|| {
-                    let v: Vec<_> = r
-                        .entries
-                        .iter()
-                        .map(|e| {
-                            let args = fb::ListEntryArgs {
-                                key: Some(b.create_string(&e.key)),
-                                size: e.size,
-                                etag: opt_str(&mut b, &e.etag),
-                                mtime_ms: e.mtime_ms,
-                                is_prefix: e.is_prefix,
-                            };
-                            fb::ListEntry::create(&mut b, &args)
-                        })
-                        .collect();
-                    b.create_vector(&v)
-                });
-                let buckets = (!r.buckets.is_empty()).then(|| {
-                    let v: Vec<_> = r
-                        .buckets
-                        .iter()
-                        .map(|e| {
-                            let args = fb::BucketEntryArgs {
-                                name: Some(b.create_string(&e.name)),
-                                created_ms: e.created_ms,
-                            };
-                            fb::BucketEntry::create(&mut b, &args)
-                        })
-                        .collect();
-                    b.create_vector(&v)
-                });
-                let args = fb::ReplyArgs {
-                    status: Status(r.status),
-                    message: opt_str(&mut b, &r.message),
-                    owner_shard: r.owner_shard,
-                    size: r.size,
-                    etag: opt_str(&mut b, &r.etag),
-                    mtime_ms: r.mtime_ms,
-                    content_type: opt_str(&mut b, &r.content_type),
-                    crc32c: r.crc32c,
-                    existed: r.existed,
-                    entries,
-                    truncated: r.truncated,
-                    next_start_after: opt_str(&mut b, &r.next_start_after),
-                    buckets,
-                };
-                let o = fb::Reply::create(&mut b, &args);
-                b.finish_minimal(o);
-            }
+            ServerMessage::Reply(r) => encode_reply(&mut b, r),
         }
         b.finished_data().to_vec()
     }
@@ -266,4 +225,58 @@ pub fn encode_chunk(c: &ChunkHead) -> Vec<u8> {
 /// A status's name, for messages.
 pub fn status_name(status: u16) -> &'static str {
     Status(status).variant_name().unwrap_or("Unknown")
+}
+
+/// A Reply's message header, into `b`.
+fn encode_reply(b: &mut flatbuffers::FlatBufferBuilder<'_>, r: &Reply) {
+    let entries = (!r.entries.is_empty()).then(|| {
+        let v: Vec<_> = r
+            .entries
+            .iter()
+            .map(|e| {
+                let args = fb::ListEntryArgs {
+                    key: Some(b.create_string(&e.key)),
+                    size: e.size,
+                    etag: opt_str(b, &e.etag),
+                    mtime_ms: e.mtime_ms,
+                    is_prefix: e.is_prefix,
+                };
+                fb::ListEntry::create(b, &args)
+            })
+            .collect();
+        b.create_vector(&v)
+    });
+    let buckets = (!r.buckets.is_empty()).then(|| {
+        let v: Vec<_> = r
+            .buckets
+            .iter()
+            .map(|e| {
+                let args = fb::BucketEntryArgs {
+                    name: Some(b.create_string(&e.name)),
+                    created_ms: e.created_ms,
+                };
+                fb::BucketEntry::create(b, &args)
+            })
+            .collect();
+        b.create_vector(&v)
+    });
+    let args = fb::ReplyArgs {
+        status: Status(r.status),
+        message: opt_str(b, &r.message),
+        owner_shard: r.owner_shard,
+        size: r.size,
+        etag: opt_str(b, &r.etag),
+        mtime_ms: r.mtime_ms,
+        content_type: opt_str(b, &r.content_type),
+        crc32c: r.crc32c,
+        existed: r.existed,
+        entries,
+        truncated: r.truncated,
+        next_start_after: opt_str(b, &r.next_start_after),
+        map_epoch: r.map_epoch,
+        cluster_map: opt_str(b, &r.cluster_map),
+        buckets,
+    };
+    let o = fb::Reply::create(b, &args);
+    b.finish_minimal(o);
 }

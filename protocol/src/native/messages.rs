@@ -41,6 +41,12 @@ pub struct HelloOk {
     pub batch_items_max: u32,
     pub list_limit_max: u32,
     pub object_bytes_max: u64,
+    /// Cluster mode: placement groups (0: a single node).
+    pub pg_count: u32,
+    /// Cluster mode: the map epoch the node holds.
+    pub cluster_epoch: u64,
+    /// Cluster mode: the node's id (-1: not a cluster node).
+    pub node_id: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +106,8 @@ pub enum Request {
         bucket: String,
     },
     ListBuckets,
+    /// Cluster mode: the node's map.
+    ClusterMap,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -154,6 +162,10 @@ pub struct Reply {
     pub truncated: bool,
     pub next_start_after: String,
     pub buckets: Vec<BucketEntry>,
+    /// Cluster mode: the answering node's map epoch.
+    pub map_epoch: u64,
+    /// ClusterMap: the map as JSON.
+    pub cluster_map: String,
 }
 
 impl Default for Reply {
@@ -172,6 +184,8 @@ impl Default for Reply {
             truncated: false,
             next_start_after: String::new(),
             buckets: Vec::new(),
+            map_epoch: 0,
+            cluster_map: String::new(),
         }
     }
 }

@@ -32,7 +32,7 @@ fn rranges(rng: &mut StdRng) -> Vec<Range> {
 
 fn random_request(rng: &mut StdRng) -> Request {
     let bucket = format!("b{}", rstr(rng, 20).replace(['é', '/'], "x"));
-    match rng.gen_range(0..10) {
+    match rng.gen_range(0..11) {
         0 => Request::Hello(Hello {
             version: rng.gen(),
             access_key: rstr(rng, 30),
@@ -82,6 +82,7 @@ fn random_request(rng: &mut StdRng) -> Request {
             limit: rng.gen(),
         }),
         8 => Request::CreateBucket { bucket },
+        9 => Request::ClusterMap,
         _ => Request::ListBuckets,
     }
 }
@@ -106,10 +107,13 @@ fn random_server(rng: &mut StdRng) -> ServerMessage {
             batch_items_max: rng.gen(),
             list_limit_max: rng.gen(),
             object_bytes_max: rng.gen(),
+            pg_count: rng.gen(),
+            cluster_epoch: rng.gen(),
+            node_id: rng.gen(),
         }),
         2 => ServerMessage::ItemHead(ItemHead {
             item: rng.gen(),
-            status: rng.gen_range(0..20),
+            status: rng.gen_range(0..21),
             message: rstr(rng, 30),
             owner_shard: rng.gen(),
             size: rng.gen(),
@@ -151,6 +155,8 @@ fn random_server(rng: &mut StdRng) -> ServerMessage {
                     created_ms: rng.gen(),
                 })
                 .collect(),
+            map_epoch: rng.gen(),
+            cluster_map: rstr(rng, 200),
         }),
     }
 }

@@ -26,9 +26,46 @@ pub struct DataMeta {
     pub shards: usize,
     pub hash_algorithm: String,
     pub hash_seed: u64,
+    /// The cluster this data belongs to (absent: a single node's data).
+    /// Keys of a cluster node are placed by the cluster's seed and
+    /// placement groups, so data of one kind never opens as the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterBinding>,
 }
 
-pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
+/// What a cluster node's data was placed with.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterBinding {
+    /// The cluster's name in etcd.
+    pub name: String,
+    /// Its creation time (ms), telling apart two clusters of one name.
+    pub created_ms: u64,
+    pub pgs: u32,
+    /// Hex (`0x...`): TOML integers stop at 2^63.
+    pub seed: String,
+}
+
+impl DataMeta {
+    /// The seed keys are hashed with: the cluster's in a cluster.
+    pub fn seed(&self) -> Result<u64, String> {
+        match &self.cluster {
+            None => Ok(self.hash_seed),
+            Some(c) => c
+                .seed
+                .strip_prefix("0x")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("percore.meta: bad cluster seed {:?}", c.seed)),
+        }
+    }
+}
+
+/// Opens (or creates) the data directory's meta for `shards` shards, of a
+/// single node (`cluster` None) or of a node of `cluster`.
+pub fn open_or_create(
+    dir: &Path,
+    shards: usize,
+    cluster: Option<&ClusterBinding>,
+) -> Result<DataMeta, String> {
     let path = dir.join(FILE_NAME);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
@@ -57,6 +94,7 @@ pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
                     meta.shards
                 ));
             }
+            check_binding(dir, meta.cluster.as_ref(), cluster)?;
             if meta.format_version < FORMAT_VERSION {
                 meta.format_version = FORMAT_VERSION;
                 write_meta(dir, &path, &meta)?;
@@ -69,11 +107,37 @@ pub fn open_or_create(dir: &Path, shards: usize) -> Result<DataMeta, String> {
                 shards,
                 hash_algorithm: routing::HASH_ALGORITHM.to_string(),
                 hash_seed: routing::HASH_SEED_DEFAULT,
+                cluster: cluster.cloned(),
             };
             write_meta(dir, &path, &meta)?;
             Ok(meta)
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// Refuses data placed for another cluster, or for none.
+fn check_binding(
+    dir: &Path,
+    have: Option<&ClusterBinding>,
+    want: Option<&ClusterBinding>,
+) -> Result<(), String> {
+    let d = dir.display();
+    match (have, want) {
+        (None, None) => Ok(()),
+        (Some(h), Some(w)) if h == w => Ok(()),
+        (None, Some(w)) => Err(format!(
+            "the data in {d} is a single node's; a node joining cluster {} needs an empty --data (moving a node's data into a cluster is not supported yet)",
+            w.name
+        )),
+        (Some(h), None) => Err(format!(
+            "the data in {d} belongs to cluster {}; start with --cluster (its etcd endpoints), or use another --data for a single node",
+            h.name
+        )),
+        (Some(h), Some(w)) => Err(format!(
+            "the data in {d} belongs to cluster {} (created at {} ms, {} placement groups, seed {}), not to cluster {} (created at {} ms, {} placement groups, seed {}); use another --data",
+            h.name, h.created_ms, h.pgs, h.seed, w.name, w.created_ms, w.pgs, w.seed
+        )),
     }
 }
 

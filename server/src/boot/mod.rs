@@ -41,6 +41,8 @@ const DRAIN_WAIT: Duration = Duration::from_secs(35);
 struct Plan {
     placements: Vec<ShardPlacement>,
     hash_seed: u64,
+    /// Cluster mode: the cluster's placement groups (0: a single node).
+    cluster_pgs: u32,
     io_memory: usize,
     direct_io: bool,
 }
@@ -65,13 +67,20 @@ struct Shards {
 pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     checks::io_uring_enabled()?;
     checks::data_dir_writable(&cfg.data)?;
-    let plan = plan(&cfg)?;
+    // A cluster node reads the cluster's placement settings first: its
+    // data directory is bound to them, and its shards route by them.
+    let binding = match &cfg.cluster {
+        Some(s) => Some(crate::cluster::control::binding(s)?),
+        None => None,
+    };
+    let plan = plan(&cfg, binding.as_ref())?;
     // Signals go to the main thread only: block them before spawning shards.
     let sigset = block_signals();
     let listeners = bind_listeners(&cfg, &plan)?;
-    let shards = spawn_shards(&cfg, plan, &listeners)?;
+    let (feed, map_rx) = crate::cluster::shardmap::feed(plan.placements.len());
+    let shards = spawn_shards(&cfg, plan, &listeners, map_rx)?;
     shards.wait_ready(&sigset)?;
-    if let Err(e) = join_cluster(&cfg, &listeners.native_ports) {
+    if let Err(e) = join_cluster(&cfg, &listeners.native_ports, feed) {
         shards.drain_and_stop();
         return Err(e);
     }
@@ -86,7 +95,11 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
 
 /// With `--cluster`: joins the cluster (a node that cannot join does not
 /// start) and starts its control thread.
-fn join_cluster(cfg: &ServerConfig, native_ports: &[u16]) -> Result<(), String> {
+fn join_cluster(
+    cfg: &ServerConfig,
+    native_ports: &[u16],
+    feed: crate::cluster::shardmap::MapFeed,
+) -> Result<(), String> {
     let Some(settings) = cfg.cluster.clone() else {
         return Ok(());
     };
@@ -116,7 +129,7 @@ fn join_cluster(cfg: &ServerConfig, native_ports: &[u16]) -> Result<(), String> 
         shards: native_ports.len(),
         nonce: Vec::new(),
     };
-    let status = crate::cluster::control::start(settings.clone(), joining)
+    let status = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;
     println!(
         "cluster: joined {} as node {} (id {}) in zone {}",
@@ -130,11 +143,12 @@ fn join_cluster(cfg: &ServerConfig, native_ports: &[u16]) -> Result<(), String> 
 }
 
 /// Shard placement, data directory, locked memory and O_DIRECT, printed.
-fn plan(cfg: &ServerConfig) -> Result<Plan, String> {
+fn plan(cfg: &ServerConfig, cluster: Option<&datadir::ClusterBinding>) -> Result<Plan, String> {
     let cores = topology::physical_cores()?;
     let placements = topology::plan(&cores, cfg.cpus.as_deref(), cfg.shards, cfg.unpinned)?;
     let n = placements.len();
-    let meta = datadir::open_or_create(&cfg.data, n)?;
+    let meta = datadir::open_or_create(&cfg.data, n, cluster)?;
+    let hash_seed = meta.seed()?;
     let io_memory = checks::io_memory_per_shard(n)?;
     let direct_io = file::probe_direct_io(&cfg.data)
         .map_err(|e| format!("cannot probe O_DIRECT in {}: {e}", cfg.data.display()))?;
@@ -151,8 +165,14 @@ fn plan(cfg: &ServerConfig) -> Result<Plan, String> {
             "buffered I/O"
         },
         routing::HASH_ALGORITHM,
-        meta.hash_seed
+        hash_seed
     );
+    if let Some(c) = &meta.cluster {
+        println!(
+            "  cluster {}: {} placement groups, keys on their group's primary",
+            c.name, c.pgs
+        );
+    }
     for p in &placements {
         match (p.cpu, p.numa_node) {
             (Some(cpu), node) => println!(
@@ -165,7 +185,8 @@ fn plan(cfg: &ServerConfig) -> Result<Plan, String> {
     }
     Ok(Plan {
         placements,
-        hash_seed: meta.hash_seed,
+        hash_seed,
+        cluster_pgs: meta.cluster.as_ref().map_or(0, |c| c.pgs),
         io_memory,
         direct_io,
     })
@@ -231,19 +252,27 @@ fn s3_config(cfg: &ServerConfig) -> S3Config {
 }
 
 /// Starts one executor per shard, pinned as planned.
-fn spawn_shards(cfg: &ServerConfig, plan: Plan, l: &Listeners) -> Result<Shards, String> {
+fn spawn_shards(
+    cfg: &ServerConfig,
+    plan: Plan,
+    l: &Listeners,
+    map_rx: Vec<mpsc::Receiver<std::sync::Arc<crate::cluster::shardmap::ShardMap>>>,
+) -> Result<Shards, String> {
     let n = plan.placements.len();
     let s3_cfg = s3_config(cfg);
     let (events_tx, events_rx) = mpsc::channel();
     let drain = Eventfd::per_shard(n)?;
     let stop = Eventfd::per_shard(n)?;
     let mut handles = Vec::new();
-    for (placement, wiring) in plan.placements.into_iter().zip(shard::wire(n)) {
+    let shards = plan.placements.into_iter().zip(shard::wire(n));
+    for ((placement, wiring), map_rx) in shards.zip(map_rx) {
         let id = placement.shard;
         let setup = ShardSetup {
             placement: placement.clone(),
             count: n,
             seed: plan.hash_seed,
+            cluster_pgs: plan.cluster_pgs,
+            map_rx,
             shard_dir: cfg.data.join(format!("shard-{id:03}")),
             direct_io: plan.direct_io,
             s3_cfg: s3_cfg.clone(),

@@ -31,6 +31,10 @@ pub struct ShardSetup {
     pub placement: ShardPlacement,
     pub count: usize,
     pub seed: u64,
+    /// Cluster mode: placement groups (0: a single node), and the channel
+    /// the control thread sends maps on.
+    pub cluster_pgs: u32,
+    pub map_rx: mpsc::Receiver<std::sync::Arc<crate::cluster::shardmap::ShardMap>>,
     pub shard_dir: std::path::PathBuf,
     pub direct_io: bool,
     pub s3_cfg: S3Config,
@@ -55,12 +59,15 @@ pub async fn run_shard(setup: ShardSetup, wiring: Wiring) {
     }
 }
 
-async fn run_shard_inner(s: ShardSetup, wiring: Wiring) -> Result<(), String> {
+async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String> {
     let id = s.placement.shard;
     // The admin endpoint comes up first: live during recovery, ready after.
     let admin = start_admin(&s)?;
     let store = open_store(&s).await?;
     let shard = Shard::new(id, s.count, s.seed, store.clone());
+    if s.cluster_pgs != 0 {
+        shard.set_cluster(s.cluster_pgs);
+    }
     shard.set_timeouts(
         Duration::from_secs(s.cfg.cross_shard_timeout_s),
         Duration::from_secs(s.cfg.session_idle_timeout_s),
@@ -80,6 +87,10 @@ async fn run_shard_inner(s: ShardSetup, wiring: Wiring) -> Result<(), String> {
         actions_per_sec: s.cfg.lifecycle_actions_per_sec,
         day_ms: s.cfg.lifecycle_day_s.saturating_mul(1000),
     });
+    if shard.is_cluster() {
+        let (_, rx) = std::sync::mpsc::channel();
+        shard.start_map_feed(std::mem::replace(&mut s.map_rx, rx));
+    }
     let fronts = Fronts::start(&s, &shard);
     if let Some((state, _)) = &admin {
         state.set_ready(shard.clone());

@@ -18,6 +18,8 @@ use tracing::{error, info, warn};
 
 use super::etcd::Etcd;
 use super::map::{self, JoinError, Joining, Keys, View};
+use super::shardmap::{MapFeed, ShardMap};
+use crate::boot::datadir::ClusterBinding;
 
 /// A node's cluster settings (`serve --cluster URLS --node NAME ...`).
 #[derive(Debug, Clone)]
@@ -126,6 +128,23 @@ struct Control {
     id: u32,
     lease: i64,
     ttl_s: u64,
+    cluster: String,
+    feed: MapFeed,
+}
+
+/// The placement settings of the cluster (read before the node's data
+/// directory is opened: the data is bound to them).
+pub fn binding(settings: &ClusterSettings) -> Result<ClusterBinding, String> {
+    let etcd = Etcd::with_timeout(&settings.urls, Duration::from_secs(5))?;
+    let keys = Keys::new(&settings.cluster)?;
+    let config = map::config(&etcd, &keys)?;
+    config.seed()?;
+    Ok(ClusterBinding {
+        name: settings.cluster.clone(),
+        created_ms: config.created_ms,
+        pgs: config.pgs,
+        seed: config.seed,
+    })
 }
 
 /// Joins the cluster (before the node serves: a node that cannot join does
@@ -135,6 +154,7 @@ struct Control {
 pub fn start(
     settings: ClusterSettings,
     mut joining: Joining,
+    feed: MapFeed,
 ) -> Result<Arc<ClusterStatus>, String> {
     let ttl_s = settings.lease_ttl_s.clamp(3, 3600);
     // Each call to etcd well within a third of the lease.
@@ -187,7 +207,16 @@ pub fn start(
         id: record.id,
         lease,
         ttl_s,
+        cluster: settings.cluster.clone(),
+        feed,
     };
+    // The shards' first map, before the node says it is ready (a failed
+    // read is retried by the control loop; until then key requests on the
+    // native door answer Busy).
+    match map::load(&control.etcd, &control.keys) {
+        Ok(view) => control.publish(&view),
+        Err(e) => warn!(error = %e, "cluster: cannot read the map yet; retrying"),
+    }
     std::thread::Builder::new()
         .name("percore-cluster".into())
         .spawn(move || control.run(&shared))
@@ -284,6 +313,7 @@ impl Control {
     fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
+        self.publish(&view);
         let states = [
             NodeState::Up,
             NodeState::Down,
@@ -306,6 +336,14 @@ impl Control {
             warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
         }
         Ok(())
+    }
+
+    /// Hands the map to the shards (when it changed).
+    fn publish(&mut self, view: &View) {
+        match ShardMap::build(&self.cluster, self.id, view) {
+            Ok(m) => self.feed.publish(m),
+            Err(e) => error!(error = %e, "cluster: cannot build the shards' map"),
+        }
     }
 
     fn check_self(&mut self, view: &View) -> Result<(), JoinError> {

@@ -277,13 +277,19 @@ pub fn init(
 }
 
 /// Reads the whole map. Unreadable node records are skipped and listed.
-pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
+/// The cluster's configuration (fixed at creation).
+pub fn config(etcd: &Etcd, keys: &Keys) -> Result<ClusterConfig, String> {
     let config = etcd.get(&keys.config())?.ok_or(
         "no such cluster in etcd: create it with `percore cluster init --cluster URLS --replicas R`",
     )?;
     let config: ClusterConfig =
         serde_json::from_slice(&config.value).map_err(|e| format!("cluster config: {e}"))?;
     config.seed()?;
+    Ok(config)
+}
+
+pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
+    let config = config(etcd, keys)?;
     let epoch = etcd
         .get(&keys.epoch())?
         .ok_or("the cluster has no epoch key")?;

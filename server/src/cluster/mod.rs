@@ -6,3 +6,4 @@
 pub mod control;
 pub mod etcd;
 pub mod map;
+pub mod shardmap;

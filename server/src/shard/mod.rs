@@ -19,6 +19,7 @@
 pub mod api;
 mod bucket_config;
 mod buckets;
+mod cluster;
 mod handlers;
 pub mod lifecycle;
 pub mod msg;
@@ -42,6 +43,7 @@ use msg::{Msg, Reply, SessionId, ShardError};
 use sessions::SessionSlot;
 
 pub use buckets::BucketView;
+pub use cluster::Ownership;
 pub use wire::{wire, Wiring};
 
 /// The shard that holds bucket records.
@@ -109,6 +111,10 @@ pub struct Shard {
     ring: RefCell<Option<Rc<crate::ring::DataRing>>>,
     /// MD5 for the ETags of the uploads this shard receives, in lanes.
     md5: Rc<crate::digest::engine::Md5Engine>,
+    /// Cluster mode: placement groups (0: a single node), fixed at start.
+    cluster_pgs: Cell<u32>,
+    /// Cluster mode: the latest map from the control thread (`cluster`).
+    map: RefCell<Option<std::sync::Arc<crate::cluster::shardmap::ShardMap>>>,
 }
 
 impl Shard {
@@ -139,6 +145,8 @@ impl Shard {
             metrics: ShardMetrics::default(),
             ring: RefCell::new(None),
             md5: crate::digest::engine::Md5Engine::new(),
+            cluster_pgs: Cell::new(0),
+            map: RefCell::new(None),
         })
     }
 
@@ -156,8 +164,20 @@ impl Shard {
     }
 
     /// The shard that owns (bucket, key): the one placement function.
+    /// In a cluster the shard comes from the key's position within its
+    /// placement group (`placement::cluster_shard`), so that a node's few
+    /// placement groups still spread over all its shards.
     pub fn owner_of(&self, bucket: &str, key: &str) -> usize {
-        routing::owner_shard(self.seed, self.count, bucket.as_bytes(), key.as_bytes())
+        match self.cluster_pgs.get() {
+            0 => routing::owner_shard(self.seed, self.count, bucket.as_bytes(), key.as_bytes()),
+            pgs => percore_protocol::placement::cluster_shard(
+                self.seed,
+                pgs,
+                self.count,
+                bucket.as_bytes(),
+                key.as_bytes(),
+            ),
+        }
     }
 
     /// Waits for the bucket-owner shard's start signal.

@@ -10,38 +10,80 @@ impl Client {
             key: key.into(),
             ranges: ranges.to_vec(),
         };
-        let owner = self.owner(bucket, key);
         let req = Request::Get {
             bucket: bucket.into(),
             item,
         };
-        let mut out = self.retry(true, || self.fetch(owner, &req, 1)).await?;
+        let mut out = self
+            .retry(true, || async {
+                let r = self.routes();
+                self.fetch(&r, self.slot(&r, bucket, key), &req, 1).await
+            })
+            .await?;
         let obj = out.pop().expect("one item")?;
-        self.note_owner(owner, obj.owner_shard.into());
+        self.note_owner(self.owner(bucket, key), obj.owner_shard.into());
         Ok(obj)
     }
 
     /// Reads many objects (each with optional ranges) in one request per
-    /// owner shard, all shards in parallel. Results in input order; a
-    /// missing key fails only its own item.
+    /// owner shard (on a cluster: per node and shard), all in parallel.
+    /// Results in input order; a missing key fails only its own item.
     pub async fn get_batch(
         &self,
         bucket: &str,
         items: &[(String, Vec<Range>)],
     ) -> Result<Vec<Result<Object>>> {
-        let n = self.shard_count();
+        let mut out: Vec<Option<Result<Object>>> = (0..items.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        let mut wrong_node = 0;
+        while !pending.is_empty() {
+            let r = self.routes();
+            let moved = self
+                .get_batch_round(&r, bucket, items, &pending, &mut out)
+                .await?;
+            if moved.is_empty() {
+                break;
+            }
+            // Some node answered WrongNode: fetch the map, regroup those.
+            wrong_node += 1;
+            if wrong_node >= WRONG_NODE_ATTEMPTS {
+                return Err(Error::Server {
+                    status: Status::WrongNode.0,
+                    message:
+                        "the cluster's nodes kept refusing keys as not theirs; is the map changing?"
+                            .into(),
+                });
+            }
+            self.follow_map(wrong_node).await;
+            pending = moved;
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every item answered"))
+            .collect())
+    }
+
+    /// One round of `get_batch` over the items `pending`, grouped by the
+    /// slots of `r`: fills `out`, and returns the items of the groups a
+    /// node refused as not its own.
+    async fn get_batch_round(
+        &self,
+        r: &Routes,
+        bucket: &str,
+        items: &[(String, Vec<Range>)],
+        pending: &[usize],
+        out: &mut [Option<Result<Object>>],
+    ) -> Result<Vec<usize>> {
         let max = (self.hello.batch_items_max.max(1) as usize).min(proto::BATCH_ITEMS_MAX as usize);
-        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); n];
-        for (i, (key, _)) in items.iter().enumerate() {
-            let s = if self.cfg.shard_aware {
-                self.owner(bucket, key)
-            } else {
-                self.first_shard()
-            };
-            groups[s].push(i);
+        let mut groups: HashMap<usize, Vec<usize>> = HashMap::new();
+        for &i in pending {
+            groups
+                .entry(self.slot(r, bucket, &items[i].0))
+                .or_default()
+                .push(i);
         }
         let mut calls = Vec::new();
-        for (shard, idx) in groups.iter().enumerate() {
+        for (&slot, idx) in &groups {
             for part in idx.chunks(max) {
                 let req = Request::BatchGet {
                     bucket: bucket.into(),
@@ -55,32 +97,37 @@ impl Client {
                 };
                 let count = part.len();
                 calls.push(async move {
-                    let r = self.retry(true, || self.fetch(shard, &req, count)).await;
-                    (part, r)
+                    let got = self
+                        .retry_with(true, false, || self.fetch(r, slot, &req, count))
+                        .await;
+                    (part, got)
                 });
             }
         }
-        let mut out: Vec<Option<Result<Object>>> = (0..items.len()).map(|_| None).collect();
-        for (part, r) in futures::future::join_all(calls).await {
-            let results = r?;
-            for (&i, res) in part.iter().zip(results) {
-                out[i] = Some(res);
+        let mut moved = Vec::new();
+        for (part, got) in futures::future::join_all(calls).await {
+            match got {
+                Ok(results) => {
+                    for (&i, res) in part.iter().zip(results) {
+                        out[i] = Some(res);
+                    }
+                }
+                Err(e) if e.status() == Some(Status::WrongNode) => moved.extend_from_slice(part),
+                Err(e) => return Err(e),
             }
         }
-        Ok(out
-            .into_iter()
-            .map(|o| o.expect("every item answered"))
-            .collect())
+        Ok(moved)
     }
 
     /// One Get/BatchGet round: collects ItemHead and Chunk frames.
     async fn fetch(
         &self,
-        shard: usize,
+        r: &Routes,
+        slot: usize,
         req: &Request,
         count: usize,
     ) -> Result<Vec<Result<Object>>> {
-        let conn = self.conn(shard).await?;
+        let conn = self.conn(r, slot).await?;
         let (_, mut rx) = conn.start(req, &[], false).await?;
         let mut items: Vec<Option<Result<Object>>> = (0..count).map(|_| None).collect();
         // Bytes still expected per (item, range).
@@ -148,8 +195,34 @@ impl Client {
     where
         F: FnMut(u64, &[u8]) -> std::io::Result<()>,
     {
-        let owner = self.owner(bucket, key);
-        let conn = self.conn(owner).await?;
+        // A WrongNode answer comes before any byte: safe to send again.
+        let mut wrong_node = 0;
+        loop {
+            match self.get_stream_once(bucket, key, range, &mut sink).await {
+                Err(e) if e.status() == Some(Status::WrongNode) => {
+                    wrong_node += 1;
+                    if wrong_node >= WRONG_NODE_ATTEMPTS {
+                        return Err(e);
+                    }
+                    self.follow_map(wrong_node).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn get_stream_once<F>(
+        &self,
+        bucket: &str,
+        key: &str,
+        range: Option<Range>,
+        sink: &mut F,
+    ) -> Result<Object>
+    where
+        F: FnMut(u64, &[u8]) -> std::io::Result<()>,
+    {
+        let r = self.routes();
+        let conn = self.conn(&r, self.slot(&r, bucket, key)).await?;
         let req = Request::Get {
             bucket: bucket.into(),
             item: BatchItem {

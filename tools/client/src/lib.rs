@@ -39,10 +39,13 @@ use percore_protocol::native::{
 mod conn;
 mod get;
 mod put;
+mod routes;
 
 use conn::{Conn, Frame};
+pub use percore_protocol::cluster_map::{ClientMap, ClientNode};
 pub use percore_protocol::native::{BucketEntry, ListEntry, Range, Status};
 use percore_protocol::routing;
+use routes::Routes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -183,15 +186,29 @@ pub struct ListPage {
 
 pub struct Client {
     cfg: Config,
-    host: std::net::IpAddr,
+    /// The first connection's Hello (limits; the node's own shard map).
     hello: HelloOk,
-    conns: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    /// Where keys go; replaced whole when a cluster map is fetched again.
+    routes: std::sync::RwLock<Arc<Routes>>,
+    /// One map fetch at a time.
+    refreshing: tokio::sync::Mutex<()>,
     /// Requests the server answered from a shard other than the owner the
     /// client computed (a routing disagreement; should stay 0).
     pub misrouted: AtomicU64,
+    /// Cluster maps fetched after a WrongNode reply.
+    pub map_refreshes: AtomicU64,
 }
 
+/// WrongNode answers one request rides out (fetching the map after each)
+/// before it fails: a map change reaches every node within a third of the
+/// lease, so the last attempt is a few seconds after the first.
+const WRONG_NODE_ATTEMPTS: u32 = 8;
+
 impl Client {
+    /// Connects to one node. A cluster node (its Hello says so) also
+    /// gives its map: the client then sends each key to its placement
+    /// group's primary, wherever that is, and fetches the map again when
+    /// a node answers WrongNode.
     pub async fn connect(cfg: Config) -> Result<Client> {
         let addr = resolve(&cfg.endpoint)?;
         let first = Conn::open(addr, &cfg, 0).await?;
@@ -210,18 +227,32 @@ impl Client {
                 hello.shard_ports.len()
             )));
         }
-        let conns: Vec<_> = (0..n).map(|_| tokio::sync::Mutex::new(None)).collect();
-        let first_shard = first.shard;
-        *conns[first_shard].lock().await = Some(Arc::new(first));
+        let first = Arc::new(first);
+        let routes = if hello.pg_count == 0 {
+            let r = Routes::node(addr.ip(), &hello);
+            let first_shard = first.shard;
+            *r.conns[first_shard].lock().await = Some(first);
+            r
+        } else {
+            let map = fetch_map(&first, &cfg).await?;
+            let r = Routes::cluster(map, None)?;
+            // Keep the first connection where the map puts it.
+            if let Some(i) = r.slots.iter().position(|s| s.addr == addr) {
+                *r.conns[i].lock().await = Some(first);
+            }
+            r
+        };
         Ok(Client {
             cfg,
-            host: addr.ip(),
             hello,
-            conns,
+            routes: std::sync::RwLock::new(Arc::new(routes)),
+            refreshing: tokio::sync::Mutex::new(()),
             misrouted: AtomicU64::new(0),
+            map_refreshes: AtomicU64::new(0),
         })
     }
 
+    /// Shards of the node first connected to.
     pub fn shard_count(&self) -> usize {
         self.hello.shard_count as usize
     }
@@ -230,48 +261,131 @@ impl Client {
         &self.hello
     }
 
-    /// The shard owning (bucket, key), as the server computes it.
+    /// The cluster map in use (None: a single node).
+    pub fn cluster_map(&self) -> Option<ClientMap> {
+        self.routes().cluster_ref().map(|c| c.map.clone())
+    }
+
+    /// The shard owning (bucket, key) on its node, as the server computes
+    /// it.
     pub fn owner(&self, bucket: &str, key: &str) -> usize {
-        routing::owner_shard(
-            self.hello.hash_seed,
-            self.shard_count(),
-            bucket.as_bytes(),
-            key.as_bytes(),
-        )
+        let r = self.routes();
+        r.slot_of(bucket, key).map_or(0, |s| r.slots[s].shard)
     }
 
-    fn first_shard(&self) -> usize {
-        self.hello.shard_id as usize
+    /// The name of the node that owns (bucket, key) on a cluster (its
+    /// placement group's primary).
+    pub fn owner_node(&self, bucket: &str, key: &str) -> Option<String> {
+        let r = self.routes();
+        let c = r.cluster_ref()?;
+        c.primary_of(bucket, key)
+            .map(|i| c.map.nodes[i].name.clone())
     }
 
-    /// The connection to `shard`, opened on first use and reopened after a
-    /// failure.
-    async fn conn(&self, shard: usize) -> Result<Arc<Conn>> {
-        let shard = if self.cfg.shard_aware {
-            shard
-        } else {
-            self.first_shard()
-        };
-        let mut slot = self.conns[shard].lock().await;
-        if let Some(c) = slot.as_ref() {
+    pub(crate) fn routes(&self) -> Arc<Routes> {
+        self.routes
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The slot a key request goes to (not shard-aware: the node's first
+    /// connection, whose shard forwards it).
+    pub(crate) fn slot(&self, r: &Routes, bucket: &str, key: &str) -> usize {
+        let owner = r.slot_of(bucket, key).unwrap_or(0);
+        if self.cfg.shard_aware {
+            return owner;
+        }
+        match r.cluster_ref() {
+            None => r.first(),
+            Some(_) => owner - r.slots[owner].shard,
+        }
+    }
+
+    /// The connection to `slot` of `r`, opened on first use and reopened
+    /// after a failure.
+    async fn conn(&self, r: &Routes, slot: usize) -> Result<Arc<Conn>> {
+        let mut held = r.conns[slot].lock().await;
+        if let Some(c) = held.as_ref() {
             if !c.is_closed() {
                 return Ok(c.clone());
             }
         }
-        let addr = SocketAddr::new(self.host, self.hello.shard_ports[shard]);
-        let c = Arc::new(Conn::open(addr, &self.cfg, shard).await?);
-        *slot = Some(c.clone());
+        let s = &r.slots[slot];
+        let c = Arc::new(Conn::open(s.addr, &self.cfg, s.shard).await?);
+        *held = Some(c.clone());
         Ok(c)
     }
 
-    /// Runs `attempt` up to `attempts` times while it fails retryably.
-    async fn retry<T, F, Fut>(&self, idempotent: bool, mut attempt: F) -> Result<T>
+    /// Fetches the cluster map again (from the nodes of the current map,
+    /// up ones first) and routes by it if it is not older. A refresh that
+    /// another request finished meanwhile is not repeated.
+    pub async fn refresh_map(&self) -> Result<()> {
+        let before = self.routes();
+        let _one = self.refreshing.lock().await;
+        let now = self.routes();
+        let Some(c) = now.cluster_ref() else {
+            return Ok(());
+        };
+        if !Arc::ptr_eq(&before, &now) {
+            return Ok(());
+        }
+        self.map_refreshes.fetch_add(1, Ordering::Relaxed);
+        let mut order = c.serving_nodes();
+        let rest: Vec<usize> = (0..c.map.nodes.len())
+            .filter(|i| !order.contains(i))
+            .collect();
+        order.extend(rest);
+        let mut last = Error::Protocol("the cluster map lists no node".into());
+        for node in order {
+            let slot = c.base[node];
+            let got = match self.conn(&now, slot).await {
+                Ok(conn) => fetch_map(&conn, &self.cfg).await,
+                Err(e) => Err(e),
+            };
+            match got {
+                Ok(map) if map.epoch >= now.epoch => {
+                    let routes = Routes::cluster(map, Some(&now))?;
+                    *self
+                        .routes
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(routes);
+                    return Ok(());
+                }
+                // A node that lags behind: ask another.
+                Ok(_) => {}
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Runs `attempt` up to `attempts` times while it fails retryably;
+    /// a WrongNode answer fetches the map and tries again (the request
+    /// was refused before anything was done).
+    async fn retry<T, F, Fut>(&self, idempotent: bool, attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        self.retry_with(idempotent, true, attempt).await
+    }
+
+    /// `retry`; with `follow_map` false a WrongNode answer is returned at
+    /// once (the caller regroups its keys by the new map).
+    async fn retry_with<T, F, Fut>(
+        &self,
+        idempotent: bool,
+        follow_map: bool,
+        mut attempt: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let mut delay = Duration::from_millis(20);
         let mut tries = 0;
+        let mut wrong_node = 0;
         loop {
             tries += 1;
             let r = match tokio::time::timeout(self.cfg.timeout, attempt()).await {
@@ -279,6 +393,14 @@ impl Client {
                 Err(_) => Err(Error::Timeout(self.cfg.timeout)),
             };
             match r {
+                Err(e) if follow_map && e.status() == Some(Status::WrongNode) => {
+                    wrong_node += 1;
+                    if wrong_node >= WRONG_NODE_ATTEMPTS {
+                        return Err(e);
+                    }
+                    self.follow_map(wrong_node).await;
+                    tries -= 1;
+                }
                 Err(e) if idempotent && e.retryable() && tries < self.cfg.attempts.max(1) => {
                     tokio::time::sleep(delay).await;
                     delay *= 4;
@@ -288,25 +410,21 @@ impl Client {
         }
     }
 
-    /// Sends a single-frame request to `shard` and waits for its Reply.
-    async fn simple(&self, shard: usize, req: &Request) -> Result<Reply> {
-        let conn = self.conn(shard).await?;
-        let (_, mut rx) = conn.start(req, &[], false).await?;
-        match rx.recv().await {
-            Some(Frame {
-                msg: ServerMessage::Reply(r),
-                ..
-            }) if r.status != Status::Ok.0 => Err(Error::from_reply(&r)),
-            Some(Frame {
-                msg: ServerMessage::Reply(r),
-                ..
-            }) => Ok(r),
-            Some(other) => Err(Error::Protocol(format!("unexpected frame {:?}", other.msg))),
-            None => Err(Error::Io(
-                std::io::ErrorKind::ConnectionReset.into(),
-                conn.shard,
-            )),
+    /// After the `n`th WrongNode answer to one request: fetches the map;
+    /// from the second on (or when the fetch failed) also waits a little,
+    /// since the nodes' maps disagree for a moment after a change (one has
+    /// not read it yet).
+    pub(crate) async fn follow_map(&self, n: u32) {
+        if self.refresh_map().await.is_err() || n > 1 {
+            tokio::time::sleep(Duration::from_millis(50 << n.min(5))).await;
         }
+    }
+
+    /// Sends a single-frame request to `slot` of `r` and waits for its
+    /// Reply.
+    async fn simple(&self, r: &Routes, slot: usize, req: &Request) -> Result<Reply> {
+        let conn = self.conn(r, slot).await?;
+        simple_on(&conn, req).await
     }
 
     fn note_owner(&self, computed: usize, reported: i64) {
@@ -315,46 +433,84 @@ impl Client {
         }
     }
 
+    /// Creates `bucket`. On a cluster, on every node that is up or
+    /// draining (buckets are not cluster-wide records yet): BucketExists
+    /// only if every node had it.
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         let req = Request::CreateBucket {
             bucket: bucket.to_string(),
         };
-        self.simple(self.first_shard(), &req).await.map(|_| ())
+        let r = self.routes();
+        let Some(c) = r.cluster_ref() else {
+            return self.simple(&r, r.first(), &req).await.map(|_| ());
+        };
+        let calls = c
+            .serving_nodes()
+            .into_iter()
+            .map(|n| self.simple(&r, c.base[n], &req));
+        let mut existed = 0;
+        let mut answers = 0;
+        for got in futures::future::join_all(calls).await {
+            answers += 1;
+            match got {
+                Ok(_) => {}
+                Err(e) if e.status() == Some(Status::BucketExists) => existed += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        if answers > 0 && existed == answers {
+            return Err(Error::Server {
+                status: Status::BucketExists.0,
+                message: "bucket already exists".into(),
+            });
+        }
+        Ok(())
     }
 
     pub async fn list_buckets(&self) -> Result<Vec<BucketEntry>> {
         self.retry(true, || async {
-            Ok(self
-                .simple(self.first_shard(), &Request::ListBuckets)
-                .await?
-                .buckets)
+            let r = self.routes();
+            let slot = match r.cluster_ref() {
+                None => r.first(),
+                Some(c) => c.serving_nodes().first().map_or(0, |&n| c.base[n]),
+            };
+            Ok(self.simple(&r, slot, &Request::ListBuckets).await?.buckets)
         })
         .await
     }
 
     pub async fn stat(&self, bucket: &str, key: &str) -> Result<Stat> {
-        let owner = self.owner(bucket, key);
         let req = Request::Stat {
             bucket: bucket.into(),
             key: key.into(),
         };
-        let r = self.retry(true, || self.simple(owner, &req)).await?;
-        self.note_owner(owner, r.owner_shard.into());
+        let r = self
+            .retry(true, || async {
+                let r = self.routes();
+                self.simple(&r, self.slot(&r, bucket, key), &req).await
+            })
+            .await?;
+        self.note_owner(self.owner(bucket, key), r.owner_shard.into());
         Ok(Stat::from(r))
     }
 
     /// Deletes `key`; returns whether it existed.
     pub async fn delete(&self, bucket: &str, key: &str) -> Result<bool> {
-        let owner = self.owner(bucket, key);
         let req = Request::Delete {
             bucket: bucket.into(),
             key: key.into(),
         };
-        let r = self.retry(true, || self.simple(owner, &req)).await?;
+        let r = self
+            .retry(true, || async {
+                let r = self.routes();
+                self.simple(&r, self.slot(&r, bucket, key), &req).await
+            })
+            .await?;
         Ok(r.existed)
     }
 
-    /// One page of keys (and common prefixes, with a delimiter).
+    /// One page of keys (and common prefixes, with a delimiter). On a
+    /// cluster, the pages of every node that is up or draining, merged.
     pub async fn list(
         &self,
         bucket: &str,
@@ -370,15 +526,110 @@ impl Client {
             delimiter: delimiter.into(),
             limit,
         });
-        let r = self
-            .retry(true, || self.simple(self.first_shard(), &req))
-            .await?;
-        Ok(ListPage {
-            entries: r.entries,
-            truncated: r.truncated,
-            next_start_after: r.next_start_after,
+        self.retry(true, || async {
+            let r = self.routes();
+            let Some(c) = r.cluster_ref() else {
+                let reply = self.simple(&r, r.first(), &req).await?;
+                return Ok(ListPage {
+                    entries: reply.entries,
+                    truncated: reply.truncated,
+                    next_start_after: reply.next_start_after,
+                });
+            };
+            let calls = c
+                .serving_nodes()
+                .into_iter()
+                .map(|n| self.simple(&r, c.base[n], &req));
+            let mut pages = Vec::new();
+            for got in futures::future::join_all(calls).await {
+                let reply = got?;
+                pages.push(ListPage {
+                    entries: reply.entries,
+                    truncated: reply.truncated,
+                    next_start_after: reply.next_start_after,
+                });
+            }
+            Ok(merge_pages(pages, limit))
         })
+        .await
     }
+}
+
+/// One node's pages of the same listing merged into one page of at most
+/// `limit` (0: the server's default of 1000) entries. A node whose page
+/// was truncated has not shown what follows its last entry, so the merged
+/// page ends there at the latest; equal common prefixes from several nodes
+/// are one entry.
+pub(crate) fn merge_pages(pages: Vec<ListPage>, limit: u32) -> ListPage {
+    let limit = match limit {
+        0 => 1000,
+        n => n.min(proto::LIST_LIMIT_MAX),
+    } as usize;
+    let cutoff: Option<String> = pages
+        .iter()
+        .filter(|p| p.truncated)
+        .filter_map(|p| p.entries.last().map(|e| e.key.clone()))
+        .min();
+    let mut all: Vec<ListEntry> = pages.into_iter().flat_map(|p| p.entries).collect();
+    all.sort_by(|a, b| a.key.cmp(&b.key));
+    all.dedup_by(|a, b| a.key == b.key);
+    if let Some(cut) = &cutoff {
+        all.retain(|e| e.key <= *cut);
+    }
+    let truncated = cutoff.is_some() || all.len() > limit;
+    all.truncate(limit);
+    let next_start_after = if truncated {
+        all.last().map(|e| e.key.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    ListPage {
+        entries: all,
+        truncated,
+        next_start_after,
+    }
+}
+
+/// Sends a single-frame request on `conn` and waits for its Reply.
+async fn simple_on(conn: &Conn, req: &Request) -> Result<Reply> {
+    let (_, mut rx) = conn.start(req, &[], false).await?;
+    match rx.recv().await {
+        Some(Frame {
+            msg: ServerMessage::Reply(r),
+            ..
+        }) if r.status != Status::Ok.0 => Err(Error::from_reply(&r)),
+        Some(Frame {
+            msg: ServerMessage::Reply(r),
+            ..
+        }) => Ok(r),
+        Some(other) => Err(Error::Protocol(format!("unexpected frame {:?}", other.msg))),
+        None => Err(Error::Io(
+            std::io::ErrorKind::ConnectionReset.into(),
+            conn.shard,
+        )),
+    }
+}
+
+/// The map of the cluster node at the end of `conn` (retrying Busy: a node
+/// that just started may not have read it yet).
+async fn fetch_map(conn: &Conn, cfg: &Config) -> Result<ClientMap> {
+    let mut delay = Duration::from_millis(20);
+    for _ in 0..8 {
+        let got = tokio::time::timeout(cfg.timeout, simple_on(conn, &Request::ClusterMap))
+            .await
+            .map_err(|_| Error::Timeout(cfg.timeout))?;
+        match got {
+            Ok(r) => return ClientMap::parse(&r.cluster_map).map_err(Error::Protocol),
+            Err(e) if e.status() == Some(Status::Busy) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Protocol(
+        "the node has no cluster map yet (is it joined? see `percore cluster status`)".into(),
+    ))
 }
 
 fn resolve(endpoint: &str) -> Result<SocketAddr> {
@@ -392,4 +643,98 @@ fn resolve(endpoint: &str) -> Result<SocketAddr> {
         })?
         .next()
         .ok_or_else(|| Error::Protocol(format!("'{endpoint}' resolves to no address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn entry(key: &str, is_prefix: bool) -> ListEntry {
+        ListEntry {
+            key: key.into(),
+            is_prefix,
+            ..ListEntry::default()
+        }
+    }
+
+    /// The first `limit` of `keys` after `after`, as one node answers.
+    fn node_page(keys: &[String], after: &str, limit: usize) -> ListPage {
+        let rest: Vec<&String> = keys.iter().filter(|k| k.as_str() > after).collect();
+        let truncated = rest.len() > limit;
+        let entries: Vec<ListEntry> = rest
+            .into_iter()
+            .take(limit)
+            .map(|k| entry(k, false))
+            .collect();
+        let next_start_after = if truncated {
+            entries.last().map(|e| e.key.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        ListPage {
+            entries,
+            truncated,
+            next_start_after,
+        }
+    }
+
+    /// Paging through merged pages of keys spread over nodes lists every
+    /// key once, in order, whatever the spread and the page size.
+    #[test]
+    fn merged_pages_list_every_key_once_in_order() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(18);
+        for round in 0..300 {
+            let nodes = rng.gen_range(1..5);
+            let mut per_node: Vec<Vec<String>> = vec![Vec::new(); nodes];
+            let count = rng.gen_range(0..120);
+            let mut all: Vec<String> = (0..count)
+                .map(|i| format!("k{:05}", i * 3 + rng.gen_range(0..3)))
+                .collect();
+            all.sort();
+            all.dedup();
+            for k in &all {
+                per_node[rng.gen_range(0..nodes)].push(k.clone());
+            }
+            let limit = rng.gen_range(1..25);
+            let mut after = String::new();
+            let mut got = Vec::new();
+            for _ in 0..1000 {
+                let pages = per_node
+                    .iter()
+                    .map(|keys| node_page(keys, &after, limit))
+                    .collect();
+                let page = merge_pages(pages, limit as u32);
+                assert!(page.entries.len() <= limit, "round {round}");
+                got.extend(page.entries.iter().map(|e| e.key.clone()));
+                if !page.truncated {
+                    break;
+                }
+                assert!(
+                    !page.entries.is_empty(),
+                    "round {round}: empty truncated page"
+                );
+                after = page.next_start_after;
+            }
+            assert_eq!(got, all, "round {round}: {nodes} nodes, limit {limit}");
+        }
+    }
+
+    #[test]
+    fn merged_pages_keep_one_of_each_common_prefix() {
+        let a = ListPage {
+            entries: vec![entry("a/", true), entry("b", false)],
+            truncated: false,
+            next_start_after: String::new(),
+        };
+        let b = ListPage {
+            entries: vec![entry("a/", true), entry("c/", true)],
+            truncated: false,
+            next_start_after: String::new(),
+        };
+        let m = merge_pages(vec![a, b], 10);
+        let keys: Vec<&str> = m.entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["a/", "b", "c/"]);
+        assert!(!m.truncated && m.next_start_after.is_empty());
+    }
 }

@@ -40,6 +40,8 @@ impl Client {
     /// Streams `size` bytes from `reader` as `key`, computing the CRC32C on
     /// the way (sent in the last frame). `progress` gets bytes sent so far.
     /// Not retried: the reader cannot be rewound.
+    /// On a cluster, a WrongNode answer (the map changed) fetches the map,
+    /// so that the caller's next attempt goes to the right node.
     pub async fn put_stream<R: AsyncRead + Unpin + Send>(
         &self,
         bucket: &str,
@@ -49,8 +51,13 @@ impl Client {
         reader: &mut R,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Stat> {
-        self.put_stream_inner(bucket, key, size, content_type, reader, None, progress)
-            .await
+        let got = self
+            .put_stream_inner(bucket, key, size, content_type, reader, None, progress)
+            .await;
+        if matches!(&got, Err(e) if e.status() == Some(Status::WrongNode)) {
+            let _ = self.refresh_map().await;
+        }
+        got
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -65,7 +72,8 @@ impl Client {
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<Stat> {
         let owner = self.owner(bucket, key);
-        let conn = self.conn(owner).await?;
+        let r = self.routes();
+        let conn = self.conn(&r, self.slot(&r, bucket, key)).await?;
         let frame_max = (self.hello.frame_payload_max.min(proto::PAYLOAD_BYTES_MAX) as usize)
             .clamp(64 * 1024, 1 << 20);
         let mut buf = vec![0u8; frame_max];

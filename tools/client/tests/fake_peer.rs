@@ -41,6 +41,10 @@ enum Peer {
     DropFirst,
     /// Answers a Get with a chunk whose CRC32C is wrong.
     BadChunkCrc,
+    /// A cluster node whose ClusterMap answer is this JSON (`{port}`
+    /// stands for its own port) and which answers every key request with
+    /// WrongNode.
+    ClusterMap(&'static str),
 }
 
 struct Fake {
@@ -151,6 +155,9 @@ async fn serve(mut s: TcpStream, peer: Peer, port: u16, requests: Arc<AtomicUsiz
         batch_items_max: proto::BATCH_ITEMS_MAX,
         list_limit_max: proto::LIST_LIMIT_MAX,
         object_bytes_max: 5 << 30,
+        pg_count: u32::from(matches!(peer, Peer::ClusterMap(_))) * 16,
+        cluster_epoch: 1,
+        node_id: 1,
     };
     send(
         &mut s,
@@ -172,6 +179,17 @@ async fn serve(mut s: TcpStream, peer: Peer, port: u16, requests: Arc<AtomicUsiz
                 reply(&mut s, id, Reply::error(Status::Busy, "busy")).await
             }
             Peer::Always(status) => reply(&mut s, id, Reply::error(status, "refused")).await,
+            Peer::ClusterMap(json) => {
+                let r = match req {
+                    Request::ClusterMap => Reply {
+                        map_epoch: 1,
+                        cluster_map: json.replace("{port}", &port.to_string()),
+                        ..Reply::default()
+                    },
+                    _ => Reply::error(Status::WrongNode, "not mine"),
+                };
+                reply(&mut s, id, r).await;
+            }
             Peer::BadChunkCrc => {
                 let data = b"0123456789";
                 let head = ItemHead {
@@ -404,4 +422,62 @@ async fn a_chunk_that_fails_its_crc_is_an_error_not_data() {
         other => panic!("expected a checksum error, got {other:?}"),
     }
     assert_eq!(f.requests(), 1, "a checksum failure is not retried");
+}
+
+const GOOD_MAP: &str = r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"0x2a",
+  "nodes":[{"id":1,"name":"n1","zone":"z","state":"up","s3":"127.0.0.1:1","native":["127.0.0.1:{port}"]}]}"#;
+
+/// A cluster node's map is checked before it is used: a broken or
+/// hostile one is a clear error, never a panic or a division by zero.
+#[tokio::test]
+async fn a_bad_cluster_map_is_refused() {
+    for (json, want) in [
+        ("not json", "bad cluster map"),
+        (
+            r#"{"cluster":"c","epoch":1,"pgs":0,"replicas":1,"seed":"0x1","nodes":[]}"#,
+            "0 placement groups",
+        ),
+        (
+            r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":9,"seed":"0x1","nodes":[]}"#,
+            "9 replicas",
+        ),
+        (
+            r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"12","nodes":[]}"#,
+            "seed",
+        ),
+        (
+            r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"0x1","nodes":[{"id":1,"name":"n","zone":"z","state":"up","s3":"","native":[]}]}"#,
+            "0 shards",
+        ),
+        (
+            r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"0x1","nodes":[{"id":1,"name":"n","zone":"z","state":"up","s3":"","native":["nowhere"]}]}"#,
+            "address",
+        ),
+    ] {
+        let leaked: &'static str = Box::leak(json.to_string().into_boxed_str());
+        let f = fake(Peer::ClusterMap(leaked)).await;
+        match Client::connect(f.config()).await {
+            Err(e @ Error::Protocol(_)) => assert!(e.to_string().contains(want), "{e}"),
+            Err(e) => panic!("wrong error for {json}: {e}"),
+            Ok(_) => panic!("a bad map was taken: {json}"),
+        }
+    }
+}
+
+/// A node that keeps answering WrongNode (its map disagrees with the one
+/// it hands out) ends the request with WrongNode after a bounded number
+/// of attempts and map fetches.
+#[tokio::test]
+async fn wrong_node_answers_are_followed_a_bounded_number_of_times() {
+    let f = fake(Peer::ClusterMap(GOOD_MAP)).await;
+    let c = Client::connect(f.config()).await.unwrap();
+    assert_eq!(c.cluster_map().unwrap().nodes.len(), 1);
+    let before = f.requests();
+    match c.stat("b", "k").await {
+        Err(e) => assert_eq!(e.status(), Some(Status::WrongNode), "{e}"),
+        Ok(_) => panic!("a WrongNode answer was taken"),
+    }
+    let sent = f.requests() - before;
+    assert!((8..=16).contains(&sent), "{sent} requests");
+    assert!(c.map_refreshes.load(Ordering::Relaxed) >= 7);
 }

@@ -104,6 +104,7 @@ statuses!(
     PreconditionFailed,
     InvalidKey,
     InvalidBucketName,
+    WrongNode,
 );
 
 fn to_py(py: Python<'_>, e: pc::Error) -> PyErr {
@@ -529,6 +530,29 @@ impl Client {
     /// The shard that owns `key` (the server's routing function).
     fn owner(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<usize> {
         Ok(self.session(py)?.client.owner(bucket, key))
+    }
+
+    /// On a cluster: the name of the node that serves `key` (its placement
+    /// group's primary in the client's map); None on a single node.
+    fn owner_node(&self, py: Python<'_>, bucket: &str, key: &str) -> PyResult<Option<String>> {
+        Ok(self.session(py)?.client.owner_node(bucket, key))
+    }
+
+    /// On a cluster: the epoch of the map the client routes by; None on a
+    /// single node.
+    #[getter]
+    fn cluster_epoch(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        Ok(self.session(py)?.client.cluster_map().map(|m| m.epoch))
+    }
+
+    /// Cluster maps fetched again after a node answered WrongNode.
+    #[getter]
+    fn map_refreshes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self
+            .session(py)?
+            .client
+            .map_refreshes
+            .load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Requests answered by a shard other than the one this client routed

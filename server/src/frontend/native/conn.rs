@@ -255,6 +255,7 @@ impl NativeFront {
             return Err(Reply::error(Status::Unauthenticated, "the default credentials are accepted from loopback only; start the server with PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY set"));
         }
         let secret_key = secret;
+        let map = self.shard.cluster_map();
         Ok((
             proto::HelloOk {
                 version: proto::VERSION,
@@ -271,6 +272,12 @@ impl NativeFront {
                 batch_items_max: proto::BATCH_ITEMS_MAX,
                 list_limit_max: proto::LIST_LIMIT_MAX,
                 object_bytes_max: PUT_BYTES_MAX,
+                pg_count: self.shard.cluster_pgs(),
+                cluster_epoch: map.as_ref().map_or(0, |m| m.epoch),
+                node_id: map
+                    .as_ref()
+                    .and_then(|m| i32::try_from(m.node_id).ok())
+                    .unwrap_or(-1),
             },
             principal,
         ))

@@ -250,6 +250,7 @@ impl NativeFront {
             Request::List(l) => self.list(l).await,
             Request::CreateBucket { bucket } => self.create_bucket(bucket, &principal).await,
             Request::ListBuckets => self.list_buckets(&principal),
+            Request::ClusterMap => self.cluster_map(),
             Request::Hello(_) | Request::Put(_) | Request::PutData { .. } => {
                 Reply::error(Status::Internal, "not dispatched here")
             }
@@ -259,6 +260,9 @@ impl NativeFront {
     /// The refusal of a request `principal` may not make (see `access`),
     /// as Unauthenticated with a message naming what was denied.
     pub(super) fn refusal(&self, principal: &Principal, req: &Request) -> Option<Reply> {
+        if let Some(wrong) = self.wrong_node(req) {
+            return Some(wrong);
+        }
         let checks: Vec<(&str, &str, Option<&str>)> = match req {
             Request::Get { bucket, item } => vec![("s3:GetObject", bucket, Some(&item.key))],
             Request::BatchGet { bucket, items } => items
@@ -269,7 +273,7 @@ impl NativeFront {
             Request::Stat { bucket, key } => vec![("s3:GetObject", bucket, Some(key))],
             Request::List(l) => vec![("s3:ListBucket", &l.bucket, None)],
             Request::Put(p) => vec![("s3:PutObject", &p.bucket, Some(&p.key))],
-            Request::CreateBucket { .. } | Request::ListBuckets => Vec::new(),
+            Request::CreateBucket { .. } | Request::ListBuckets | Request::ClusterMap => Vec::new(),
             Request::Hello(_) | Request::PutData { .. } => Vec::new(),
         };
         for (action, bucket, key) in checks {
@@ -289,6 +293,69 @@ impl NativeFront {
             }
         }
         None
+    }
+
+    /// Cluster mode: the refusal of a key request this node does not
+    /// serve (WrongNode with the node's map epoch; Busy before its first
+    /// map). A batch is refused whole if any key is elsewhere: the client
+    /// fetches the map and groups the keys again.
+    fn wrong_node(&self, req: &Request) -> Option<Reply> {
+        use crate::shard::Ownership;
+        if !self.shard.is_cluster() {
+            return None;
+        }
+        let keys: Vec<(&str, &str)> = match req {
+            Request::Get { bucket, item } => vec![(bucket, &item.key)],
+            Request::BatchGet { bucket, items } => items
+                .iter()
+                .map(|i| (bucket.as_str(), i.key.as_str()))
+                .collect(),
+            Request::Delete { bucket, key } | Request::Stat { bucket, key } => vec![(bucket, key)],
+            Request::Put(p) => vec![(&p.bucket, &p.key)],
+            _ => Vec::new(),
+        };
+        for (bucket, key) in keys {
+            match self.shard.ownership(bucket, key) {
+                Ownership::Mine => {}
+                Ownership::NoMap => {
+                    return Some(Reply::error(
+                        Status::Busy,
+                        "this cluster node has no map yet; retry shortly",
+                    ))
+                }
+                Ownership::Elsewhere { epoch } => {
+                    return Some(Reply {
+                        map_epoch: epoch,
+                        ..Reply::error(
+                            Status::WrongNode,
+                            format!("{bucket}/{key} is not on this node at map epoch {epoch}; fetch the map (ClusterMap) and send it to its primary"),
+                        )
+                    })
+                }
+            }
+        }
+        None
+    }
+
+    /// ClusterMap: the map this node holds, as JSON.
+    fn cluster_map(&self) -> Reply {
+        if !self.shard.is_cluster() {
+            return Reply::error(
+                Status::InvalidRequest,
+                "not a cluster node (started without --cluster)",
+            );
+        }
+        match self.shard.cluster_map() {
+            None => Reply::error(
+                Status::Busy,
+                "this cluster node has no map yet; retry shortly",
+            ),
+            Some(m) => Reply {
+                map_epoch: m.epoch,
+                cluster_map: m.json.clone(),
+                ..Reply::default()
+            },
+        }
     }
 
     fn count_bad_frame(&self) {

@@ -46,6 +46,7 @@ from ._native import (  # noqa: F401
     Timeout,
     TooLarge,
     Unauthenticated,
+    WrongNode,
 )
 
 __all__ = [
@@ -75,4 +76,5 @@ __all__ = [
     "PreconditionFailed",
     "InvalidKey",
     "InvalidBucketName",
+    "WrongNode",
 ]

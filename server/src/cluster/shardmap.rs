@@ -1,0 +1,232 @@
+//! The map as the shards hold it: built by the control thread from each
+//! map it reads, handed to every shard through its own channel (one
+//! channel per shard, nothing shared between shards), and kept by the
+//! shard as an immutable snapshot.
+//!
+//! A shard uses it to answer `WrongNode` for a key whose placement group
+//! this node is not the primary of (the native front door), and to answer
+//! `ClusterMap` with the same map as JSON, so that clients compute the
+//! same placement (`percore_protocol::placement`) from the same nodes.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use percore_protocol::cluster_map::{ClientMap, ClientNode};
+use percore_protocol::placement::{self, PlacedNode};
+use percore_protocol::routing::object_hash;
+
+use super::map::View;
+
+/// No primary: no node is eligible for the placement group.
+pub const NO_NODE: u32 = u32::MAX;
+
+/// One map, as a shard holds it.
+#[derive(Debug)]
+pub struct ShardMap {
+    pub epoch: u64,
+    /// This node's id.
+    pub node_id: u32,
+    pub pgs: u32,
+    pub seed: u64,
+    /// The primary's node id of each placement group (`NO_NODE`: none).
+    primaries: Vec<u32>,
+    /// The map for clients (`ClientMap` as JSON).
+    pub json: String,
+}
+
+impl ShardMap {
+    /// Builds the shard map of node `node_id` from a map read from etcd.
+    pub fn build(cluster: &str, node_id: u32, view: &View) -> Result<ShardMap, String> {
+        let seed = view.config.seed()?;
+        let pgs = view.config.pgs;
+        let placed: Vec<PlacedNode> = view
+            .nodes
+            .iter()
+            .map(|(n, _)| PlacedNode {
+                id: n.id,
+                zone: n.zone.clone(),
+                state: n.node_state(),
+            })
+            .collect();
+        let primaries = (0..pgs)
+            .map(|pg| {
+                placement::replicas(seed, pg, view.config.replicas, &placed)
+                    .first()
+                    .map_or(NO_NODE, |&i| placed[i].id)
+            })
+            .collect();
+        let client = ClientMap {
+            cluster: cluster.to_string(),
+            epoch: view.epoch,
+            pgs,
+            replicas: view.config.replicas,
+            seed: view.config.seed.clone(),
+            nodes: view
+                .nodes
+                .iter()
+                .map(|(n, _)| ClientNode {
+                    id: n.id,
+                    name: n.name.clone(),
+                    zone: n.zone.clone(),
+                    state: n.state.clone(),
+                    s3: n.s3.clone(),
+                    native: n
+                        .native
+                        .split(',')
+                        .filter(|a| !a.is_empty())
+                        .map(str::to_string)
+                        .collect(),
+                })
+                .collect(),
+        };
+        Ok(ShardMap {
+            epoch: view.epoch,
+            node_id,
+            pgs,
+            seed,
+            primaries,
+            json: serde_json::to_string(&client).map_err(|e| e.to_string())?,
+        })
+    }
+
+    /// The node id of the primary of `(bucket, key)`'s placement group.
+    #[must_use]
+    pub fn primary_of(&self, bucket: &str, key: &str) -> u32 {
+        let h = object_hash(self.seed, bucket.as_bytes(), key.as_bytes());
+        let (pg, _) = placement::pg_of_hash(h, self.pgs);
+        self.primaries[pg as usize]
+    }
+}
+
+/// The control thread's end of the shards' map channels.
+pub struct MapFeed {
+    senders: Vec<mpsc::Sender<Arc<ShardMap>>>,
+    /// The epoch last sent (0: none yet).
+    sent_epoch: u64,
+    sent_json: String,
+}
+
+/// One channel per shard: the feed, and each shard's receiver (index =
+/// shard id).
+#[must_use]
+pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
+    let (senders, receivers) = (0..shards).map(|_| mpsc::channel()).unzip();
+    (
+        MapFeed {
+            senders,
+            sent_epoch: 0,
+            sent_json: String::new(),
+        },
+        receivers,
+    )
+}
+
+impl MapFeed {
+    /// Sends `map` to every shard unless it is the map sent last. A map
+    /// is sent only when it changed, so a channel holds at most the few
+    /// maps of changes made within one shard poll.
+    pub fn publish(&mut self, map: ShardMap) {
+        if map.epoch == self.sent_epoch && map.json == self.sent_json {
+            return;
+        }
+        self.sent_epoch = map.epoch;
+        self.sent_json.clone_from(&map.json);
+        let map = Arc::new(map);
+        for s in &self.senders {
+            // A shard that stopped has dropped its receiver: nothing to do.
+            let _ = s.send(map.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::map::{ClusterConfig, NodeRecord};
+
+    fn record(id: u32, zone: &str, state: &str, shards: usize) -> (NodeRecord, i64) {
+        let native: Vec<String> = (0..shards)
+            .map(|s| format!("127.0.0.{id}:{}", 9100 + s))
+            .collect();
+        (
+            NodeRecord {
+                id,
+                name: format!("n{id}"),
+                zone: zone.into(),
+                state: state.into(),
+                s3: format!("127.0.0.{id}:9000"),
+                native: native.join(","),
+                admin: format!("127.0.0.{id}:9200"),
+                shards,
+                since_ms: 0,
+            },
+            1,
+        )
+    }
+
+    /// The map a node hands to clients places every key where the node's
+    /// own table does: the client computes the same primaries.
+    #[test]
+    fn client_map_places_keys_as_the_node() {
+        let view = View {
+            config: ClusterConfig {
+                pgs: 256,
+                replicas: 3,
+                seed: "0x00000000deadbeef".into(),
+                down_out_s: 60,
+                created_ms: 1,
+            },
+            epoch: 9,
+            nodes: vec![
+                record(1, "a", "up", 2),
+                record(2, "a", "down", 4),
+                record(3, "b", "draining", 1),
+                record(4, "c", "up", 3),
+                record(5, "c", "out", 2),
+                record(6, "d", "weird", 2),
+            ],
+            alive: Default::default(),
+            downs: Default::default(),
+            unreadable: Vec::new(),
+            epoch_revision: 0,
+        };
+        let m = ShardMap::build("c1", 4, &view).unwrap();
+        let client = ClientMap::parse(&m.json).unwrap();
+        assert_eq!(client.epoch, 9);
+        assert_eq!(client.nodes.len(), 6);
+        assert_eq!(client.nodes[1].native.len(), 4);
+        let seed = client.seed().unwrap();
+        assert_eq!(seed, 0xdead_beef);
+        let placed = client.placed();
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..2000 {
+            let key = format!("key-{i}");
+            let h = object_hash(seed, b"bkt", key.as_bytes());
+            let (pg, _) = placement::pg_of_hash(h, client.pgs);
+            let node = client.primary(seed, &placed, pg).unwrap();
+            assert_eq!(m.primary_of("bkt", &key), client.nodes[node].id);
+            seen.insert(client.nodes[node].id);
+        }
+        // Up and down nodes hold groups; draining, out and unknown none.
+        assert_eq!(seen, [1, 2, 4].into_iter().collect());
+    }
+
+    #[test]
+    fn feed_sends_only_changes() {
+        let (mut feed, rx) = feed(2);
+        let map = |epoch: u64, json: &str| ShardMap {
+            epoch,
+            node_id: 1,
+            pgs: 1,
+            seed: 0,
+            primaries: vec![1],
+            json: json.into(),
+        };
+        feed.publish(map(1, "a"));
+        feed.publish(map(1, "a"));
+        feed.publish(map(2, "b"));
+        for r in &rx {
+            assert_eq!(r.try_iter().map(|m| m.epoch).collect::<Vec<_>>(), [1, 2]);
+        }
+    }
+}
