@@ -6,4 +6,5 @@
 pub mod control;
 pub mod etcd;
 pub mod map;
+pub mod peer_http;
 pub mod shardmap;

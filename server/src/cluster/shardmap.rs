@@ -32,6 +32,18 @@ pub struct ShardMap {
     primaries: Vec<u32>,
     /// The map for clients (`ClientMap` as JSON).
     pub json: String,
+    /// Every node of the map, in id order.
+    pub nodes: Vec<MapNode>,
+}
+
+/// A node as the S3 door needs it (forwarding, fan-out).
+#[derive(Debug, Clone)]
+pub struct MapNode {
+    pub id: u32,
+    pub name: String,
+    pub state: placement::NodeState,
+    /// Its S3 address (None: the record's address does not parse).
+    pub s3: Option<std::net::SocketAddr>,
 }
 
 impl ShardMap {
@@ -86,6 +98,33 @@ impl ShardMap {
             seed,
             primaries,
             json: serde_json::to_string(&client).map_err(|e| e.to_string())?,
+            nodes: view
+                .nodes
+                .iter()
+                .map(|(n, _)| MapNode {
+                    id: n.id,
+                    name: n.name.clone(),
+                    state: n.node_state(),
+                    s3: n.s3.parse().ok(),
+                })
+                .collect(),
+        })
+    }
+
+    #[must_use]
+    pub fn node(&self, id: u32) -> Option<&MapNode> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The other nodes that answer for what they store (up or draining):
+    /// listings and bucket changes go to them.
+    pub fn serving_peers(&self) -> impl Iterator<Item = &MapNode> {
+        self.nodes.iter().filter(move |n| {
+            n.id != self.node_id
+                && matches!(
+                    n.state,
+                    placement::NodeState::Up | placement::NodeState::Draining
+                )
         })
     }
 
@@ -221,6 +260,7 @@ mod tests {
             seed: 0,
             primaries: vec![1],
             json: json.into(),
+            nodes: Vec::new(),
         };
         feed.publish(map(1, "a"));
         feed.publish(map(1, "a"));

@@ -228,33 +228,42 @@ impl S3Front {
         if keys.is_empty() {
             return Err(malformed("The Delete element lists no Object"));
         }
-        // Each key on its owner, a bounded number at once.
-        let mut results: Vec<Result<Removed, S3Error>> = Vec::with_capacity(keys.len());
-        for batch in keys.chunks(DELETES_IN_FLIGHT_MAX) {
-            let calls = batch.iter().map(|(key, version)| async move {
-                if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
-                    return Err(S3Error::invalid_argument("Invalid key"));
-                }
+        // On a cluster, keys another node owns are deleted there.
+        let mut results: Vec<Option<Result<Removed, S3Error>>> = vec![None; keys.len()];
+        let mut remote = Vec::new();
+        let mut local = Vec::new();
+        for (i, (key, version)) in keys.iter().enumerate() {
+            if self.owns_key(&req.bucket, key) {
+                local.push(i);
+                continue;
+            }
+            match self.delete_check(req, auth, key, version.as_deref()) {
+                Ok(_) => remote.push((i, key.clone(), version.clone())),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        for (i, r) in self.delete_remote(&req.bucket, remote).await? {
+            results[i] = Some(r);
+        }
+        // Each key on its owner shard, a bounded number at once.
+        let keys_ref = &keys;
+        for batch in local.chunks(DELETES_IN_FLIGHT_MAX) {
+            let calls = batch.iter().map(|&i| async move {
+                let (key, version) = &keys_ref[i];
                 // Policy matching costs CPU: let other requests run.
                 glommio::yield_if_needed().await;
-                let pick = match version.as_deref() {
-                    None => Pick::Current,
-                    Some(v) => Pick::parse(v)
-                        .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
-                };
-                // As DeleteObject: a named version needs the version action.
-                let action = if pick == Pick::Current {
-                    "s3:DeleteObject"
-                } else {
-                    "s3:DeleteObjectVersion"
-                };
-                if !self.allowed(&auth.principal, action, &req.bucket, Some(key)) {
-                    return Err(super::authz::access_denied());
-                }
+                let pick = self.delete_check(req, auth, key, version.as_deref())?;
                 Ok(self.shard.delete_version(&req.bucket, key, pick).await?)
             });
-            results.extend(futures::future::join_all(calls).await);
+            let done = futures::future::join_all(calls).await;
+            for (&i, r) in batch.iter().zip(done) {
+                results[i] = Some(r);
+            }
         }
+        let results: Vec<Result<Removed, S3Error>> = results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(S3Error::internal("key not deleted"))))
+            .collect();
         let mut out = String::with_capacity(128 + keys.len() * 80);
         push_open_root(&mut out, "DeleteResult");
         for ((key, version), result) in keys.iter().zip(&results) {
@@ -288,5 +297,33 @@ impl S3Front {
         }
         out.push_str("</DeleteResult>");
         self.respond_xml(conn, req, &out).await
+    }
+
+    /// A key of DeleteObjects: valid, and deletable by the signer (as
+    /// DeleteObject: a named version needs the version action).
+    fn delete_check(
+        &self,
+        req: &Request,
+        auth: &Verified,
+        key: &str,
+        version: Option<&str>,
+    ) -> Result<Pick, S3Error> {
+        if key.is_empty() || key.len() > S3_KEY_BYTES_MAX || key.contains('\0') {
+            return Err(S3Error::invalid_argument("Invalid key"));
+        }
+        let pick = match version {
+            None => Pick::Current,
+            Some(v) => Pick::parse(v)
+                .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
+        };
+        let action = if pick == Pick::Current {
+            "s3:DeleteObject"
+        } else {
+            "s3:DeleteObjectVersion"
+        };
+        if !self.allowed(&auth.principal, action, &req.bucket, Some(key)) {
+            return Err(super::authz::access_denied());
+        }
+        Ok(pick)
     }
 }

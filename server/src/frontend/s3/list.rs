@@ -37,10 +37,13 @@ impl S3Front {
         delimiter: Option<String>,
         max: usize,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
-        Ok(self
+        let local = self
             .shard
-            .list_merged(bucket, prefix, from, delimiter, max, None)
-            .await?)
+            .list_merged(bucket, prefix, from, delimiter.clone(), max, None)
+            .await?;
+        // A cluster node: every serving node's page too.
+        self.list_cluster(local, bucket, prefix, from, delimiter.as_deref(), max)
+            .await
     }
 
     /// ListObjects V1/V2: each shard returns its first `max_keys + 1` items

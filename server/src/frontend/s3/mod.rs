@@ -29,6 +29,7 @@ mod acl;
 mod authz;
 mod batch;
 mod bucket;
+mod cluster;
 mod conditional;
 mod config;
 mod copy;

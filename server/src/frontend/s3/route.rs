@@ -15,7 +15,7 @@ pub(super) fn percent_decode(s: &str) -> Result<String, S3Error> {
         .map_err(|_| S3Error::invalid_argument("URI is not valid UTF-8 after percent-decoding"))
 }
 
-fn parse_query(raw: &str) -> Result<Vec<(String, String)>, S3Error> {
+pub(super) fn parse_query(raw: &str) -> Result<Vec<(String, String)>, S3Error> {
     let mut out = Vec::new();
     for pair in raw.split('&').filter(|p| !p.is_empty()) {
         let (n, v) = pair.split_once('=').unwrap_or((pair, ""));

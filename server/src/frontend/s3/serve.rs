@@ -124,6 +124,11 @@ impl S3Front {
             return false;
         }
         let keep = head.keep_alive();
+        if head.path.starts_with("/_percore/")
+            && head.header(crate::cluster::peer_http::HEADER).is_some()
+        {
+            return self.handle_internal(conn, head, request_id).await;
+        }
         let req = match routed.target {
             Ok(t) => Request {
                 head,
@@ -169,6 +174,41 @@ impl S3Front {
         }
     }
 
+    /// A node-to-node request (`/_percore/...`); the connection closes
+    /// after it.
+    async fn handle_internal(
+        &self,
+        conn: &mut Conn,
+        head: RequestHead,
+        request_id: String,
+    ) -> bool {
+        let query = match super::route::parse_query(&head.query) {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = self
+                    .write_error(conn, &e, "", &request_id, true, false)
+                    .await;
+                return false;
+            }
+        };
+        let req = Request {
+            head,
+            op: S3Op::NotImplemented,
+            bucket: String::new(),
+            key: String::new(),
+            query,
+            request_id,
+        };
+        if let Err(e) = self.internal(conn, &req).await {
+            if conn.last_status == 0 {
+                let _ = self
+                    .write_error(conn, &e, "", &req.request_id, true, false)
+                    .await;
+            }
+        }
+        false
+    }
+
     /// Authenticates the request, then runs its operation. Copies arrive
     /// through the PUT handlers (they check the part number, then the
     /// copy source, in that order).
@@ -189,6 +229,18 @@ impl S3Front {
         // old version must never delete the current object).
         if req.q("versionId").is_some_and(|v| Pick::parse(v).is_none()) {
             return Err(S3Error::invalid_argument("Invalid version id specified"));
+        }
+        // A cluster node: the key's owner serves it, every node takes a
+        // bucket change (`cluster`).
+        let claim = self.node_claim(req)?;
+        match self.plan(req, claim.as_ref())? {
+            super::cluster::Plan::Here => {}
+            super::cluster::Plan::Forward(addr) => {
+                return self.forward(conn, req, addr, &auth.principal).await
+            }
+            super::cluster::Plan::FanOut(to) => {
+                return self.fan_out(conn, req, to, &auth.principal).await
+            }
         }
         match req.op {
             S3Op::ListBuckets => self.list_buckets(conn, req, &auth).await,
