@@ -242,3 +242,171 @@ def test_data_directory_is_bound_to_its_cluster(etcd):  # noqa: F811
         assert percore.Client(native_endpoint(node)).cluster_epoch >= 1
     finally:
         node.close()
+
+
+@pytest.fixture
+def three_nodes(etcd):  # noqa: F811
+    percore_cli("cluster", "init", "--cluster", etcd.urls, "--replicas", "3", "--pgs", "64")
+    ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    assert all(loopback_ok(ip) for ip in ips)
+    nodes = [Node(ip, f"n{i + 1}", f"z{i + 1}", etcd.urls) for i, ip in enumerate(ips)]
+    try:
+        for n in nodes:
+            n.start()
+        _, summary = status(etcd.urls)
+        epoch = int(re.search(r"epoch (\d+)", summary).group(1))
+        for n in nodes:
+            wait_epoch(n, epoch)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
+    """boto3 and the aws cli against each node: buckets are on every node,
+    each key is stored on its primary only (whichever node took it), and
+    reads, listings and batch deletes through any node see every key."""
+    from botocore.exceptions import ClientError
+
+    from conftest import AwsCli
+
+    nodes = three_nodes
+    by_name = {n.node_name: n for n in nodes}
+    s3 = [n.client() for n in nodes]
+    native = percore.Client(native_endpoint(nodes[0]))
+    s3[0].create_bucket(Bucket="anynode")
+    for c in s3:
+        c.head_bucket(Bucket="anynode")
+    with pytest.raises(ClientError) as e:
+        s3[1].create_bucket(Bucket="anynode")
+    assert e.value.response["Error"]["Code"] == "BucketAlreadyOwnedByYou"
+
+    data = {f"obj/{i:03d}": os.urandom(1 + (i * 104729) % 70000) for i in range(60)}
+    for i, (k, v) in enumerate(data.items()):
+        s3[i % 3].put_object(Bucket="anynode", Key=k, Body=v, ContentType="application/x-test")
+    owners = {k: native.owner_node("anynode", k) for k in data}
+    assert set(owners.values()) == {"n1", "n2", "n3"}
+    for name, node in by_name.items():
+        assert keys_on(node, "anynode") == {k for k, o in owners.items() if o == name}
+    for i, (k, v) in enumerate(data.items()):
+        c = s3[(i + 1) % 3]
+        got = c.get_object(Bucket="anynode", Key=k)
+        assert got["Body"].read() == v and got["ContentType"] == "application/x-test"
+        head = s3[(i + 2) % 3].head_object(Bucket="anynode", Key=k)
+        assert head["ContentLength"] == len(v)
+        assert native.get("anynode", k) == v
+    k = "obj/010"
+    part = s3[2].get_object(Bucket="anynode", Key=k, Range="bytes=5-99")["Body"].read()
+    assert part == data[k][5:100]
+    with pytest.raises(ClientError) as e:
+        s3[1].get_object(Bucket="anynode", Key="obj/none")
+    assert e.value.response["Error"]["Code"] == "NoSuchKey"
+
+    # A multipart upload through one node lands on the key's primary.
+    big = os.urandom(11 << 20)
+    src = tmp_path / "big.bin"
+    src.write_bytes(big)
+    from boto3.s3.transfer import TransferConfig
+    cfg = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    s3[1].upload_file(str(src), "anynode", "mpu/big", Config=cfg)
+    owner = native.owner_node("anynode", "mpu/big")
+    assert "mpu/big" in keys_on(by_name[owner], "anynode")
+    assert s3[2].get_object(Bucket="anynode", Key="mpu/big")["Body"].read() == big
+
+    # Listings through any node merge every node's keys, page by page.
+    want = sorted(list(data) + ["mpu/big"])
+    for c in s3:
+        got, pages = [], 0
+        for page in c.get_paginator("list_objects_v2").paginate(
+                Bucket="anynode", PaginationConfig={"PageSize": 7}):
+            got += [o["Key"] for o in page.get("Contents", [])]
+            pages += 1
+        assert got == want and pages == (len(want) + 6) // 7
+    v1 = []
+    for page in s3[2].get_paginator("list_objects").paginate(
+            Bucket="anynode", PaginationConfig={"PageSize": 9}):
+        v1 += [o["Key"] for o in page.get("Contents", [])]
+    assert v1 == want
+    tops = s3[1].list_objects_v2(Bucket="anynode", Delimiter="/")
+    assert [p["Prefix"] for p in tops["CommonPrefixes"]] == ["mpu/", "obj/"]
+
+    # Bucket settings reach every node.
+    s3[0].put_bucket_tagging(Bucket="anynode",
+                             Tagging={"TagSet": [{"Key": "team", "Value": "ml"}]})
+    for c in s3:
+        assert c.get_bucket_tagging(Bucket="anynode")["TagSet"] == [
+            {"Key": "team", "Value": "ml"}]
+
+    # A copy within one node's keys works; across nodes it is refused.
+    same = next(k for k in data if k != "obj/010" and owners[k] == owners["obj/010"])
+    other = next(k for k in data if owners[k] != owners["obj/010"])
+    s3[0].copy_object(Bucket="anynode", Key=same, CopySource="anynode/obj/010")
+    assert s3[1].get_object(Bucket="anynode", Key=same)["Body"].read() == data["obj/010"]
+    data[same] = data["obj/010"]
+    with pytest.raises(ClientError) as e:
+        s3[0].copy_object(Bucket="anynode", Key=other, CopySource="anynode/obj/010")
+    assert e.value.response["Error"]["Code"] == "NotImplemented"
+
+    # DeleteObjects through one node deletes each key on its owner.
+    gone = list(data)[:25]
+    r = s3[1].delete_objects(Bucket="anynode",
+                             Delete={"Objects": [{"Key": k} for k in gone]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == sorted(gone)
+    assert not r.get("Errors")
+    for k in gone:
+        with pytest.raises(ClientError):
+            s3[2].head_object(Bucket="anynode", Key=k)
+        assert k not in keys_on(by_name[owners[k]], "anynode")
+
+    # The aws cli through two different nodes.
+    tree = tmp_path / "tree"
+    for i in range(12):
+        (tree / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tree / f"d{i % 3}" / f"f{i}.bin").write_bytes(os.urandom(100 + i))
+    AwsCli(nodes[1].endpoint, tmp_path / "aws1").s3("sync", str(tree), "s3://anynode/tree/")
+    listed = AwsCli(nodes[2].endpoint, tmp_path / "aws2").s3(
+        "ls", "--recursive", "s3://anynode/tree/")
+    assert len([line for line in listed.splitlines() if "tree/" in line]) == 12
+
+    # A forged or stale node header is refused; internal requests need one.
+    st, body = internal(nodes[0], "GET", "/_percore/list?bucket=anynode&max=10",
+                        header=node_header("GET", "/_percore/list?bucket=anynode&max=10",
+                                           secret="wrong"))
+    assert st == 403 and b"AccessDenied" in body
+    st, _ = internal(nodes[0], "GET", "/_percore/list?bucket=anynode&max=10",
+                     header=node_header("GET", "/_percore/list?bucket=other&max=10"))
+    assert st == 403
+    st, _ = internal(nodes[0], "POST", "/_percore/delete?bucket=anynode", body=b"[]",
+                     header="v1 0 1 00 root")
+    assert st == 403
+    # Everything still there.
+    left = set(data) - set(gone)
+    assert {o["Key"] for o in s3[0].list_objects_v2(Bucket="anynode", Prefix="obj/")
+            .get("Contents", [])} == left
+    # A bucket with keys on any node is not empty; emptied, it is deleted
+    # everywhere.
+    with pytest.raises(ClientError) as e:
+        s3[2].delete_bucket(Bucket="anynode")
+    assert e.value.response["Error"]["Code"] == "BucketNotEmpty"
+    rest = [o["Key"] for page in s3[0].get_paginator("list_objects_v2").paginate(
+        Bucket="anynode") for o in page.get("Contents", [])]
+    for i in range(0, len(rest), 1000):
+        s3[0].delete_objects(Bucket="anynode", Delete={
+            "Objects": [{"Key": k} for k in rest[i:i + 1000]], "Quiet": True})
+    s3[2].delete_bucket(Bucket="anynode")
+    for c in s3:
+        with pytest.raises(ClientError) as e:
+            c.head_bucket(Bucket="anynode")
+        assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket")
+    # One key on one node: no node deletes the bucket (the others hold no
+    # key of it, but would otherwise lose it).
+    s3[0].create_bucket(Bucket="lonely")
+    s3[0].put_object(Bucket="lonely", Key="only", Body=b"1")
+    for c in s3:
+        with pytest.raises(ClientError) as e:
+            c.delete_bucket(Bucket="lonely")
+        assert e.value.response["Error"]["Code"] == "BucketNotEmpty"
+    for c in s3:
+        c.head_bucket(Bucket="lonely")
+    assert s3[1].get_object(Bucket="lonely", Key="only")["Body"].read() == b"1"

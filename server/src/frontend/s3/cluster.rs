@@ -399,6 +399,9 @@ impl S3Front {
         principal: &Principal,
     ) -> Result<(), S3Error> {
         let body = self.read_small_body(conn, req, FANOUT_BODY_MAX).await?;
+        if req.op == S3Op::DeleteBucket {
+            self.check_empty_everywhere(&req.bucket, &to).await?;
+        }
         let head = self.peer_head(req, Some(body.len() as u64), principal);
         let calls = to.iter().map(|&addr| {
             let (head, body) = (&head, &body);
@@ -445,6 +448,44 @@ impl S3Front {
             conn.write_body(&body).await?;
         }
         Ok(conn.flush().await?)
+    }
+
+    /// DeleteBucket on a cluster: refused (BucketNotEmpty) before any node
+    /// deletes it when any node holds a version of any key, so that a
+    /// node without keys does not lose the bucket while the others keep
+    /// theirs. (A key written between this check and the deletes still
+    /// splits them; delete an emptied bucket only.)
+    async fn check_empty_everywhere(&self, bucket: &str, to: &[SocketAddr]) -> Result<(), S3Error> {
+        let me = self.shard.cluster_map().map_or(0, |m| m.node_id);
+        let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC)
+            .to_string();
+        let target =
+            format!("/_percore/list?bucket={enc}&prefix=&from=&delimiter=&max=1&versions=1");
+        let calls = to.iter().map(|&addr| {
+            let target = &target;
+            async move {
+                let mac =
+                    peer_http::sign(&self.cfg.credentials.secret_key, me, "GET", target, "root");
+                let (status, body) =
+                    peer_http::call(addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
+                        .await
+                        .map_err(|e| {
+                            unavailable(format!("cluster node {addr} cannot be reached: {e}"))
+                        })?;
+                parse_list_answer(status, &body)
+                    .map_err(|e| S3Error::internal(format!("node {addr}: {e}")))
+            }
+        });
+        for got in futures::future::join_all(calls).await {
+            if !got?.0.is_empty() {
+                return Err(S3Error::new(
+                    409,
+                    "BucketNotEmpty",
+                    "The bucket you tried to delete is not empty.",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// ListObjects on a cluster: this node's items merged with every
@@ -595,6 +636,8 @@ impl S3Front {
                     .parse()
                     .map_err(|_| S3Error::invalid_argument("bad max"))?;
                 let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
+                // versions=1: every version and delete marker counts.
+                let versions = (q("versions") == "1").then_some(None);
                 match self
                     .shard
                     .list_merged(
@@ -603,7 +646,7 @@ impl S3Front {
                         &q("from"),
                         delimiter,
                         max.clamp(1, 10_000),
-                        None,
+                        versions,
                     )
                     .await
                 {
@@ -708,7 +751,8 @@ fn list_answer(items: &[ListItem], truncated: bool) -> Value {
             } => Some(json!(["o", key, size_bytes, &**etag, mtime_ms])),
             ListItem::Prefix(p) => Some(json!(["p", p])),
             ListItem::Skipped(k) => Some(json!(["s", k])),
-            ListItem::Versions { .. } => None,
+            // A key's versions (a versions listing): listed as the key.
+            ListItem::Versions { key, .. } => Some(json!(["s", key])),
         })
         .collect();
     json!({"items": items, "truncated": truncated})
