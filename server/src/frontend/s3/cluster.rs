@@ -742,17 +742,17 @@ fn removed_of(v: &Value) -> Result<Removed, S3Error> {
 fn list_answer(items: &[ListItem], truncated: bool) -> Value {
     let items: Vec<Value> = items
         .iter()
-        .filter_map(|i| match i {
+        .map(|i| match i {
             ListItem::Object {
                 key,
                 size_bytes,
                 etag,
                 mtime_ms,
-            } => Some(json!(["o", key, size_bytes, &**etag, mtime_ms])),
-            ListItem::Prefix(p) => Some(json!(["p", p])),
-            ListItem::Skipped(k) => Some(json!(["s", k])),
+            } => json!(["o", key, size_bytes, &**etag, mtime_ms]),
+            ListItem::Prefix(p) => json!(["p", p]),
+            ListItem::Skipped(k) => json!(["s", k]),
             // A key's versions (a versions listing): listed as the key.
-            ListItem::Versions { key, .. } => Some(json!(["s", key])),
+            ListItem::Versions { key, .. } => json!(["s", key]),
         })
         .collect();
     json!({"items": items, "truncated": truncated})
