@@ -399,6 +399,15 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         with pytest.raises(ClientError) as e:
             c.head_bucket(Bucket="anynode")
         assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket")
+    # The routing counters on /metrics (each node counts what it did).
+    def total(name: str) -> int:
+        return sum(v for n in nodes for k, v in cluster_gauges(n).items()
+                   if k.split("{")[0] == name)
+    assert total("percore_cluster_s3_forwarded_total") >= 40
+    assert total("percore_cluster_s3_fanned_out_total") >= 3
+    assert total("percore_cluster_node_requests_total") >= 40
+    assert total("percore_cluster_node_refused_total") >= 2
+
     # One key on one node: no node deletes the bucket (the others hold no
     # key of it, but would otherwise lose it).
     s3[0].create_bucket(Bucket="lonely")

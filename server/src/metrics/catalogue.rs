@@ -44,6 +44,30 @@ const NATIVE_COUNTERS: &[Entry<ShardMetrics>] = &[
     ),
 ];
 
+/// Cluster routing counters of the S3 door (zero on a single node).
+const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
+    (
+        "percore_cluster_s3_forwarded_total",
+        "S3 requests forwarded to the node that owns their key.",
+        |m| m.cluster_forwarded.get(),
+    ),
+    (
+        "percore_cluster_s3_fanned_out_total",
+        "S3 bucket changes sent to every serving node.",
+        |m| m.cluster_fanned_out.get(),
+    ),
+    (
+        "percore_cluster_node_requests_total",
+        "Node-to-node requests served (forwarded requests and internal listings and deletes).",
+        |m| m.cluster_node_requests.get(),
+    ),
+    (
+        "percore_cluster_node_refused_total",
+        "Node-to-node headers that did not verify (wrong secret, stale time, forged).",
+        |m| m.cluster_node_refused.get(),
+    ),
+];
+
 /// Lifecycle runner counters of the shard's own metrics.
 const LIFECYCLE_COUNTERS: &[Entry<ShardMetrics>] = &[
     (
@@ -324,6 +348,7 @@ pub fn own_snapshot(metrics: &ShardMetrics, out: &mut ShardSnapshot) {
     push(&mut out.counters, NATIVE_COUNTERS, metrics);
     push(&mut out.counters, S3_COUNTERS, metrics);
     push(&mut out.counters, LIFECYCLE_COUNTERS, metrics);
+    push(&mut out.counters, CLUSTER_COUNTERS, metrics);
 }
 
 /// One shard's full snapshot for a scrape: its own metrics plus `raw`.

@@ -117,6 +117,11 @@ pub struct ShardMetrics {
     pub lifecycle_expired: Cell<u64>,
     pub lifecycle_aborted: Cell<u64>,
     pub lifecycle_passes: Cell<u64>,
+    /// Cluster routing (`frontend::s3::cluster`).
+    pub cluster_forwarded: Cell<u64>,
+    pub cluster_fanned_out: Cell<u64>,
+    pub cluster_node_requests: Cell<u64>,
+    pub cluster_node_refused: Cell<u64>,
 }
 
 impl ShardMetrics {

@@ -29,6 +29,7 @@ use crate::cluster::peer_http::{self, Claim};
 use crate::cluster::shardmap::ShardMap;
 use crate::frontend::http::{BodyFraming, ResponseHead};
 use crate::frontend::s3::error::S3Error;
+use crate::metrics::ShardMetrics;
 use crate::shard::msg::Removed;
 use crate::store::versions::Pick;
 use crate::store::ListItem;
@@ -149,14 +150,26 @@ impl S3Front {
                 "Node-to-node requests go to cluster nodes only.",
             ));
         }
-        peer_http::verify(
+        let m = self.shard.metrics();
+        match peer_http::verify(
             &self.cfg.credentials.secret_key,
             v,
             &req.head.method,
             &req.head.target,
-        )
-        .map(Some)
-        .map_err(|e| S3Error::new(403, "AccessDenied", format!("Bad node header: {e}")))
+        ) {
+            Ok(c) => {
+                ShardMetrics::add(&m.cluster_node_requests, 1);
+                Ok(Some(c))
+            }
+            Err(e) => {
+                ShardMetrics::add(&m.cluster_node_refused, 1);
+                Err(S3Error::new(
+                    403,
+                    "AccessDenied",
+                    format!("Bad node header: {e}"),
+                ))
+            }
+        }
     }
 
     /// Whether this node serves `key` (always, on a single node).
@@ -281,6 +294,7 @@ impl S3Front {
         addr: SocketAddr,
         principal: &Principal,
     ) -> Result<(), S3Error> {
+        ShardMetrics::add(&self.shard.metrics().cluster_forwarded, 1);
         let unreachable = |e: std::io::Error| {
             unavailable(format!(
                 "The cluster node that owns this key ({addr}) cannot be reached: {e}"
@@ -398,6 +412,7 @@ impl S3Front {
         to: Vec<SocketAddr>,
         principal: &Principal,
     ) -> Result<(), S3Error> {
+        ShardMetrics::add(&self.shard.metrics().cluster_fanned_out, 1);
         let body = self.read_small_body(conn, req, FANOUT_BODY_MAX).await?;
         if req.op == S3Op::DeleteBucket {
             self.check_empty_everywhere(&req.bucket, &to).await?;
