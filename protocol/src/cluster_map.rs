@@ -57,6 +57,9 @@ impl ClientMap {
         if m.replicas == 0 || m.replicas > REPLICAS_MAX {
             return Err(format!("bad cluster map: {} replicas", m.replicas));
         }
+        if m.nodes.is_empty() {
+            return Err("bad cluster map: no nodes".into());
+        }
         for n in &m.nodes {
             if n.native.is_empty() || n.native.len() > SHARD_COUNT_MAX {
                 return Err(format!(

@@ -80,7 +80,7 @@ fn kind_numbers_are_pinned() {
     assert_eq!(got, KINDS_GOLDEN);
 }
 
-const KINDS_GOLDEN: &str = "[(1, \"Hello\"), (2, \"Get\"), (3, \"BatchGet\"), (4, \"Put\"), (5, \"PutData\"), (6, \"Delete\"), (7, \"Stat\"), (8, \"List\"), (9, \"CreateBucket\"), (10, \"ListBuckets\"), (128, \"Challenge\"), (129, \"HelloOk\"), (130, \"ItemHead\"), (131, \"Chunk\"), (132, \"Reply\")]";
+const KINDS_GOLDEN: &str = "[(1, \"Hello\"), (2, \"Get\"), (3, \"BatchGet\"), (4, \"Put\"), (5, \"PutData\"), (6, \"Delete\"), (7, \"Stat\"), (8, \"List\"), (9, \"CreateBucket\"), (10, \"ListBuckets\"), (11, \"ClusterMap\"), (128, \"Challenge\"), (129, \"HelloOk\"), (130, \"ItemHead\"), (131, \"Chunk\"), (132, \"Reply\")]";
 
 fn requests() -> Vec<(&'static str, Request, &'static str)> {
     vec![

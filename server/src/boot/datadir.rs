@@ -17,6 +17,11 @@ use serde::{Deserialize, Serialize};
 /// as torn tails (a percore of format 2 takes a 4 KiB-block count for a
 /// malformed header).
 pub const FORMAT_VERSION: u32 = 4;
+/// 5: a cluster node's data (`cluster` below), whose keys are placed by
+/// the cluster's seed and placement groups: a percore that reads at most
+/// format 4 would open it with single-node routing and miss its keys, so
+/// it must refuse it. A single node's data stays at format 4.
+pub const CLUSTER_FORMAT_VERSION: u32 = 5;
 const FORMAT_VERSION_READ_MIN: u32 = 1;
 const FILE_NAME: &str = "percore.meta";
 
@@ -71,9 +76,9 @@ pub fn open_or_create(
         Ok(text) => {
             let mut meta: DataMeta =
                 toml::from_str(&text).map_err(|e| format!("{} is damaged: {e}", path.display()))?;
-            if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION).contains(&meta.format_version) {
+            if !(FORMAT_VERSION_READ_MIN..=CLUSTER_FORMAT_VERSION).contains(&meta.format_version) {
                 return Err(format!(
-                    "{} has format version {}, this percore reads {FORMAT_VERSION}",
+                    "{} has format version {}, this percore reads up to {CLUSTER_FORMAT_VERSION}",
                     path.display(),
                     meta.format_version
                 ));
@@ -95,15 +100,24 @@ pub fn open_or_create(
                 ));
             }
             check_binding(dir, meta.cluster.as_ref(), cluster)?;
-            if meta.format_version < FORMAT_VERSION {
-                meta.format_version = FORMAT_VERSION;
+            let want = if meta.cluster.is_some() {
+                CLUSTER_FORMAT_VERSION
+            } else {
+                FORMAT_VERSION
+            };
+            if meta.format_version < want {
+                meta.format_version = want;
                 write_meta(dir, &path, &meta)?;
             }
             Ok(meta)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let meta = DataMeta {
-                format_version: FORMAT_VERSION,
+                format_version: if cluster.is_some() {
+                    CLUSTER_FORMAT_VERSION
+                } else {
+                    FORMAT_VERSION
+                },
                 shards,
                 hash_algorithm: routing::HASH_ALGORITHM.to_string(),
                 hash_seed: routing::HASH_SEED_DEFAULT,

@@ -116,6 +116,18 @@ fn join_cluster(
             ));
         }
     }
+    // With the built-in default keys (which anyone can sign with) a node
+    // takes node-to-node requests from loopback only: a cluster on other
+    // addresses needs its own keys.
+    if cfg.default_credentials {
+        for a in [cfg.s3, cfg.native, cfg.admin] {
+            if !a.ip().is_loopback() {
+                return Err(format!(
+                    "{a}: a cluster node on a non-loopback address needs its own keys: start every node with the same PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY (the default ones are public)"
+                ));
+            }
+        }
+    }
     let native: Vec<String> = native_ports
         .iter()
         .map(|&p| std::net::SocketAddr::new(cfg.native.ip(), p).to_string())

@@ -340,6 +340,16 @@ impl Control {
 
     /// Hands the map to the shards (when it changed).
     fn publish(&mut self, view: &View) {
+        // Placing every group costs up to seconds on a large map: only
+        // when the map changed (this thread also renews the lease).
+        match ShardMap::client_json(&self.cluster, view) {
+            Ok(json) if self.feed.is_current(&json) => return,
+            Ok(_) => {}
+            Err(e) => {
+                error!(error = %e, "cluster: cannot build the shards' map");
+                return;
+            }
+        }
         match ShardMap::build(&self.cluster, self.id, view) {
             Ok(m) => self.feed.publish(m),
             Err(e) => error!(error = %e, "cluster: cannot build the shards' map"),

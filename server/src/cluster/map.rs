@@ -285,6 +285,12 @@ pub fn config(etcd: &Etcd, keys: &Keys) -> Result<ClusterConfig, String> {
     let config: ClusterConfig =
         serde_json::from_slice(&config.value).map_err(|e| format!("cluster config: {e}"))?;
     config.seed()?;
+    if config.pgs == 0 || config.pgs > placement::PG_COUNT_MAX {
+        return Err(format!("cluster config: {} placement groups", config.pgs));
+    }
+    if config.replicas == 0 || config.replicas > placement::REPLICAS_MAX {
+        return Err(format!("cluster config: {} replicas", config.replicas));
+    }
     Ok(config)
 }
 

@@ -4,20 +4,27 @@
 //! for its own data. One connection per request (`Connection: close`), so
 //! a response ends where the peer closes.
 //!
-//! Every such request carries `x-percore-node`, a MAC with the cluster's
-//! shared secret (the nodes' root secret key) over the time, the method,
-//! the request target and the principal it acts for:
+//! Every such request carries `x-percore-node`, a MAC keyed with the
+//! cluster key (derived from the nodes' shared root secret key) over the
+//! sender, the receiver, the time, the method, the request target and the
+//! body's SHA-256:
 //!
 //! ```text
-//! x-percore-node: v1 <node id> <unix ms> <hex HMAC-SHA256> <principal>
-//! mac = HMAC-SHA256(secret, "percore-node-v1\n" node "\n" ms "\n" method "\n" target "\n" principal)
+//! x-percore-node: v2 <from node> <to node> <unix ms> <nonce> <body> <hex mac>
+//! key  = HMAC-SHA256(root secret, "percore-cluster-key-v1")
+//! mac  = HMAC-SHA256(key, "percore-node-v2\n" from "\n" to "\n" ms "\n" nonce "\n" method "\n" target "\n" body)
+//! nonce = 16 random hex digits
+//! body = hex SHA-256 of the body, or "-" (a forwarded S3 request, whose
+//!        body the client's own signature covers)
 //! ```
 //!
-//! A forwarded S3 request keeps the client's own signature, which the
-//! owner checks again; the MAC only tells it that another node sent it
-//! there (serve it here, do not forward it again). Internal requests
+//! A forwarded S3 request keeps the client's signature, which the owner
+//! checks again; the MAC only tells it that another node sent it there
+//! (serve it here, do not forward it again). Internal requests
 //! (`/_percore/...`) carry no client signature: the MAC is their
-//! authentication, and the principal the one the sending node checked.
+//! authentication, so they must name their body's hash, and a receiver
+//! takes each MAC once, node-wide (`Replays` on the shard the MAC hashes
+//! to: `Shard::take_node_mac`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -39,6 +46,9 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest response head from a peer.
 const HEAD_BYTES_MAX: usize = 64 * 1024;
 const HEADERS_MAX: usize = 128;
+/// Internal MACs a shard remembers (`Replays`); past that it refuses
+/// internal requests until old ones age out.
+const REPLAYS_MAX: usize = 1 << 16;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -46,53 +56,133 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn mac(secret: &str, node: u32, ms: u64, method: &str, target: &str, principal: &str) -> [u8; 32] {
-    let mut m = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    m.update(format!("percore-node-v1\n{node}\n{ms}\n{method}\n{target}\n{principal}").as_bytes());
+/// The key node-to-node MACs are made with (never the root secret
+/// itself, which also signs S3 requests).
+#[must_use]
+pub fn cluster_key(root_secret: &str) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(root_secret.as_bytes()).expect("any key length");
+    m.update(b"percore-cluster-key-v1");
     m.finalize().into_bytes().into()
 }
 
-/// The `x-percore-node` value for a request from `node`.
+/// The hex SHA-256 of an internal request's body.
 #[must_use]
-pub fn sign(secret: &str, node: u32, method: &str, target: &str, principal: &str) -> String {
+pub fn body_hash(body: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(Sha256::digest(body))
+}
+
+/// What a request is signed over.
+pub struct Signed<'a> {
+    pub from: u32,
+    pub to: u32,
+    pub method: &'a str,
+    pub target: &'a str,
+    /// `body_hash`, or "-" for a forwarded S3 request.
+    pub body: &'a str,
+}
+
+fn mac(key: &[u8; 32], s: &Signed<'_>, ms: u64, nonce: &str) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    m.update(
+        format!(
+            "percore-node-v2\n{}\n{}\n{ms}\n{nonce}\n{}\n{}\n{}",
+            s.from, s.to, s.method, s.target, s.body
+        )
+        .as_bytes(),
+    );
+    m.finalize().into_bytes().into()
+}
+
+/// The `x-percore-node` value of a request.
+#[must_use]
+pub fn sign(key: &[u8; 32], s: &Signed<'_>) -> String {
     let ms = now_ms();
-    let tag = hex::encode(mac(secret, node, ms, method, target, principal));
-    format!("v1 {node} {ms} {tag} {principal}")
+    let nonce = format!("{:016x}", rand::random::<u64>());
+    let tag = hex::encode(mac(key, s, ms, &nonce));
+    format!("v2 {} {} {ms} {nonce} {} {tag}", s.from, s.to, s.body)
 }
 
 /// What a valid `x-percore-node` header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
-    pub node: u32,
-    pub principal: String,
+    pub from: u32,
+    /// The body's hash ("-": a forwarded S3 request).
+    pub body: String,
+    pub ms: u64,
+    pub mac: [u8; 32],
 }
 
-/// Checks an `x-percore-node` value for `method` and `target`.
-pub fn verify(secret: &str, value: &str, method: &str, target: &str) -> Result<Claim, String> {
-    let mut parts = value.splitn(5, ' ');
-    let (Some("v1"), Some(node), Some(ms), Some(tag), Some(principal)) = (
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-        parts.next(),
-    ) else {
+/// Checks an `x-percore-node` value of a request to node `me`.
+pub fn verify(
+    key: &[u8; 32],
+    value: &str,
+    me: u32,
+    method: &str,
+    target: &str,
+) -> Result<Claim, String> {
+    let parts: Vec<&str> = value.split(' ').collect();
+    let ["v2", from, to, ms, nonce, body, tag] = parts[..] else {
         return Err("malformed node header".into());
     };
-    let node: u32 = node.parse().map_err(|_| "malformed node id")?;
+    let from: u32 = from.parse().map_err(|_| "malformed node id")?;
+    let to: u32 = to.parse().map_err(|_| "malformed node id")?;
     let ms: u64 = ms.parse().map_err(|_| "malformed node time")?;
+    if to != me {
+        return Err(format!(
+            "the node header is for node {to}, this is node {me}"
+        ));
+    }
     if now_ms().abs_diff(ms) > SKEW_MAX_MS {
-        return Err("node header too old (or the clocks are apart)".into());
+        return Err("node header too old (or the nodes' clocks are minutes apart)".into());
     }
     let tag = hex::decode(tag).map_err(|_| "malformed node MAC")?;
-    let want = mac(secret, node, ms, method, target, principal);
+    let signed = Signed {
+        from,
+        to,
+        method,
+        target,
+        body,
+    };
+    if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("malformed node nonce".into());
+    }
+    let want = mac(key, &signed, ms, nonce);
     if tag.len() != want.len() || !bool::from(want.ct_eq(&tag[..])) {
-        return Err("node MAC does not match (do the nodes share one secret key?)".into());
+        return Err(
+            "node MAC does not match (are all nodes started with the same root keys?)".into(),
+        );
     }
     Ok(Claim {
-        node,
-        principal: principal.to_string(),
+        from,
+        body: body.to_string(),
+        ms,
+        mac: want,
     })
+}
+
+/// The internal MACs a shard has taken within the clock window: each is
+/// taken once, so a captured internal request cannot be sent again to
+/// the same shard.
+#[derive(Default)]
+pub struct Replays {
+    seen: std::collections::HashMap<[u8; 32], u64>,
+}
+
+impl Replays {
+    /// Takes `claim` if it was not seen; false for a replay (or when the
+    /// table is full of MACs still within the window).
+    pub fn take(&mut self, mac: [u8; 32], ms: u64) -> bool {
+        let now = now_ms();
+        if self.seen.len() >= REPLAYS_MAX / 2 {
+            self.seen.retain(|_, at| now.abs_diff(*at) <= SKEW_MAX_MS);
+        }
+        if self.seen.len() >= REPLAYS_MAX || self.seen.contains_key(&mac) {
+            return false;
+        }
+        self.seen.insert(mac, ms);
+        true
+    }
 }
 
 /// A connection to a peer's S3 port, with deadlines.
@@ -264,41 +354,73 @@ pub async fn call(
 mod tests {
     use super::*;
 
+    fn signed<'a>(to: u32, method: &'a str, target: &'a str, body: &'a str) -> Signed<'a> {
+        Signed {
+            from: 7,
+            to,
+            method,
+            target,
+            body,
+        }
+    }
+
     #[test]
     fn a_signed_header_verifies_once_for_its_own_request() {
-        let v = sign("s3cret", 7, "GET", "/_percore/list?bucket=b", "root");
-        let c = verify("s3cret", &v, "GET", "/_percore/list?bucket=b").unwrap();
-        assert_eq!(
-            c,
-            Claim {
-                node: 7,
-                principal: "root".into()
-            }
-        );
-        // Another secret, method, target or principal: refused.
-        assert!(verify("other", &v, "GET", "/_percore/list?bucket=b").is_err());
-        assert!(verify("s3cret", &v, "PUT", "/_percore/list?bucket=b").is_err());
-        assert!(verify("s3cret", &v, "GET", "/_percore/list?bucket=c").is_err());
-        let forged = v.replace(" root", " user:alice");
-        assert!(verify("s3cret", &forged, "GET", "/_percore/list?bucket=b").is_err());
+        let key = cluster_key("s3cret");
+        let h = body_hash(b"");
+        let v = sign(&key, &signed(2, "GET", "/_percore/list?bucket=b", &h));
+        let c = verify(&key, &v, 2, "GET", "/_percore/list?bucket=b").unwrap();
+        assert_eq!((c.from, c.body.as_str()), (7, h.as_str()));
+        // Another key, receiver, method, target or body hash: refused.
+        assert!(verify(
+            &cluster_key("other"),
+            &v,
+            2,
+            "GET",
+            "/_percore/list?bucket=b"
+        )
+        .is_err());
+        assert!(verify(&key, &v, 3, "GET", "/_percore/list?bucket=b").is_err());
+        assert!(verify(&key, &v, 2, "PUT", "/_percore/list?bucket=b").is_err());
+        assert!(verify(&key, &v, 2, "GET", "/_percore/list?bucket=c").is_err());
+        let forged = v.replace(&h, &body_hash(b"[]"));
+        assert!(verify(&key, &forged, 2, "GET", "/_percore/list?bucket=b").is_err());
+        // The root secret itself is not the key.
+        let raw: [u8; 32] = {
+            let mut k = [0u8; 32];
+            k[..6].copy_from_slice(b"s3cret");
+            k
+        };
+        assert!(verify(&raw, &v, 2, "GET", "/_percore/list?bucket=b").is_err());
         // Garbage and stale values.
         for bad in [
             "",
-            "v1",
-            "v2 1 2 3 root",
-            "v1 x 1 aa root",
-            "v1 1 1 zz root",
+            "v2",
+            "v1 1 2 3 0123456789abcdef - aa",
+            "v2 x 2 1 0123456789abcdef - aa",
+            "v2 1 2 1 0123456789abcdef - zz",
+            "v2 1 2 1 nonce - aa",
+            "v2 1 2 1 0123456789abcdef - aa extra",
         ] {
-            assert!(verify("s3cret", bad, "GET", "/").is_err(), "{bad}");
+            assert!(verify(&key, bad, 2, "GET", "/").is_err(), "{bad}");
         }
-        let ms = now_ms() - SKEW_MAX_MS - 1000;
-        let tag = hex::encode(mac("s3cret", 7, ms, "GET", "/", "root"));
-        assert!(verify("s3cret", &format!("v1 7 {ms} {tag} root"), "GET", "/").is_err());
-        // Principals may hold spaces.
-        let v = sign("s3cret", 1, "PUT", "/x", "user:a b");
-        assert_eq!(
-            verify("s3cret", &v, "PUT", "/x").unwrap().principal,
-            "user:a b"
-        );
+        let old = now_ms() - SKEW_MAX_MS - 1000;
+        let s = signed(2, "GET", "/", "-");
+        let tag = hex::encode(mac(&key, &s, old, "0123456789abcdef"));
+        let stale = format!("v2 7 2 {old} 0123456789abcdef - {tag}");
+        assert!(verify(&key, &stale, 2, "GET", "/").is_err());
+        // Each MAC is taken once.
+        let mut seen = Replays::default();
+        assert!(seen.take(c.mac, c.ms));
+        assert!(!seen.take(c.mac, c.ms));
+        let again = verify(
+            &key,
+            &sign(&key, &signed(2, "GET", "/x", "-")),
+            2,
+            "GET",
+            "/x",
+        )
+        .unwrap();
+        assert!(seen.take(again.mac, again.ms));
     }
 }

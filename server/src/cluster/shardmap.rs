@@ -47,30 +47,13 @@ pub struct MapNode {
 }
 
 impl ShardMap {
-    /// Builds the shard map of node `node_id` from a map read from etcd.
-    pub fn build(cluster: &str, node_id: u32, view: &View) -> Result<ShardMap, String> {
-        let seed = view.config.seed()?;
-        let pgs = view.config.pgs;
-        let placed: Vec<PlacedNode> = view
-            .nodes
-            .iter()
-            .map(|(n, _)| PlacedNode {
-                id: n.id,
-                zone: n.zone.clone(),
-                state: n.node_state(),
-            })
-            .collect();
-        let primaries = (0..pgs)
-            .map(|pg| {
-                placement::replicas(seed, pg, view.config.replicas, &placed)
-                    .first()
-                    .map_or(NO_NODE, |&i| placed[i].id)
-            })
-            .collect();
+    /// The map for clients of a map read from etcd, as JSON (cheap: the
+    /// control thread compares it with the last one before it builds).
+    pub fn client_json(cluster: &str, view: &View) -> Result<String, String> {
         let client = ClientMap {
             cluster: cluster.to_string(),
             epoch: view.epoch,
-            pgs,
+            pgs: view.config.pgs,
             replicas: view.config.replicas,
             seed: view.config.seed.clone(),
             nodes: view
@@ -91,13 +74,38 @@ impl ShardMap {
                 })
                 .collect(),
         };
+        serde_json::to_string(&client).map_err(|e| e.to_string())
+    }
+
+    /// Builds the shard map of node `node_id` from a map read from etcd
+    /// (every placement group's primary: N hashes per group).
+    pub fn build(cluster: &str, node_id: u32, view: &View) -> Result<ShardMap, String> {
+        let json = Self::client_json(cluster, view)?;
+        let seed = view.config.seed()?;
+        let pgs = view.config.pgs;
+        let placed: Vec<PlacedNode> = view
+            .nodes
+            .iter()
+            .map(|(n, _)| PlacedNode {
+                id: n.id,
+                zone: n.zone.clone(),
+                state: n.node_state(),
+            })
+            .collect();
+        let primaries = (0..pgs)
+            .map(|pg| {
+                placement::replicas(seed, pg, view.config.replicas, &placed)
+                    .first()
+                    .map_or(NO_NODE, |&i| placed[i].id)
+            })
+            .collect();
         Ok(ShardMap {
             epoch: view.epoch,
             node_id,
             pgs,
             seed,
             primaries,
-            json: serde_json::to_string(&client).map_err(|e| e.to_string())?,
+            json,
             nodes: view
                 .nodes
                 .iter()
@@ -116,14 +124,18 @@ impl ShardMap {
         self.nodes.iter().find(|n| n.id == id)
     }
 
-    /// The other nodes that answer for what they store (up or draining):
-    /// listings and bucket changes go to them.
-    pub fn serving_peers(&self) -> impl Iterator<Item = &MapNode> {
+    /// The other nodes that may hold keys: up, draining, and down ones
+    /// (a down node is still its groups' primary and holds their only
+    /// copy). Listings and bucket changes need every one of them: one that
+    /// cannot be reached fails the request rather than leave it partial.
+    pub fn holding_peers(&self) -> impl Iterator<Item = &MapNode> {
         self.nodes.iter().filter(move |n| {
             n.id != self.node_id
                 && matches!(
                     n.state,
-                    placement::NodeState::Up | placement::NodeState::Draining
+                    placement::NodeState::Up
+                        | placement::NodeState::Draining
+                        | placement::NodeState::Down
                 )
         })
     }
@@ -161,6 +173,12 @@ pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
 }
 
 impl MapFeed {
+    /// Whether `json` (`ShardMap::client_json`) is the map sent last.
+    #[must_use]
+    pub fn is_current(&self, json: &str) -> bool {
+        self.sent_epoch != 0 && json == self.sent_json
+    }
+
     /// Sends `map` to every shard unless it is the map sent last. A map
     /// is sent only when it changed, so a channel holds at most the few
     /// maps of changes made within one shard poll.

@@ -64,6 +64,26 @@ impl Shard {
         }
     }
 
+    /// Takes a node-to-node MAC once, node-wide: the shard it hashes to
+    /// keeps it. False: seen already (a replay), or too many still within
+    /// the clock window.
+    pub async fn take_node_mac(self: &std::rc::Rc<Self>, mac: [u8; 32], ms: u64) -> bool {
+        let owner = (u64::from_le_bytes(mac[..8].try_into().expect("8 bytes")) % self.count as u64)
+            as usize;
+        match self
+            .call(owner, super::msg::Op::TakeNodeMac { mac, ms })
+            .await
+        {
+            super::msg::Reply::Created(fresh) => fresh,
+            _ => false,
+        }
+    }
+
+    /// `take_node_mac` on the owner shard.
+    pub(super) fn take_node_mac_here(&self, mac: [u8; 32], ms: u64) -> bool {
+        self.node_macs.borrow_mut().take(mac, ms)
+    }
+
     /// Keeps taking maps from the control thread's channel until it
     /// closes (the task ends with the shard).
     pub fn start_map_feed(self: &std::rc::Rc<Self>, rx: Receiver<Arc<ShardMap>>) {

@@ -113,6 +113,8 @@ pub struct Shard {
     md5: Rc<crate::digest::engine::Md5Engine>,
     /// Cluster mode: placement groups (0: a single node), fixed at start.
     cluster_pgs: Cell<u32>,
+    /// Cluster mode: node-to-node MACs taken on this shard (`cluster`).
+    node_macs: RefCell<crate::cluster::peer_http::Replays>,
     /// Cluster mode: the latest map from the control thread (`cluster`).
     map: RefCell<Option<std::sync::Arc<crate::cluster::shardmap::ShardMap>>>,
 }
@@ -146,6 +148,7 @@ impl Shard {
             ring: RefCell::new(None),
             md5: crate::digest::engine::Md5Engine::new(),
             cluster_pgs: Cell::new(0),
+            node_macs: RefCell::new(Default::default()),
             map: RefCell::new(None),
         })
     }

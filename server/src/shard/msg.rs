@@ -169,6 +169,12 @@ pub enum Op {
     Metrics,
     /// Empty the object cache (admin POST /cache/drop).
     DropCache,
+    /// Cluster: take a node-to-node MAC once (on the shard the MAC hashes
+    /// to, so that a replay is refused whichever shard it reaches).
+    TakeNodeMac {
+        mac: [u8; 32],
+        ms: u64,
+    },
 }
 
 impl Op {

@@ -458,7 +458,12 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
-        if answers > 0 && existed == answers {
+        if answers == 0 {
+            return Err(Error::Protocol(
+                "the cluster map has no node to create the bucket on".into(),
+            ));
+        }
+        if existed == answers {
             return Err(Error::Server {
                 status: Status::BucketExists.0,
                 message: "bucket already exists".into(),

@@ -185,8 +185,9 @@ impl Cluster {
     }
 
     /// The nodes a request about every key goes to (listings, bucket
-    /// creation): those up or draining. Down nodes cannot answer, out
-    /// nodes hold no placement group.
+    /// creation): those that may hold keys, up, draining or down (a down
+    /// node is still its groups' primary: a listing without it would look
+    /// complete and is refused instead, by the connection failing).
     pub(crate) fn serving_nodes(&self) -> Vec<usize> {
         self.placed
             .iter()
@@ -194,7 +195,9 @@ impl Cluster {
             .filter(|(_, n)| {
                 matches!(
                     n.state,
-                    placement::NodeState::Up | placement::NodeState::Draining
+                    placement::NodeState::Up
+                        | placement::NodeState::Draining
+                        | placement::NodeState::Down
                 )
             })
             .map(|(i, _)| i)

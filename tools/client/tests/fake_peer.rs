@@ -446,6 +446,10 @@ async fn a_bad_cluster_map_is_refused() {
             "seed",
         ),
         (
+            r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"0x1","nodes":[]}"#,
+            "no nodes",
+        ),
+        (
             r#"{"cluster":"c","epoch":1,"pgs":16,"replicas":1,"seed":"0x1","nodes":[{"id":1,"name":"n","zone":"z","state":"up","s3":"","native":[]}]}"#,
             "0 shards",
         ),

@@ -24,9 +24,8 @@ use serde_json::{json, Value};
 
 use super::route::S3Op;
 use super::{Conn, Request, S3Front};
-use crate::access::Principal;
-use crate::cluster::peer_http::{self, Claim};
-use crate::cluster::shardmap::ShardMap;
+use crate::cluster::peer_http::{self, Claim, Signed};
+use crate::cluster::shardmap::{MapNode, ShardMap};
 use crate::frontend::http::{BodyFraming, ResponseHead};
 use crate::frontend::s3::error::S3Error;
 use crate::metrics::ShardMetrics;
@@ -38,6 +37,8 @@ use crate::store::ListItem;
 const INTERNAL_ANSWER_MAX: usize = 16 << 20;
 /// Largest bucket-change body fanned out (the XML documents).
 const FANOUT_BODY_MAX: usize = 1 << 20;
+/// Largest internal request body (1,000 deletes of 1 KiB keys).
+const INTERNAL_BODY_MAX: usize = 2 << 20;
 /// Request headers not passed on (hop by hop, or ours).
 const HOP_HEADERS: [&str; 9] = [
     "connection",
@@ -60,14 +61,22 @@ const OWN_RESPONSE_HEADERS: [&str; 6] = [
     "transfer-encoding",
 ];
 
+/// A node a request goes to.
+#[derive(Debug, Clone)]
+pub(super) struct Peer {
+    pub id: u32,
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
 /// What a cluster node does with a request.
 pub(super) enum Plan {
     /// Serve it here (a single node, or this node owns the key).
     Here,
     /// Forward it to the key's owner.
-    Forward(SocketAddr),
-    /// Send it to every serving node (a bucket change).
-    FanOut(Vec<SocketAddr>),
+    Forward(Peer),
+    /// Send it to every node that may hold keys (a bucket change).
+    FanOut(Vec<Peer>),
 }
 
 fn unavailable(message: impl Into<String>) -> S3Error {
@@ -76,6 +85,20 @@ fn unavailable(message: impl Into<String>) -> S3Error {
 
 fn slow_down(message: impl Into<String>) -> S3Error {
     S3Error::new(503, "SlowDown", message)
+}
+
+fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
+    let addr = n.s3.ok_or_else(|| {
+        unavailable(format!(
+            "cluster node {} has no usable S3 address in the map",
+            n.name
+        ))
+    })?;
+    Ok(Peer {
+        id: n.id,
+        name: n.name.clone(),
+        addr,
+    })
 }
 
 fn is_bucket_change(op: S3Op) -> bool {
@@ -94,15 +117,6 @@ fn is_bucket_change(op: S3Op) -> bool {
             | S3Op::DeleteBucketLifecycle
             | S3Op::DeleteBucketPolicy
     )
-}
-
-/// A principal as node-to-node requests name it.
-fn principal_name(p: &Principal) -> String {
-    match p {
-        Principal::Root => "root".into(),
-        Principal::User(name) => format!("user:{name}"),
-        Principal::Anonymous => "-".into(),
-    }
 }
 
 /// The static code of an error a peer reported (unknown ones are
@@ -137,39 +151,63 @@ impl S3Front {
         })
     }
 
+    fn cluster_key(&self) -> [u8; 32] {
+        peer_http::cluster_key(&self.cfg.credentials.secret_key)
+    }
+
+    /// The node header for a request from this node to `to`.
+    fn sign(&self, map: &ShardMap, to: u32, method: &str, target: &str, body: &str) -> String {
+        peer_http::sign(
+            &self.cluster_key(),
+            &Signed {
+                from: map.node_id,
+                to,
+                method,
+                target,
+                body,
+            },
+        )
+    }
+
     /// The `x-percore-node` claim of a request another node sent (None:
-    /// a client's). A header that does not verify is refused.
-    pub(super) fn node_claim(&self, req: &Request) -> Result<Option<Claim>, S3Error> {
+    /// a client's, or a single node, which ignores the header). A header
+    /// that does not verify is refused; with the built-in default keys
+    /// (which anyone can sign with) only from loopback peers.
+    pub(super) fn node_claim(
+        &self,
+        req: &Request,
+        loopback: bool,
+    ) -> Result<Option<Claim>, S3Error> {
+        if !self.shard.is_cluster() {
+            return Ok(None);
+        }
         let Some(v) = req.head.header_str(peer_http::HEADER) else {
             return Ok(None);
         };
-        if !self.shard.is_cluster() {
-            return Err(S3Error::new(
-                403,
-                "AccessDenied",
-                "Node-to-node requests go to cluster nodes only.",
+        let m = self.shard.metrics();
+        let refuse = |why: String| {
+            ShardMetrics::add(&m.cluster_node_refused, 1);
+            S3Error::new(403, "AccessDenied", format!("Bad node header: {why}"))
+        };
+        if !self.cfg.credentials.allowed_from(loopback) {
+            return Err(refuse(
+                "nodes started with the default keys take node-to-node requests from loopback only; start every node with the same PERCORE_ACCESS_KEY and PERCORE_SECRET_KEY".into(),
             ));
         }
-        let m = self.shard.metrics();
-        match peer_http::verify(
-            &self.cfg.credentials.secret_key,
+        let map = self.map()?.expect("a cluster node");
+        let claim = peer_http::verify(
+            &self.cluster_key(),
             v,
+            map.node_id,
             &req.head.method,
             &req.head.target,
-        ) {
-            Ok(c) => {
-                ShardMetrics::add(&m.cluster_node_requests, 1);
-                Ok(Some(c))
-            }
-            Err(e) => {
-                ShardMetrics::add(&m.cluster_node_refused, 1);
-                Err(S3Error::new(
-                    403,
-                    "AccessDenied",
-                    format!("Bad node header: {e}"),
-                ))
-            }
+        )
+        .map_err(refuse)?;
+        if map.node(claim.from).is_none() {
+            return Err(refuse(format!("node {} is not in the map", claim.from)));
         }
+        ShardMetrics::add(&m.cluster_node_requests, 1);
+        Ok(Some(claim))
     }
 
     /// Whether this node serves `key` (always, on a single node).
@@ -185,20 +223,19 @@ impl S3Front {
         let Some(map) = self.map()? else {
             return Ok(Plan::Here);
         };
+        if req.op == S3Op::BatchGet {
+            return Err(S3Error::not_implemented(
+                "the S3 batch read on a cluster (GET each key, or use the native client's get_batch)",
+            ));
+        }
         if req.key.is_empty() {
             if claim.is_none() && is_bucket_change(req.op) {
-                let mut to: Vec<SocketAddr> = map
-                    .node(map.node_id)
-                    .and_then(|n| n.s3)
-                    .into_iter()
-                    .collect();
-                for n in map.serving_peers() {
-                    to.push(n.s3.ok_or_else(|| {
-                        unavailable(format!(
-                            "node {} has no usable S3 address in the map",
-                            n.name
-                        ))
-                    })?);
+                let mut to = Vec::new();
+                if let Some(me) = map.node(map.node_id) {
+                    to.push(peer_of(me)?);
+                }
+                for n in map.holding_peers() {
+                    to.push(peer_of(n)?);
                 }
                 return Ok(Plan::FanOut(to));
             }
@@ -215,13 +252,7 @@ impl S3Front {
         let node = map.node(primary).ok_or_else(|| {
             unavailable("No node holds this key's placement group (are any nodes up?).")
         })?;
-        let addr = node.s3.ok_or_else(|| {
-            unavailable(format!(
-                "node {} has no usable S3 address in the map",
-                node.name
-            ))
-        })?;
-        Ok(Plan::Forward(addr))
+        Ok(Plan::Forward(peer_of(node)?))
     }
 
     /// A copy reads its source where it is served: refused when another
@@ -247,17 +278,16 @@ impl S3Front {
         Ok(())
     }
 
-    /// The request head as a peer gets it: the client's own, minus the
+    /// The request head as node `to` gets it: the client's own, minus the
     /// hop-by-hop fields, plus `Connection: close` and the node header.
-    fn peer_head(&self, req: &Request, framing: Option<u64>, principal: &Principal) -> Vec<u8> {
-        let map_node = self.shard.cluster_map().map_or(0, |m| m.node_id);
+    fn peer_head(&self, req: &Request, to: u32, content_length: Option<u64>) -> Vec<u8> {
         let mut h = Vec::with_capacity(1024);
         h.extend_from_slice(
             format!("{} {} HTTP/1.1\r\n", req.head.method, req.head.target).as_bytes(),
         );
         for (name, value) in &req.head.headers {
             if HOP_HEADERS.contains(&name.as_str())
-                || (framing.is_some() && name == "content-length")
+                || (content_length.is_some() && name == "content-length")
             {
                 continue;
             }
@@ -266,69 +296,55 @@ impl S3Front {
             h.extend_from_slice(value);
             h.extend_from_slice(b"\r\n");
         }
-        match framing {
+        match content_length {
             Some(n) => h.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
             None if req.head.body_framing().ok() == Some(BodyFraming::Chunked) => {
                 h.extend_from_slice(b"transfer-encoding: chunked\r\n");
             }
             None => {}
         }
-        let mac = peer_http::sign(
-            &self.cfg.credentials.secret_key,
-            map_node,
-            &req.head.method,
-            &req.head.target,
-            &principal_name(principal),
-        );
+        // "-": the client's own signature covers the body.
+        let mac = self.shard.cluster_map().map_or_else(String::new, |m| {
+            self.sign(&m, to, &req.head.method, &req.head.target, "-")
+        });
         h.extend_from_slice(
             format!("connection: close\r\n{}: {mac}\r\n\r\n", peer_http::HEADER).as_bytes(),
         );
         h
     }
 
-    /// Forwards `req` to the node at `addr` and streams its answer back.
+    /// Forwards `req` to its owner and streams the answer back.
     pub(super) async fn forward(
         &self,
         conn: &mut Conn,
         req: &Request,
-        addr: SocketAddr,
-        principal: &Principal,
+        peer: Peer,
     ) -> Result<(), S3Error> {
         ShardMetrics::add(&self.shard.metrics().cluster_forwarded, 1);
+        let _permit = self.peer_calls.acquire(1).await;
+        let addr = peer.addr;
         let unreachable = |e: std::io::Error| {
             unavailable(format!(
-                "The cluster node that owns this key ({addr}) cannot be reached: {e}"
+                "The cluster node that owns this key ({} at {addr}) cannot be reached: {e}",
+                peer.name
             ))
         };
-        let chunked = req.head.body_framing()? == BodyFraming::Chunked;
-        let mut peer = peer_http::open(addr).await.map_err(unreachable)?;
-        peer.write_all(&self.peer_head(req, None, principal))
+        let mut stream = peer_http::open(addr).await.map_err(unreachable)?;
+        stream
+            .write_all(&self.peer_head(req, peer.id, None))
             .await
             .map_err(unreachable)?;
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            let n = conn.read_body(&mut buf).await?;
-            if chunked {
-                peer.write_all(format!("{n:x}\r\n").as_bytes())
-                    .await
-                    .map_err(unreachable)?;
-            }
-            if n == 0 {
-                if chunked {
-                    peer.write_all(b"\r\n").await.map_err(unreachable)?;
-                }
-                break;
-            }
-            peer.write_all(&buf[..n]).await.map_err(unreachable)?;
-            if chunked {
-                peer.write_all(b"\r\n").await.map_err(unreachable)?;
-            }
-        }
-        peer.flush().await.map_err(unreachable)?;
-        let resp = peer_http::read_response(peer).await.map_err(unreachable)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        // A write error may mean the owner answered early (a refusal) and
+        // closed: its answer is read all the same.
+        let sent = pass_body(conn, &mut stream, &mut buf, req).await?;
+        let resp = match peer_http::read_response(stream).await {
+            Ok(r) => r,
+            Err(e) => return Err(unreachable(sent.err().unwrap_or(e))),
+        };
         self.relay(conn, req, resp, &mut buf).await
     }
 
@@ -360,7 +376,10 @@ impl S3Front {
                     "the owner node answered in chunks, which an HTTP/1.0 client cannot read",
                 ));
             }
-            // Passed on as it came (still chunk-encoded), to the close.
+            // Passed on as it came (still chunk-encoded) to the owner's
+            // close; then this connection closes too (the error below is
+            // not written: the head is out), so a body the owner cut short
+            // is never taken for a whole one.
             conn.write_response_chunked(&head).await?;
             loop {
                 let n = resp
@@ -368,7 +387,8 @@ impl S3Front {
                     .await
                     .map_err(|e| S3Error::internal(e.to_string()))?;
                 if n == 0 {
-                    return Ok(conn.flush().await?);
+                    conn.flush().await?;
+                    return Err(S3Error::internal("a chunked relay ends its connection"));
                 }
                 conn.write_body(&buf[..n]).await?;
             }
@@ -400,29 +420,30 @@ impl S3Front {
         Ok(conn.flush().await?)
     }
 
-    /// Sends a bucket change to every serving node (this one included,
-    /// through its own S3 port) and answers with one node's answer: a
-    /// success when every node succeeded (a node that already had the
-    /// bucket, or had already lost it, counts for a create or a delete),
-    /// else the first failure.
+    /// Sends a bucket change to every node that may hold keys (this one
+    /// included, through its own S3 port) and answers with one node's
+    /// answer: a success when every node succeeded (a node that already
+    /// had the bucket, or had already lost it, counts for a create or a
+    /// delete), else the first failure. A node that cannot be reached
+    /// fails it (503: retry).
     pub(super) async fn fan_out(
         &self,
         conn: &mut Conn,
         req: &Request,
-        to: Vec<SocketAddr>,
-        principal: &Principal,
+        to: Vec<Peer>,
     ) -> Result<(), S3Error> {
         ShardMetrics::add(&self.shard.metrics().cluster_fanned_out, 1);
         let body = self.read_small_body(conn, req, FANOUT_BODY_MAX).await?;
         if req.op == S3Op::DeleteBucket {
             self.check_empty_everywhere(&req.bucket, &to).await?;
         }
-        let head = self.peer_head(req, Some(body.len() as u64), principal);
-        let calls = to.iter().map(|&addr| {
-            let (head, body) = (&head, &body);
+        let calls = to.iter().map(|peer| {
+            let body = &body;
             async move {
-                let mut s = peer_http::open(addr).await?;
-                s.write_all(head).await?;
+                let _permit = self.peer_calls.acquire(1).await;
+                let head = self.peer_head(req, peer.id, Some(body.len() as u64));
+                let mut s = peer_http::open(peer.addr).await?;
+                s.write_all(&head).await?;
                 s.write_all(body).await?;
                 s.flush().await?;
                 let r = peer_http::read_response(s).await?;
@@ -432,8 +453,8 @@ impl S3Front {
         });
         let answers = futures::future::join_all(calls).await;
         let (mut ok, mut failed, mut benign) = (None, None, None);
-        for (addr, got) in to.iter().zip(answers) {
-            let (status, headers, body) = got.map_err(|e| unavailable(format!("cluster node {addr} did not take the bucket change: {e}; retry (until it succeeds the change holds on some nodes only)")))?;
+        for (peer, got) in to.iter().zip(answers) {
+            let (status, headers, body) = got.map_err(|e| unavailable(format!("cluster node {} did not take the bucket change: {e}; retry (until it succeeds the change holds on some nodes only)", peer.name)))?;
             let text = String::from_utf8_lossy(&body);
             // A node that already had the new bucket, or had already lost
             // the deleted one (a retry after a partial change).
@@ -465,32 +486,41 @@ impl S3Front {
         Ok(conn.flush().await?)
     }
 
+    /// One internal GET listing of `peer`'s own keys.
+    async fn peer_list(
+        &self,
+        map: &ShardMap,
+        peer: &Peer,
+        target: &str,
+    ) -> Result<(Vec<ListItem>, bool), S3Error> {
+        let _permit = self.peer_calls.acquire(1).await;
+        let mac = self.sign(map, peer.id, "GET", target, &peer_http::body_hash(b""));
+        let (status, body) =
+            peer_http::call(peer.addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
+                .await
+                .map_err(|e| {
+                    unavailable(format!(
+                        "cluster node {} cannot be reached for the listing: {e}; retry",
+                        peer.name
+                    ))
+                })?;
+        parse_list_answer(status, &body)
+            .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
+    }
+
     /// DeleteBucket on a cluster: refused (BucketNotEmpty) before any node
     /// deletes it when any node holds a version of any key, so that a
     /// node without keys does not lose the bucket while the others keep
     /// theirs. (A key written between this check and the deletes still
     /// splits them; delete an emptied bucket only.)
-    async fn check_empty_everywhere(&self, bucket: &str, to: &[SocketAddr]) -> Result<(), S3Error> {
-        let me = self.shard.cluster_map().map_or(0, |m| m.node_id);
-        let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC)
-            .to_string();
+    async fn check_empty_everywhere(&self, bucket: &str, to: &[Peer]) -> Result<(), S3Error> {
+        let Some(map) = self.map()? else {
+            return Ok(());
+        };
+        let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC);
         let target =
             format!("/_percore/list?bucket={enc}&prefix=&from=&delimiter=&max=1&versions=1");
-        let calls = to.iter().map(|&addr| {
-            let target = &target;
-            async move {
-                let mac =
-                    peer_http::sign(&self.cfg.credentials.secret_key, me, "GET", target, "root");
-                let (status, body) =
-                    peer_http::call(addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
-                        .await
-                        .map_err(|e| {
-                            unavailable(format!("cluster node {addr} cannot be reached: {e}"))
-                        })?;
-                parse_list_answer(status, &body)
-                    .map_err(|e| S3Error::internal(format!("node {addr}: {e}")))
-            }
-        });
+        let calls = to.iter().map(|peer| self.peer_list(&map, peer, &target));
         for got in futures::future::join_all(calls).await {
             if !got?.0.is_empty() {
                 return Err(S3Error::new(
@@ -503,8 +533,9 @@ impl S3Front {
         Ok(())
     }
 
-    /// ListObjects on a cluster: this node's items merged with every
-    /// other serving node's.
+    /// ListObjects on a cluster: this node's items merged with every other
+    /// node's that may hold keys (one that cannot be reached fails the
+    /// listing: a partial one would look complete).
     pub(super) async fn list_cluster(
         &self,
         local: (Vec<ListItem>, bool),
@@ -527,28 +558,12 @@ impl S3Front {
             enc(from),
             enc(delimiter.unwrap_or(""))
         );
-        let me = map.node_id;
-        let calls = map.serving_peers().map(|n| {
-            let target = &target;
-            let (addr, name) = (n.s3, n.name.clone());
-            async move {
-                let addr = addr
-                    .ok_or_else(|| unavailable(format!("node {name} has no usable S3 address")))?;
-                let mac =
-                    peer_http::sign(&self.cfg.credentials.secret_key, me, "GET", target, "root");
-                let (status, body) =
-                    peer_http::call(addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
-                        .await
-                        .map_err(|e| {
-                            unavailable(format!(
-                                "cluster node {name} cannot be reached for the listing: {e}"
-                            ))
-                        })?;
-                parse_list_answer(status, &body)
-                    .map_err(|e| S3Error::internal(format!("node {name}: {e}")))
-            }
-        });
-        let mut pages = vec![local];
+        let mut peers = Vec::new();
+        for n in map.holding_peers() {
+            peers.push(peer_of(n)?);
+        }
+        let calls = peers.iter().map(|peer| self.peer_list(&map, peer, &target));
+        let mut pages = vec![(own_items(&map, bucket, local.0), local.1)];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
         }
@@ -566,7 +581,7 @@ impl S3Front {
             return Ok(Vec::new());
         };
         let mut groups: std::collections::BTreeMap<u32, Vec<(usize, String, Option<String>)>> =
-            Default::default();
+            std::collections::BTreeMap::new();
         for k in keys {
             groups
                 .entry(map.primary_of(bucket, &k.1))
@@ -585,7 +600,7 @@ impl S3Front {
                         .map(|(i, _, _)| (*i, Err(e.clone())))
                         .collect::<Vec<_>>()
                 };
-                let Some(addr) = map.node(node).and_then(|n| n.s3) else {
+                let Some(peer) = map.node(node).and_then(|n| peer_of(n).ok()) else {
                     return fail(unavailable("the node that owns this key is not in the map"));
                 };
                 let body = Value::Array(
@@ -595,15 +610,16 @@ impl S3Front {
                         .collect(),
                 )
                 .to_string();
-                let mac = peer_http::sign(
-                    &self.cfg.credentials.secret_key,
-                    map.node_id,
+                let _permit = self.peer_calls.acquire(1).await;
+                let mac = self.sign(
+                    map,
+                    peer.id,
                     "POST",
                     target,
-                    "root",
+                    &peer_http::body_hash(body.as_bytes()),
                 );
                 let got = peer_http::call(
-                    addr,
+                    peer.addr,
                     "POST",
                     target,
                     &mac,
@@ -622,7 +638,8 @@ impl S3Front {
                         .map(|((i, _, _), v)| (*i, removed_of(&v)))
                         .collect(),
                     _ => fail(unavailable(format!(
-                        "the cluster node that owns this key ({addr}) did not answer the delete"
+                        "the cluster node that owns this key ({}) did not answer the delete; retry",
+                        peer.name
                     ))),
                 }
             }
@@ -634,17 +651,34 @@ impl S3Front {
             .collect())
     }
 
-    /// `/_percore/...`: requests from other nodes (authenticated by their
-    /// MAC). Answers JSON; the connection closes after.
-    pub(super) async fn internal(&self, conn: &mut Conn, req: &Request) -> Result<(), S3Error> {
-        self.node_claim(req)?.ok_or_else(|| {
-            S3Error::new(
-                403,
-                "AccessDenied",
-                "Internal requests come from cluster nodes.",
-            )
-        })?;
+    /// `/_percore/...`: requests from other nodes, authenticated by their
+    /// MAC alone (which must name the body's hash and is taken once).
+    /// Answers JSON; the connection closes after.
+    pub(super) async fn internal(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        loopback: bool,
+    ) -> Result<(), S3Error> {
+        let denied = |why: &str| S3Error::new(403, "AccessDenied", why.to_string());
+        let claim = self
+            .node_claim(req, loopback)?
+            .ok_or_else(|| denied("Internal requests come from cluster nodes."))?;
+        if claim.body == "-" {
+            return Err(denied("An internal request names its body's hash."));
+        }
         let q = |name: &str| req.q(name).unwrap_or("").to_string();
+        let body = match req.head.method.as_str() {
+            "POST" => self.read_small_body(conn, req, INTERNAL_BODY_MAX).await?,
+            _ => Vec::new(),
+        };
+        if peer_http::body_hash(&body) != claim.body {
+            return Err(denied("The body does not match the node header."));
+        }
+        if !self.shard.take_node_mac(claim.mac, claim.ms).await {
+            return Err(denied("This node header was used already (a replay?)."));
+        }
+        let map = self.map()?.expect("a cluster node");
         let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
             ("GET", "/_percore/list") => {
                 let max: usize = q("max")
@@ -653,30 +687,33 @@ impl S3Front {
                 let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
                 // versions=1: every version and delete marker counts.
                 let versions = (q("versions") == "1").then_some(None);
-                match self
+                let bucket = q("bucket");
+                let got = self
                     .shard
                     .list_merged(
-                        &q("bucket"),
+                        &bucket,
                         &q("prefix"),
                         &q("from"),
                         delimiter,
                         max.clamp(1, 10_000),
                         versions,
                     )
-                    .await
-                {
-                    Ok((items, truncated)) => list_answer(&items, truncated),
+                    .await;
+                match got {
+                    Ok((items, truncated)) => {
+                        list_answer(&own_items(&map, &bucket, items), truncated)
+                    }
                     Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
                     Err(e) => return Err(e.into()),
                 }
             }
             ("POST", "/_percore/delete") => {
-                let body = self
-                    .read_small_body(conn, req, super::xml::PARSE_BODY_BYTES_MAX * 2)
-                    .await?;
                 let items: Vec<Value> = serde_json::from_slice(&body)
                     .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
-                self.delete_owned(&q("bucket"), &items).await?
+                if items.len() > 1000 {
+                    return Err(S3Error::invalid_argument("more than 1000 deletes"));
+                }
+                self.delete_owned(&map, &q("bucket"), &items).await
             }
             _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
         };
@@ -690,30 +727,23 @@ impl S3Front {
     /// The deletes another node sent (it authorized them): each key this
     /// node owns is deleted; one it does not own is refused (SlowDown:
     /// the nodes' maps disagree for a moment).
-    async fn delete_owned(&self, bucket: &str, items: &[Value]) -> Result<Value, S3Error> {
-        let map = self
-            .map()?
-            .ok_or_else(|| S3Error::internal("not a cluster node"))?;
+    async fn delete_owned(&self, map: &ShardMap, bucket: &str, items: &[Value]) -> Value {
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(32) {
-            let calls = chunk.iter().map(|it| {
-                let map = &map;
-                async move {
-                    let key = it["k"].as_str().unwrap_or("");
-                    if key.is_empty() || key.len() > 1024 || key.contains('\0') {
-                        return Err(S3Error::invalid_argument("Invalid key"));
-                    }
-                    if map.primary_of(bucket, key) != map.node_id {
-                        return Err(slow_down("The cluster map is changing; retry."));
-                    }
-                    let pick = match it["v"].as_str() {
-                        None => Pick::Current,
-                        Some(v) => Pick::parse(v).ok_or_else(|| {
-                            S3Error::invalid_argument("Invalid version id specified")
-                        })?,
-                    };
-                    Ok(self.shard.delete_version(bucket, key, pick).await?)
+            let calls = chunk.iter().map(|it| async move {
+                let key = it["k"].as_str().unwrap_or("");
+                if key.is_empty() || key.len() > 1024 || key.contains('\0') {
+                    return Err(S3Error::invalid_argument("Invalid key"));
                 }
+                if map.primary_of(bucket, key) != map.node_id {
+                    return Err(slow_down("The cluster map is changing; retry."));
+                }
+                let pick = match it["v"].as_str() {
+                    None => Pick::Current,
+                    Some(v) => Pick::parse(v)
+                        .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
+                };
+                Ok(self.shard.delete_version(bucket, key, pick).await?)
             });
             for r in futures::future::join_all(calls).await {
                 out.push(match r {
@@ -724,8 +754,58 @@ impl S3Front {
                 });
             }
         }
-        Ok(Value::Array(out))
+        Value::Array(out)
     }
+}
+
+/// Copies the request body to the peer (re-chunked when it came chunked).
+/// Err: the client's side failed; Ok(Err): the peer's side did (it may
+/// have answered early).
+async fn pass_body(
+    conn: &mut Conn,
+    peer: &mut glommio::net::TcpStream,
+    buf: &mut [u8],
+    req: &Request,
+) -> Result<Result<(), std::io::Error>, S3Error> {
+    let chunked = req.head.body_framing()? == BodyFraming::Chunked;
+    loop {
+        let n = conn.read_body(buf).await?;
+        let mut out = Vec::with_capacity(16);
+        if chunked {
+            out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+        }
+        let wrote = async {
+            peer.write_all(&out).await?;
+            peer.write_all(&buf[..n]).await?;
+            if chunked {
+                peer.write_all(b"\r\n").await?;
+            }
+            Ok::<_, std::io::Error>(())
+        }
+        .await;
+        if let Err(e) = wrote {
+            return Ok(Err(e));
+        }
+        if n == 0 {
+            return Ok(peer.flush().await);
+        }
+    }
+}
+
+/// A node's page with the keys it holds but does not own (left behind
+/// when their placement group moved: GET and DELETE go to the owner, so
+/// they are not listed) turned into `Skipped`: they still mark how far
+/// the page got.
+fn own_items(map: &ShardMap, bucket: &str, items: Vec<ListItem>) -> Vec<ListItem> {
+    items
+        .into_iter()
+        .map(|i| match i {
+            ListItem::Object { ref key, .. } if map.primary_of(bucket, key) != map.node_id => {
+                ListItem::Skipped(key.clone())
+            }
+            other => other,
+        })
+        .collect()
 }
 
 fn removed_of(v: &Value) -> Result<Removed, S3Error> {
@@ -814,7 +894,10 @@ pub(super) fn merge_listings(
         .filter_map(|(items, _)| items.last().map(|i| i.name().to_string()))
         .min();
     let mut all: Vec<ListItem> = pages.into_iter().flat_map(|(items, _)| items).collect();
-    all.sort_by(|a, b| a.name().cmp(b.name()));
+    // Equal names: a key or prefix before a Skipped mark, so that the
+    // one kept is the one to list.
+    let rank = |i: &ListItem| u8::from(matches!(i, ListItem::Skipped(_)));
+    all.sort_by(|a, b| a.name().cmp(b.name()).then(rank(a).cmp(&rank(b))));
     all.dedup_by(|a, b| a.name() == b.name());
     if let Some(cut) = &cutoff {
         all.retain(|i| i.name() <= cut.as_str());

@@ -76,7 +76,13 @@ pub struct S3Front {
     pub cfg: Rc<S3Config>,
     requests_total: Cell<u64>,
     pub draining: Cell<bool>,
+    /// Cluster: node-to-node requests this shard has open at once.
+    peer_calls: Rc<glommio::sync::Semaphore>,
 }
+
+/// Node-to-node requests one shard has open at once (forwards, fan-outs,
+/// listings); more wait.
+const PEER_CALLS_MAX: u64 = 256;
 
 /// One request, routed: its head, the decoded bucket, key and query, and
 /// the operation they name.
@@ -126,6 +132,7 @@ impl S3Front {
             cfg,
             requests_total: Cell::new(0),
             draining: Cell::new(false),
+            peer_calls: Rc::new(glommio::sync::Semaphore::new(PEER_CALLS_MAX)),
         })
     }
 

@@ -124,10 +124,11 @@ impl S3Front {
             return false;
         }
         let keep = head.keep_alive();
-        if head.path.starts_with("/_percore/")
+        if self.shard.is_cluster()
+            && head.path.starts_with("/_percore/")
             && head.header(crate::cluster::peer_http::HEADER).is_some()
         {
-            return self.handle_internal(conn, head, request_id).await;
+            return self.handle_internal(conn, head, request_id, loopback).await;
         }
         let req = match routed.target {
             Ok(t) => Request {
@@ -181,6 +182,7 @@ impl S3Front {
         conn: &mut Conn,
         head: RequestHead,
         request_id: String,
+        loopback: bool,
     ) -> bool {
         let query = match super::route::parse_query(&head.query) {
             Ok(q) => q,
@@ -199,7 +201,7 @@ impl S3Front {
             query,
             request_id,
         };
-        if let Err(e) = self.internal(conn, &req).await {
+        if let Err(e) = self.internal(conn, &req, loopback).await {
             if conn.last_status == 0 {
                 let _ = self
                     .write_error(conn, &e, "", &req.request_id, true, false)
@@ -232,15 +234,11 @@ impl S3Front {
         }
         // A cluster node: the key's owner serves it, every node takes a
         // bucket change (`cluster`).
-        let claim = self.node_claim(req)?;
+        let claim = self.node_claim(req, loopback)?;
         match self.plan(req, claim.as_ref())? {
             super::cluster::Plan::Here => {}
-            super::cluster::Plan::Forward(addr) => {
-                return self.forward(conn, req, addr, &auth.principal).await
-            }
-            super::cluster::Plan::FanOut(to) => {
-                return self.fan_out(conn, req, to, &auth.principal).await
-            }
+            super::cluster::Plan::Forward(peer) => return self.forward(conn, req, peer).await,
+            super::cluster::Plan::FanOut(to) => return self.fan_out(conn, req, to).await,
         }
         match req.op {
             S3Op::ListBuckets => self.list_buckets(conn, req, &auth).await,
