@@ -433,9 +433,9 @@ impl Client {
         }
     }
 
-    /// Creates `bucket`. On a cluster, on every node that is up or
-    /// draining (buckets are not cluster-wide records yet): BucketExists
-    /// only if every node had it.
+    /// Creates `bucket`. On a cluster, on every node that may hold keys
+    /// (buckets are not cluster-wide records yet): BucketExists only if
+    /// every node had it.
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         let req = Request::CreateBucket {
             bucket: bucket.to_string(),
@@ -515,7 +515,7 @@ impl Client {
     }
 
     /// One page of keys (and common prefixes, with a delimiter). On a
-    /// cluster, the pages of every node that is up or draining, merged.
+    /// cluster, the pages of every node that may hold keys, merged.
     pub async fn list(
         &self,
         bucket: &str,

@@ -7,12 +7,12 @@
 //!   answer streamed back. The owner serves a forwarded request itself or,
 //!   if its map disagrees, answers 503 SlowDown; it never forwards again.
 //! - Bucket changes (create, delete, versioning, policy, tags, CORS,
-//!   lifecycle, ACL) are sent to every node that is up or draining, this
+//!   lifecycle, ACL) are sent to every node that may hold keys, this
 //!   one included, so that every node holds the same buckets.
 //! - ListObjects (V1, V2) merges this node's page with every other
-//!   serving node's (`/_percore/list`), with the paging guarantees of a
-//!   single node; DeleteObjects deletes each key on its owner
-//!   (`/_percore/delete`).
+//!   node's that may hold keys (`/_percore/list`), with the paging
+//!   guarantees of a single node; DeleteObjects deletes each key on its
+//!   owner (`/_percore/delete`).
 //!
 //! Node-to-node requests are authenticated with `x-percore-node`
 //! (`cluster::peer_http`).
