@@ -198,9 +198,29 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
         assert got == [fresh[k] for k in fresh] + [data[k] for k in unmoved]
         assert stale.map_refreshes >= 1 and stale.cluster_epoch >= epoch
         assert c.misrouted == 0 and stale.misrouted == 0
-        # A draining node still answers listings of what it stores (no
-        # backfill moves it yet; docs/cluster.md).
-        assert set(data) - {"k/0003"} <= {e.key for e in c.list("routed", "k/")}
+        # Keys left behind on the draining node (nothing moves data yet)
+        # are not listed, by either door: reads of them go to the new
+        # owner. Pages that end on such a key still resume right (V1 with
+        # one key per page names its NextMarker).
+        kept = sorted(k for k, o in owners.items() if o != "n3" and k != "k/0003")
+        assert [e.key for e in c.list("routed", "k/")] == kept
+        paged, after = [], ""
+        while True:
+            page = c.list("routed", "k/", start_after=after, limit=3)
+            paged += [e.key for e in page]
+            if len(page) < 3:
+                break
+            after = page[-1].key
+        assert paged == kept
+        s3 = nodes[0].client()
+        v1 = [o["Key"] for p in s3.get_paginator("list_objects").paginate(
+            Bucket="routed", Prefix="k/", PaginationConfig={"PageSize": 1})
+            for o in p.get("Contents", [])]
+        assert v1 == kept
+        v2 = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(
+            Bucket="routed", Prefix="k/", PaginationConfig={"PageSize": 2})
+            for o in p.get("Contents", [])]
+        assert v2 == kept
     finally:
         for n in nodes:
             n.close()
@@ -389,7 +409,6 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         node_header("GET", target, me, secret="wrong"),
         node_header("GET", "/_percore/list?bucket=other&max=10", me),
         node_header("GET", target, node_id(nodes[1])),
-        node_header("GET", target, me, sender=999),
         node_header("GET", target, me, body=b"x"),
         "v1 0 1 00 root",
         "v2 1 1 1 0123456789abcdef - 00",
@@ -397,6 +416,9 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     for h in bad:
         st, body = internal(nodes[0], "GET", target, header=h)
         assert st == 403 and b"AccessDenied" in body, (h, st, body)
+    # A sender this node's map does not know yet: retry later.
+    st, body = internal(nodes[0], "GET", target, header=node_header("GET", target, me, sender=999))
+    assert st == 503 and b"SlowDown" in body
     once = node_header("GET", target, me)
     assert internal(nodes[0], "GET", target, header=once)[0] == 200
     st, body = internal(nodes[0], "GET", target, header=once)
@@ -435,7 +457,7 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     assert total("percore_cluster_s3_forwarded_total") >= 40
     assert total("percore_cluster_s3_fanned_out_total") >= 3
     assert total("percore_cluster_node_requests_total") >= 40
-    assert total("percore_cluster_node_refused_total") >= 6
+    assert total("percore_cluster_node_refused_total") >= 5
 
     # One key on one node: no node deletes the bucket (the others hold no
     # key of it, but would otherwise lose it).

@@ -46,9 +46,13 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest response head from a peer.
 const HEAD_BYTES_MAX: usize = 64 * 1024;
 const HEADERS_MAX: usize = 128;
-/// Internal MACs a shard remembers (`Replays`); past that it refuses
-/// internal requests until old ones age out.
-const REPLAYS_MAX: usize = 1 << 16;
+/// How far an internal request's time may be from the receiver's clock
+/// (its MAC is remembered that long: `Replays`).
+pub const INTERNAL_SKEW_MAX_MS: u64 = 30 * 1000;
+/// Internal MACs a shard remembers (`Replays`): 2,000 a second per shard
+/// over the window; past that internal requests answer 503 SlowDown until
+/// old ones age out.
+const REPLAYS_MAX: usize = 1 << 17;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -161,27 +165,54 @@ pub fn verify(
     })
 }
 
-/// The internal MACs a shard has taken within the clock window: each is
-/// taken once, so a captured internal request cannot be sent again to
-/// the same shard.
+/// Whether an internal request's time is close enough to this node's
+/// clock (tighter than a forwarded request's: its MAC must be remembered
+/// that long).
+#[must_use]
+pub fn internal_time_ok(ms: u64) -> bool {
+    now_ms().abs_diff(ms) <= INTERNAL_SKEW_MAX_MS
+}
+
+/// What `Replays::take` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    Fresh,
+    /// Taken before: a replay.
+    Seen,
+    /// The table is full of MACs still within the window: retry later.
+    Full,
+}
+
+/// The internal MACs a shard has taken within the clock window, in
+/// arrival order: each is taken once, so a captured internal request
+/// cannot be sent again (kept in memory only: a restart forgets them).
 #[derive(Default)]
 pub struct Replays {
-    seen: std::collections::HashMap<[u8; 32], u64>,
+    seen: std::collections::HashSet<[u8; 32]>,
+    order: std::collections::VecDeque<(u64, [u8; 32])>,
 }
 
 impl Replays {
-    /// Takes `claim` if it was not seen; false for a replay (or when the
-    /// table is full of MACs still within the window).
-    pub fn take(&mut self, mac: [u8; 32], ms: u64) -> bool {
+    pub fn take(&mut self, mac: [u8; 32]) -> Take {
         let now = now_ms();
-        if self.seen.len() >= REPLAYS_MAX / 2 {
-            self.seen.retain(|_, at| now.abs_diff(*at) <= SKEW_MAX_MS);
+        // A MAC stays valid until its time is a window past this clock:
+        // at most twice the window after it arrived.
+        while let Some(&(at, old)) = self.order.front() {
+            if now.saturating_sub(at) <= 2 * INTERNAL_SKEW_MAX_MS {
+                break;
+            }
+            self.order.pop_front();
+            self.seen.remove(&old);
         }
-        if self.seen.len() >= REPLAYS_MAX || self.seen.contains_key(&mac) {
-            return false;
+        if self.seen.contains(&mac) {
+            return Take::Seen;
         }
-        self.seen.insert(mac, ms);
-        true
+        if self.seen.len() >= REPLAYS_MAX {
+            return Take::Full;
+        }
+        self.seen.insert(mac);
+        self.order.push_back((now, mac));
+        Take::Fresh
     }
 }
 
@@ -411,8 +442,8 @@ mod tests {
         assert!(verify(&key, &stale, 2, "GET", "/").is_err());
         // Each MAC is taken once.
         let mut seen = Replays::default();
-        assert!(seen.take(c.mac, c.ms));
-        assert!(!seen.take(c.mac, c.ms));
+        assert_eq!(seen.take(c.mac), Take::Fresh);
+        assert_eq!(seen.take(c.mac), Take::Seen);
         let again = verify(
             &key,
             &sign(&key, &signed(2, "GET", "/x", "-")),
@@ -421,6 +452,8 @@ mod tests {
             "/x",
         )
         .unwrap();
-        assert!(seen.take(again.mac, again.ms));
+        assert_eq!(seen.take(again.mac), Take::Fresh);
+        assert!(internal_time_ok(again.ms));
+        assert!(!internal_time_ok(again.ms - INTERNAL_SKEW_MAX_MS - 1000));
     }
 }

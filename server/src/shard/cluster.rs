@@ -6,6 +6,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cluster::peer_http::Take;
 use crate::cluster::shardmap::ShardMap;
 
 use super::Shard;
@@ -65,23 +66,25 @@ impl Shard {
     }
 
     /// Takes a node-to-node MAC once, node-wide: the shard it hashes to
-    /// keeps it. False: seen already (a replay), or too many still within
-    /// the clock window.
-    pub async fn take_node_mac(self: &std::rc::Rc<Self>, mac: [u8; 32], ms: u64) -> bool {
+    /// keeps it. A call that fails (the owner shard does not answer)
+    /// counts as `Full` (retry), not as a replay.
+    pub async fn take_node_mac(self: &std::rc::Rc<Self>, mac: [u8; 32]) -> Take {
         let owner = (u64::from_le_bytes(mac[..8].try_into().expect("8 bytes")) % self.count as u64)
             as usize;
-        match self
-            .call(owner, super::msg::Op::TakeNodeMac { mac, ms })
-            .await
-        {
-            super::msg::Reply::Created(fresh) => fresh,
-            _ => false,
+        match self.call(owner, super::msg::Op::TakeNodeMac { mac }).await {
+            super::msg::Reply::Count(0) => Take::Fresh,
+            super::msg::Reply::Count(1) => Take::Seen,
+            _ => Take::Full,
         }
     }
 
-    /// `take_node_mac` on the owner shard.
-    pub(super) fn take_node_mac_here(&self, mac: [u8; 32], ms: u64) -> bool {
-        self.node_macs.borrow_mut().take(mac, ms)
+    /// `take_node_mac` on the owner shard: 0 fresh, 1 seen, 2 full.
+    pub(super) fn take_node_mac_here(&self, mac: [u8; 32]) -> u8 {
+        match self.node_macs.borrow_mut().take(mac) {
+            Take::Fresh => 0,
+            Take::Seen => 1,
+            Take::Full => 2,
+        }
     }
 
     /// Keeps taking maps from the control thread's channel until it

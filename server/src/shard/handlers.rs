@@ -192,7 +192,7 @@ impl Shard {
                 Reply::Ok
             }
             Op::Start => self.start().await,
-            Op::TakeNodeMac { mac, ms } => Reply::Created(self.take_node_mac_here(mac, ms)),
+            Op::TakeNodeMac { mac } => Reply::Count(self.take_node_mac_here(mac) as usize),
             // Buckets, their configurations and users (`is_bucket_op`).
             op => self.execute_bucket_op(op).await,
         }

@@ -173,7 +173,6 @@ pub enum Op {
     /// to, so that a replay is refused whichever shard it reaches).
     TakeNodeMac {
         mac: [u8; 32],
-        ms: u64,
     },
 }
 

@@ -331,7 +331,7 @@ impl Client {
             return Ok(());
         }
         self.map_refreshes.fetch_add(1, Ordering::Relaxed);
-        let mut order = c.serving_nodes();
+        let mut order = c.up_nodes();
         let rest: Vec<usize> = (0..c.map.nodes.len())
             .filter(|i| !order.contains(i))
             .collect();
@@ -477,7 +477,7 @@ impl Client {
             let r = self.routes();
             let slot = match r.cluster_ref() {
                 None => r.first(),
-                Some(c) => c.serving_nodes().first().map_or(0, |&n| c.base[n]),
+                Some(c) => c.up_nodes().first().map_or(0, |&n| c.base[n]),
             };
             Ok(self.simple(&r, slot, &Request::ListBuckets).await?.buckets)
         })
@@ -570,10 +570,16 @@ pub(crate) fn merge_pages(pages: Vec<ListPage>, limit: u32) -> ListPage {
         0 => 1000,
         n => n.min(proto::LIST_LIMIT_MAX),
     } as usize;
+    // Where a cut page stopped: its next_start_after (a node may leave out
+    // keys it holds but does not own, so its last entry can be earlier).
     let cutoff: Option<String> = pages
         .iter()
         .filter(|p| p.truncated)
-        .filter_map(|p| p.entries.last().map(|e| e.key.clone()))
+        .filter_map(|p| {
+            Some(p.next_start_after.clone())
+                .filter(|n| !n.is_empty())
+                .or_else(|| p.entries.last().map(|e| e.key.clone()))
+        })
         .min();
     let mut all: Vec<ListEntry> = pages.into_iter().flat_map(|p| p.entries).collect();
     all.sort_by(|a, b| a.key.cmp(&b.key));
@@ -581,13 +587,16 @@ pub(crate) fn merge_pages(pages: Vec<ListPage>, limit: u32) -> ListPage {
     if let Some(cut) = &cutoff {
         all.retain(|e| e.key <= *cut);
     }
-    let truncated = cutoff.is_some() || all.len() > limit;
+    let over = all.len() > limit;
     all.truncate(limit);
-    let next_start_after = if truncated {
-        all.last().map(|e| e.key.clone()).unwrap_or_default()
-    } else {
-        String::new()
+    // Cut for the page size: after its last entry; cut where a node's
+    // page stopped: there (every node has shown everything up to it).
+    let next_start_after = match (&cutoff, over) {
+        (_, true) => all.last().map(|e| e.key.clone()).unwrap_or_default(),
+        (Some(cut), false) => cut.clone(),
+        (None, false) => String::new(),
     };
+    let truncated = over || cutoff.is_some();
     ListPage {
         entries: all,
         truncated,
@@ -663,20 +672,28 @@ mod tests {
         }
     }
 
-    /// The first `limit` of `keys` after `after`, as one node answers.
-    fn node_page(keys: &[String], after: &str, limit: usize) -> ListPage {
+    /// The first `limit` of `keys` after `after`, as one node answers:
+    /// keys it holds but does not own (`ghost`) count and mark how far the
+    /// page got, but are not listed.
+    fn node_page(
+        keys: &[String],
+        ghost: &dyn Fn(&str) -> bool,
+        after: &str,
+        limit: usize,
+    ) -> ListPage {
         let rest: Vec<&String> = keys.iter().filter(|k| k.as_str() > after).collect();
         let truncated = rest.len() > limit;
-        let entries: Vec<ListEntry> = rest
-            .into_iter()
-            .take(limit)
-            .map(|k| entry(k, false))
-            .collect();
+        let page: Vec<&String> = rest.into_iter().take(limit).collect();
         let next_start_after = if truncated {
-            entries.last().map(|e| e.key.clone()).unwrap_or_default()
+            page.last().map(|k| (*k).clone()).unwrap_or_default()
         } else {
             String::new()
         };
+        let entries: Vec<ListEntry> = page
+            .into_iter()
+            .filter(|k| !ghost(k))
+            .map(|k| entry(k, false))
+            .collect();
         ListPage {
             entries,
             truncated,
@@ -701,13 +718,54 @@ mod tests {
             for k in &all {
                 per_node[rng.gen_range(0..nodes)].push(k.clone());
             }
+            // Some keys are also left behind on a second node (not listed
+            // there), or only there (listed nowhere).
+            let ghosts: std::collections::BTreeSet<String> = all
+                .iter()
+                .filter(|_| rng.gen_range(0..6) == 0)
+                .cloned()
+                .collect();
+            for g in &ghosts {
+                let n = rng.gen_range(0..nodes);
+                if !per_node[n].contains(g) {
+                    per_node[n].push(g.clone());
+                    per_node[n].sort();
+                }
+            }
+            let lost: std::collections::BTreeSet<String> = ghosts
+                .iter()
+                .filter(|_| rng.gen::<bool>())
+                .cloned()
+                .collect();
+            let owner: Vec<std::collections::BTreeSet<String>> = per_node
+                .iter()
+                .map(|keys| {
+                    keys.iter()
+                        .filter(|k| !lost.contains(*k))
+                        .cloned()
+                        .collect()
+                })
+                .collect();
+            // A node's own keys: each key once, on one node, unless lost.
+            let mut seen = std::collections::BTreeSet::new();
+            let owned: Vec<std::collections::BTreeSet<String>> = owner
+                .iter()
+                .map(|keys| {
+                    keys.iter()
+                        .filter(|k| seen.insert((*k).clone()))
+                        .cloned()
+                        .collect()
+                })
+                .collect();
+            let all: Vec<String> = all.into_iter().filter(|k| !lost.contains(k)).collect();
             let limit = rng.gen_range(1..25);
             let mut after = String::new();
             let mut got = Vec::new();
             for _ in 0..1000 {
                 let pages = per_node
                     .iter()
-                    .map(|keys| node_page(keys, &after, limit))
+                    .zip(&owned)
+                    .map(|(keys, mine)| node_page(keys, &|k| !mine.contains(k), &after, limit))
                     .collect();
                 let page = merge_pages(pages, limit as u32);
                 assert!(page.entries.len() <= limit, "round {round}");
@@ -715,10 +773,7 @@ mod tests {
                 if !page.truncated {
                     break;
                 }
-                assert!(
-                    !page.entries.is_empty(),
-                    "round {round}: empty truncated page"
-                );
+                assert!(page.next_start_after > after, "round {round}: no progress");
                 after = page.next_start_after;
             }
             assert_eq!(got, all, "round {round}: {nodes} nodes, limit {limit}");

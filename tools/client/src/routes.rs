@@ -184,6 +184,17 @@ impl Cluster {
         (got != NONE).then_some(got as usize)
     }
 
+    /// The nodes that are up (single requests that name no key, and map
+    /// fetches, go to them first).
+    pub(crate) fn up_nodes(&self) -> Vec<usize> {
+        self.placed
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.state == placement::NodeState::Up)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The nodes a request about every key goes to (listings, bucket
     /// creation): those that may hold keys, up, draining or down (a down
     /// node is still its groups' primary: a listing without it would look

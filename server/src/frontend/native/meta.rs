@@ -101,10 +101,21 @@ impl NativeFront {
                 } else {
                     String::new()
                 };
+                // On a cluster, keys this node holds but does not own (left
+                // behind by a placement change: reads go to the owner) are
+                // not listed; next_start_after still marks how far it got.
+                let listed = |i: &ListItem| match i {
+                    ListItem::Object { key, .. } => matches!(
+                        self.shard.ownership(&l.bucket, key),
+                        crate::shard::Ownership::Mine
+                    ),
+                    ListItem::Prefix(_) => true,
+                    _ => false,
+                };
                 Reply {
                     entries: items
                         .into_iter()
-                        .filter(|i| matches!(i, ListItem::Object { .. } | ListItem::Prefix(_)))
+                        .filter(listed)
                         .map(|i| match i {
                             ListItem::Object {
                                 key,

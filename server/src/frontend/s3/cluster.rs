@@ -61,6 +61,10 @@ const OWN_RESPONSE_HEADERS: [&str; 6] = [
     "transfer-encoding",
 ];
 
+/// A key of DeleteObjects another node owns: (index in the request, key,
+/// version).
+pub(super) type RemoteDelete = (usize, String, Option<String>);
+
 /// A node a request goes to.
 #[derive(Debug, Clone)]
 pub(super) struct Peer {
@@ -204,7 +208,11 @@ impl S3Front {
         )
         .map_err(refuse)?;
         if map.node(claim.from).is_none() {
-            return Err(refuse(format!("node {} is not in the map", claim.from)));
+            // A node that just joined, before this one read the map.
+            return Err(slow_down(format!(
+                "node {} is not in this node's cluster map yet; retry",
+                claim.from
+            )));
         }
         ShardMetrics::add(&m.cluster_node_requests, 1);
         Ok(Some(claim))
@@ -320,8 +328,10 @@ impl S3Front {
         req: &Request,
         peer: Peer,
     ) -> Result<(), S3Error> {
+        // No peer-call permit: a forward lasts as long as its client's
+        // transfer, and slow clients must not starve listings and fan-outs
+        // (the connection limits bound forwards).
         ShardMetrics::add(&self.shard.metrics().cluster_forwarded, 1);
-        let _permit = self.peer_calls.acquire(1).await;
         let addr = peer.addr;
         let unreachable = |e: std::io::Error| {
             unavailable(format!(
@@ -363,16 +373,19 @@ impl S3Front {
             }
             head.push_header(n.clone(), v.clone());
         }
+        // The owner refused before the client's body was all read: the
+        // connection closes after the answer.
+        let close = !conn.body_finished();
         let bodiless =
             req.head.method == "HEAD" || matches!(resp.status, 204 | 304) || resp.status < 200;
         if bodiless {
-            conn.write_response(&head, resp.content_length().unwrap_or(0), false)
+            conn.write_response(&head, resp.content_length().unwrap_or(0), close)
                 .await?;
             return Ok(conn.flush().await?);
         }
         if resp.is_chunked() {
             if !conn.request_is_http11() {
-                return Err(S3Error::internal(
+                return Err(unavailable(
                     "the owner node answered in chunks, which an HTTP/1.0 client cannot read",
                 ));
             }
@@ -397,12 +410,12 @@ impl S3Front {
             let body = resp
                 .body(INTERNAL_ANSWER_MAX)
                 .await
-                .map_err(|e| S3Error::internal(e.to_string()))?;
-            conn.write_response(&head, body.len() as u64, false).await?;
+                .map_err(|e| unavailable(format!("the owner node's answer failed: {e}")))?;
+            conn.write_response(&head, body.len() as u64, close).await?;
             conn.write_body(&body).await?;
             return Ok(conn.flush().await?);
         };
-        conn.write_response(&head, len, false).await?;
+        conn.write_response(&head, len, close).await?;
         let mut left = len;
         while left > 0 {
             let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
@@ -440,7 +453,7 @@ impl S3Front {
         let calls = to.iter().map(|peer| {
             let body = &body;
             async move {
-                let _permit = self.peer_calls.acquire(1).await;
+                let _permit = self.peer_calls.acquire_permit(1).await;
                 let head = self.peer_head(req, peer.id, Some(body.len() as u64));
                 let mut s = peer_http::open(peer.addr).await?;
                 s.write_all(&head).await?;
@@ -493,7 +506,7 @@ impl S3Front {
         peer: &Peer,
         target: &str,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
-        let _permit = self.peer_calls.acquire(1).await;
+        let _permit = self.peer_calls.acquire_permit(1).await;
         let mac = self.sign(map, peer.id, "GET", target, &peer_http::body_hash(b""));
         let (status, body) =
             peer_http::call(peer.addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
@@ -575,12 +588,12 @@ impl S3Front {
     pub(super) async fn delete_remote(
         &self,
         bucket: &str,
-        keys: Vec<(usize, String, Option<String>)>,
+        keys: Vec<RemoteDelete>,
     ) -> Result<Vec<(usize, Result<Removed, S3Error>)>, S3Error> {
         let Some(map) = self.map()? else {
             return Ok(Vec::new());
         };
-        let mut groups: std::collections::BTreeMap<u32, Vec<(usize, String, Option<String>)>> =
+        let mut groups: std::collections::BTreeMap<u32, Vec<RemoteDelete>> =
             std::collections::BTreeMap::new();
         for k in keys {
             groups
@@ -588,6 +601,17 @@ impl S3Front {
                 .or_default()
                 .push(k);
         }
+        // At most 250 keys per request (within INTERNAL_BODY_MAX whatever
+        // the keys' escaping).
+        let groups: Vec<(u32, Vec<RemoteDelete>)> = groups
+            .into_iter()
+            .flat_map(|(node, items)| {
+                items
+                    .chunks(250)
+                    .map(|c| (node, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC)
             .to_string();
         let target = format!("/_percore/delete?bucket={enc}");
@@ -610,7 +634,7 @@ impl S3Front {
                         .collect(),
                 )
                 .to_string();
-                let _permit = self.peer_calls.acquire(1).await;
+                let _permit = self.peer_calls.acquire_permit(1).await;
                 let mac = self.sign(
                     map,
                     peer.id,
@@ -675,8 +699,19 @@ impl S3Front {
         if peer_http::body_hash(&body) != claim.body {
             return Err(denied("The body does not match the node header."));
         }
-        if !self.shard.take_node_mac(claim.mac, claim.ms).await {
-            return Err(denied("This node header was used already (a replay?)."));
+        if !peer_http::internal_time_ok(claim.ms) {
+            return Err(denied("An internal request's time is more than 30 s from this node's clock (are the nodes' clocks synchronized?)."));
+        }
+        match self.shard.take_node_mac(claim.mac).await {
+            peer_http::Take::Fresh => {}
+            peer_http::Take::Seen => {
+                return Err(denied("This node header was used already (a replay?)."))
+            }
+            peer_http::Take::Full => {
+                return Err(slow_down(
+                    "This node is taking more internal requests than it can remember; retry.",
+                ))
+            }
         }
         let map = self.map()?.expect("a cluster node");
         let answer = match (req.head.method.as_str(), req.head.path.as_str()) {

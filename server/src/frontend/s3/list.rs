@@ -85,6 +85,11 @@ impl S3Front {
             )
             .await?;
         let last = items.last().map(|i| i.name().to_string());
+        // A page that ends on a mark (a key not listed: a delete marker, or
+        // on a cluster a key left behind by a placement change) names
+        // where to resume, also without a delimiter: clients resume from
+        // the last key listed otherwise, which may be none.
+        let ends_on_mark = matches!(items.last(), Some(ListItem::Skipped(_)));
         let (contents, common_prefixes) = split_items(items);
         let body = if v2 {
             xml::list_objects_v2(&xml::ListV2 {
@@ -110,7 +115,7 @@ impl S3Front {
             xml::list_objects_v1(&xml::ListV1 {
                 bucket: req.bucket.clone(),
                 prefix,
-                next_marker: if is_truncated && delimiter.is_some() {
+                next_marker: if is_truncated && (delimiter.is_some() || ends_on_mark) {
                     last
                 } else {
                     None
