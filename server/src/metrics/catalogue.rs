@@ -58,7 +58,7 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
     ),
     (
         "percore_cluster_node_requests_total",
-        "Node-to-node requests served (forwarded requests and internal listings and deletes).",
+        "Node-to-node requests whose node header verified (forwarded S3 requests, internal listings and deletes; an internal one may still be refused for its body hash or as a replay).",
         |m| m.cluster_node_requests.get(),
     ),
     (
