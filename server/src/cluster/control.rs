@@ -342,16 +342,15 @@ impl Control {
     fn publish(&mut self, view: &View) {
         // Placing every group costs up to seconds on a large map: only
         // when the map changed (this thread also renews the lease).
-        match ShardMap::client_json(&self.cluster, view) {
-            Ok(json) if self.feed.is_current(&json) => return,
-            Ok(_) => {}
-            Err(e) => {
-                error!(error = %e, "cluster: cannot build the shards' map");
-                return;
+        let built = ShardMap::client_json(&self.cluster, view).and_then(|json| {
+            if self.feed.is_current(&json) {
+                return Ok(None);
             }
-        }
-        match ShardMap::build(&self.cluster, self.id, view) {
-            Ok(m) => self.feed.publish(m),
+            ShardMap::build_with(json, self.id, view).map(Some)
+        });
+        match built {
+            Ok(None) => {}
+            Ok(Some(m)) => self.feed.publish(m),
             Err(e) => error!(error = %e, "cluster: cannot build the shards' map"),
         }
     }

@@ -108,18 +108,23 @@ pub struct View {
 }
 
 impl View {
-    /// Placement groups per node (replicas, primaries), by index in `nodes`.
-    pub fn placement_counts(&self) -> Result<Vec<(usize, usize)>, String> {
-        let seed = self.config.seed()?;
-        let placed: Vec<PlacedNode> = self
-            .nodes
+    /// The nodes as placement sees them, in `nodes` order.
+    #[must_use]
+    pub fn placed(&self) -> Vec<PlacedNode> {
+        self.nodes
             .iter()
             .map(|(n, _)| PlacedNode {
                 id: n.id,
                 zone: n.zone.clone(),
                 state: n.node_state(),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Placement groups per node (replicas, primaries), by index in `nodes`.
+    pub fn placement_counts(&self) -> Result<Vec<(usize, usize)>, String> {
+        let seed = self.config.seed()?;
+        let placed = self.placed();
         let mut counts = vec![(0, 0); placed.len()];
         for pg in 0..self.config.pgs {
             let r = placement::replicas(seed, pg, self.config.replicas, &placed);

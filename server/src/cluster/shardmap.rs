@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 
 use percore_protocol::cluster_map::{ClientMap, ClientNode};
-use percore_protocol::placement::{self, PlacedNode};
+use percore_protocol::placement;
 use percore_protocol::routing::object_hash;
 
 use super::map::View;
@@ -80,18 +80,14 @@ impl ShardMap {
     /// Builds the shard map of node `node_id` from a map read from etcd
     /// (every placement group's primary: N hashes per group).
     pub fn build(cluster: &str, node_id: u32, view: &View) -> Result<ShardMap, String> {
-        let json = Self::client_json(cluster, view)?;
+        Self::build_with(Self::client_json(cluster, view)?, node_id, view)
+    }
+
+    /// `build`, given the view's `client_json` already made.
+    pub fn build_with(json: String, node_id: u32, view: &View) -> Result<ShardMap, String> {
         let seed = view.config.seed()?;
         let pgs = view.config.pgs;
-        let placed: Vec<PlacedNode> = view
-            .nodes
-            .iter()
-            .map(|(n, _)| PlacedNode {
-                id: n.id,
-                zone: n.zone.clone(),
-                state: n.node_state(),
-            })
-            .collect();
+        let placed = view.placed();
         let primaries = (0..pgs)
             .map(|pg| {
                 placement::replicas(seed, pg, view.config.replicas, &placed)

@@ -135,7 +135,7 @@ fn static_code(code: &str) -> &'static str {
         "MethodNotAllowed",
         "ServiceUnavailable",
         "SlowDown",
-        "XMinioStorageFull",
+        "InsufficientStorage",
         "InternalError",
     ];
     KNOWN
@@ -851,6 +851,7 @@ fn removed_of(v: &Value) -> Result<Removed, S3Error> {
             "InvalidArgument" => 400,
             "MethodNotAllowed" => 405,
             "ServiceUnavailable" | "SlowDown" => 503,
+            "InsufficientStorage" => 507,
             _ => 500,
         };
         return Err(S3Error::new(
