@@ -42,6 +42,14 @@ pub struct ClientNode {
     pub s3: String,
     /// Every shard's native address; shard i is the i-th.
     pub native: Vec<String>,
+    /// False while the node catches up (it is not a primary then; maps
+    /// from nodes older than replication have no field: synced).
+    #[serde(default = "synced_default")]
+    pub synced: bool,
+}
+
+fn synced_default() -> bool {
+    true
 }
 
 impl ClientMap {
@@ -88,15 +96,18 @@ impl ClientMap {
                 id: n.id,
                 zone: n.zone.clone(),
                 state: NodeState::from_name(&n.state).unwrap_or(NodeState::Out),
+                synced: n.synced,
             })
             .collect()
     }
 
-    /// The primary of placement group `pg`: an index into `nodes`.
+    /// The acting primary of placement group `pg` (`placement::acting_primary`):
+    /// an index into `nodes`.
     #[must_use]
     pub fn primary(&self, seed: u64, placed: &[PlacedNode], pg: u32) -> Option<usize> {
-        placement::replicas(seed, pg, self.replicas, placed)
-            .first()
-            .copied()
+        placement::acting_primary(
+            &placement::replicas(seed, pg, self.replicas, placed),
+            placed,
+        )
     }
 }

@@ -95,6 +95,10 @@ pub struct PlacedNode {
     /// Failure domain: replicas go to distinct zones where possible.
     pub zone: String,
     pub state: NodeState,
+    /// Whether the node holds every write of the placement groups it is a
+    /// replica of (false while it catches up after joining or gaining
+    /// groups): only a synced node acts as a group's primary while one is up.
+    pub synced: bool,
 }
 
 /// The placement group of a 64-bit object hash, and the hash's position
@@ -174,6 +178,22 @@ pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
     chosen
 }
 
+/// The acting primary of a placement group (an index into `nodes`), from
+/// its replica list (`replicas`): the first replica that is up and synced;
+/// if none is synced (every replica is catching up, as when a whole
+/// cluster starts), the first that is up; None if no replica is up (the
+/// group cannot be served).
+#[must_use]
+pub fn acting_primary(replicas: &[usize], nodes: &[PlacedNode]) -> Option<usize> {
+    let up = |i: &&usize| nodes[**i].state == NodeState::Up;
+    replicas
+        .iter()
+        .filter(up)
+        .find(|&&i| nodes[i].synced)
+        .or_else(|| replicas.iter().find(up))
+        .copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +204,7 @@ mod tests {
             id,
             zone: zone.into(),
             state: NodeState::Up,
+            synced: true,
         }
     }
 

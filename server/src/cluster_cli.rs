@@ -148,19 +148,41 @@ fn status_text(view: &map::View) -> Result<String, String> {
             "no-lease"
         };
         out.push_str(&format!(
-            "{} {} zone={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
-            n.name, n.state, n.zone, n.s3, n.native, n.admin, n.shards, n.id
+            "{} {} zone={} sync={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
+            n.name,
+            n.state,
+            n.zone,
+            if n.synced { "yes" } else { "no" },
+            n.s3,
+            n.native,
+            n.admin,
+            n.shards,
+            n.id
         ));
     }
     for (key, why) in &view.unreadable {
         out.push_str(&format!("unreadable {key}: {why}\n"));
     }
+    let catching_up: Vec<&str> = view
+        .nodes
+        .iter()
+        .filter(|(n, _)| !n.synced && n.node_state() == NodeState::Up)
+        .map(|(n, _)| n.name.as_str())
+        .collect();
     out.push_str(&format!(
-        "epoch {} nodes {} replicas {} pgs {}\nbackfill: none in progress (replication and backfill are not built yet)\n",
+        "epoch {} nodes {} replicas {} pgs {}\n",
         view.epoch,
         view.nodes.len(),
         view.config.replicas,
         view.config.pgs
     ));
+    if catching_up.is_empty() {
+        out.push_str("backfill: none in progress\n");
+    } else {
+        out.push_str(&format!(
+            "backfill: catching up: {}\n",
+            catching_up.join(" ")
+        ));
+    }
     Ok(out)
 }

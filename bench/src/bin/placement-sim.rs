@@ -89,6 +89,7 @@ fn main() {
             id,
             zone: zone(id),
             state: NodeState::Up,
+            synced: true,
         })
         .collect();
     let r = args.replicas;
@@ -111,6 +112,7 @@ fn main() {
             id: args.nodes,
             zone: zone(7),
             state: NodeState::Up,
+            synced: true,
         });
         let grown_table = table(pgs, r, &grown);
         let add = moved_slots(&base, &grown_table) as f64 / total;

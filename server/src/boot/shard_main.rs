@@ -90,6 +90,14 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
     if shard.is_cluster() {
         let (_, rx) = std::sync::mpsc::channel();
         shard.start_map_feed(std::mem::replace(&mut s.map_rx, rx));
+        if shard.id == 0 {
+            // A node that joined (or came back) takes its placement
+            // groups' writes from their primaries before it leads any.
+            crate::cluster::replicate::start_catch_up(
+                shard.clone(),
+                crate::cluster::peer_http::cluster_key(&s.s3_cfg.credentials.secret_key),
+            );
+        }
     }
     let fronts = Fronts::start(&s, &shard);
     if let Some((state, _)) = &admin {

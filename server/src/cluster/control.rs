@@ -236,7 +236,15 @@ impl Control {
             let now = Instant::now();
             let next = renew_at.min(read_at);
             if next > now {
-                std::thread::sleep(next - now);
+                // A shard that caught up wakes this thread early.
+                if let Ok(epoch) = self.feed.synced_rx.recv_timeout(next - now) {
+                    if let Err(e) = self.mark_synced(epoch) {
+                        status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(error = %e, "cluster: cannot mark this node synced; it catches up again");
+                    }
+                    // The map changed: read it soon.
+                    read_at = read_at.min(Instant::now() + Duration::from_millis(100));
+                }
                 continue;
             }
             let renewing = renew_at <= read_at;
@@ -338,6 +346,24 @@ impl Control {
         Ok(())
     }
 
+    /// Marks this node synced (it caught up under map `epoch`), if the map
+    /// is still at that epoch (else its shards catch up again under the
+    /// newer one).
+    fn mark_synced(&mut self, epoch: u64) -> Result<(), String> {
+        let changed = map::update_node(&self.etcd, &self.keys, &self.joining.name, &|view, r| {
+            Ok(
+                (view.epoch == epoch && !r.synced && r.id == self.id).then(|| map::NodeRecord {
+                    synced: true,
+                    ..r.clone()
+                }),
+            )
+        })?;
+        if changed.is_some() {
+            info!(node = %self.joining.name, epoch, "cluster: caught up; this node is synced");
+        }
+        Ok(())
+    }
+
     /// Hands the map to the shards (when it changed).
     fn publish(&mut self, view: &View) {
         // Placing every group costs up to seconds on a large map: only
@@ -346,7 +372,7 @@ impl Control {
             if self.feed.is_current(&json) {
                 return Ok(None);
             }
-            ShardMap::build_with(json, self.id, view).map(Some)
+            ShardMap::build_with(json, self.id, view, self.feed.synced_tx.clone()).map(Some)
         });
         match built {
             Ok(None) => {}

@@ -73,6 +73,16 @@ pub struct NodeRecord {
     /// When `state` last changed (ms since the epoch, the writer's clock;
     /// shown, never compared).
     pub since_ms: u64,
+    /// Whether the node holds every write of its placement groups: false
+    /// from its join (or a map change that gave it groups) until it has
+    /// caught up from the groups' primaries. Records written before
+    /// replication have none: synced.
+    #[serde(default = "synced_default")]
+    pub synced: bool,
+}
+
+fn synced_default() -> bool {
+    true
 }
 
 impl NodeRecord {
@@ -117,22 +127,24 @@ impl View {
                 id: n.id,
                 zone: n.zone.clone(),
                 state: n.node_state(),
+                synced: n.synced,
             })
             .collect()
     }
 
-    /// Placement groups per node (replicas, primaries), by index in `nodes`.
+    /// Placement groups per node (replicas, groups it is the acting
+    /// primary of), by index in `nodes`.
     pub fn placement_counts(&self) -> Result<Vec<(usize, usize)>, String> {
         let seed = self.config.seed()?;
         let placed = self.placed();
         let mut counts = vec![(0, 0); placed.len()];
         for pg in 0..self.config.pgs {
             let r = placement::replicas(seed, pg, self.config.replicas, &placed);
-            for (i, &n) in r.iter().enumerate() {
+            for &n in &r {
                 counts[n].0 += 1;
-                if i == 0 {
-                    counts[n].1 += 1;
-                }
+            }
+            if let Some(p) = placement::acting_primary(&r, &placed) {
+                counts[p].1 += 1;
             }
         }
         Ok(counts)
@@ -522,6 +534,9 @@ pub fn join(
                 Some((o, _)) if o.state == state.name() => o.since_ms,
                 _ => now_ms(),
             },
+            // A process that joins has not caught up yet (it may have
+            // been down while others took writes).
+            synced: false,
         };
         let seen = old.map_or(0, |(_, r)| *r);
         let mut success = vec![txn::put_leased(&keys.alive(id), &joining.nonce, lease)];

@@ -7,4 +7,5 @@ pub mod control;
 pub mod etcd;
 pub mod map;
 pub mod peer_http;
+pub mod replicate;
 pub mod shardmap;

@@ -28,12 +28,21 @@ pub struct ShardMap {
     pub node_id: u32,
     pub pgs: u32,
     pub seed: u64,
-    /// The primary's node id of each placement group (`NO_NODE`: none).
+    /// The acting primary's node id of each placement group (`NO_NODE`:
+    /// none: no replica is up).
     primaries: Vec<u32>,
+    /// Replicas per group (the cluster's R).
+    pub replica_count: usize,
+    /// Each group's replicas' node ids in placement order, `replica_count`
+    /// per group (`NO_NODE` where fewer nodes are eligible).
+    replicas: Vec<u32>,
     /// The map for clients (`ClientMap` as JSON).
     pub json: String,
     /// Every node of the map, in id order.
     pub nodes: Vec<MapNode>,
+    /// The way back to the control thread: a shard that caught up under
+    /// this map sends its epoch (`replicate::start_catch_up`).
+    pub synced_tx: mpsc::Sender<u64>,
 }
 
 /// A node as the S3 door needs it (forwarding, fan-out).
@@ -44,6 +53,8 @@ pub struct MapNode {
     pub state: placement::NodeState,
     /// Its S3 address (None: the record's address does not parse).
     pub s3: Option<std::net::SocketAddr>,
+    /// Whether it has caught up (`placement::PlacedNode::synced`).
+    pub synced: bool,
 }
 
 impl ShardMap {
@@ -71,6 +82,7 @@ impl ShardMap {
                         .filter(|a| !a.is_empty())
                         .map(str::to_string)
                         .collect(),
+                    synced: n.synced,
                 })
                 .collect(),
         };
@@ -80,27 +92,42 @@ impl ShardMap {
     /// Builds the shard map of node `node_id` from a map read from etcd
     /// (every placement group's primary: N hashes per group).
     pub fn build(cluster: &str, node_id: u32, view: &View) -> Result<ShardMap, String> {
-        Self::build_with(Self::client_json(cluster, view)?, node_id, view)
+        Self::build_with(
+            Self::client_json(cluster, view)?,
+            node_id,
+            view,
+            mpsc::channel().0,
+        )
     }
 
     /// `build`, given the view's `client_json` already made.
-    pub fn build_with(json: String, node_id: u32, view: &View) -> Result<ShardMap, String> {
+    pub fn build_with(
+        json: String,
+        node_id: u32,
+        view: &View,
+        synced_tx: mpsc::Sender<u64>,
+    ) -> Result<ShardMap, String> {
         let seed = view.config.seed()?;
         let pgs = view.config.pgs;
         let placed = view.placed();
-        let primaries = (0..pgs)
-            .map(|pg| {
-                placement::replicas(seed, pg, view.config.replicas, &placed)
-                    .first()
-                    .map_or(NO_NODE, |&i| placed[i].id)
-            })
-            .collect();
+        let r = view.config.replicas;
+        let mut primaries = Vec::with_capacity(pgs as usize);
+        let mut replicas = Vec::with_capacity(pgs as usize * r);
+        for pg in 0..pgs {
+            let chosen = placement::replicas(seed, pg, r, &placed);
+            primaries.push(
+                placement::acting_primary(&chosen, &placed).map_or(NO_NODE, |i| placed[i].id),
+            );
+            replicas.extend((0..r).map(|k| chosen.get(k).map_or(NO_NODE, |&i| placed[i].id)));
+        }
         Ok(ShardMap {
             epoch: view.epoch,
             node_id,
             pgs,
             seed,
             primaries,
+            replica_count: r,
+            replicas,
             json,
             nodes: view
                 .nodes
@@ -110,8 +137,10 @@ impl ShardMap {
                     name: n.name.clone(),
                     state: n.node_state(),
                     s3: n.s3.parse().ok(),
+                    synced: n.synced,
                 })
                 .collect(),
+            synced_tx,
         })
     }
 
@@ -136,18 +165,69 @@ impl ShardMap {
         })
     }
 
-    /// The node id of the primary of `(bucket, key)`'s placement group.
+    /// The other nodes a listing asks: those that are up (each key is
+    /// listed by its group's acting primary, always an up node).
+    pub fn listing_peers(&self) -> impl Iterator<Item = &MapNode> {
+        self.nodes
+            .iter()
+            .filter(move |n| n.id != self.node_id && n.state == placement::NodeState::Up)
+    }
+
+    /// Whether every placement group has an acting primary (an up
+    /// replica): else a listing would silently miss its keys.
+    #[must_use]
+    pub fn all_groups_served(&self) -> bool {
+        !self.primaries.contains(&NO_NODE)
+    }
+
+    /// The placement group of `(bucket, key)`.
+    #[must_use]
+    pub fn pg_of(&self, bucket: &str, key: &str) -> u32 {
+        let h = object_hash(self.seed, bucket.as_bytes(), key.as_bytes());
+        placement::pg_of_hash(h, self.pgs).0
+    }
+
+    /// The node id of the acting primary of `(bucket, key)`'s placement
+    /// group (`NO_NODE`: none is up).
     #[must_use]
     pub fn primary_of(&self, bucket: &str, key: &str) -> u32 {
-        let h = object_hash(self.seed, bucket.as_bytes(), key.as_bytes());
-        let (pg, _) = placement::pg_of_hash(h, self.pgs);
+        self.primaries[self.pg_of(bucket, key) as usize]
+    }
+
+    /// The acting primary of group `pg`.
+    #[must_use]
+    pub fn primary_of_pg(&self, pg: u32) -> u32 {
         self.primaries[pg as usize]
+    }
+
+    /// Group `pg`'s replicas (node ids, placement order).
+    pub fn replicas_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
+        let r = self.replica_count;
+        self.replicas[pg as usize * r..(pg as usize + 1) * r]
+            .iter()
+            .copied()
+            .filter(|&n| n != NO_NODE)
+    }
+
+    /// Whether this node is one of group `pg`'s replicas.
+    #[must_use]
+    pub fn holds_pg(&self, pg: u32) -> bool {
+        self.replicas_of_pg(pg).any(|n| n == self.node_id)
+    }
+
+    /// The acks a write needs: a majority of the group's replica count.
+    #[must_use]
+    pub fn majority(&self) -> usize {
+        self.replica_count / 2 + 1
     }
 }
 
 /// The control thread's end of the shards' map channels.
 pub struct MapFeed {
     senders: Vec<mpsc::Sender<Arc<ShardMap>>>,
+    /// Epochs a node caught up under, from its shards.
+    pub synced_rx: mpsc::Receiver<u64>,
+    pub synced_tx: mpsc::Sender<u64>,
     /// The epoch last sent (0: none yet).
     sent_epoch: u64,
     sent_json: String,
@@ -158,9 +238,12 @@ pub struct MapFeed {
 #[must_use]
 pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
     let (senders, receivers) = (0..shards).map(|_| mpsc::channel()).unzip();
+    let (synced_tx, synced_rx) = mpsc::channel();
     (
         MapFeed {
             senders,
+            synced_rx,
+            synced_tx,
             sent_epoch: 0,
             sent_json: String::new(),
         },
@@ -212,6 +295,7 @@ mod tests {
                 admin: format!("127.0.0.{id}:9200"),
                 shards,
                 since_ms: 0,
+                synced: true,
             },
             1,
         )
@@ -273,8 +357,11 @@ mod tests {
             pgs: 1,
             seed: 0,
             primaries: vec![1],
+            replica_count: 1,
+            replicas: vec![1],
             json: json.into(),
             nodes: Vec::new(),
+            synced_tx: mpsc::channel().0,
         };
         feed.publish(map(1, "a"));
         feed.publish(map(1, "a"));

@@ -66,6 +66,26 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
         "Node-to-node headers that did not verify (wrong secret, stale time, forged).",
         |m| m.cluster_node_refused.get(),
     ),
+    (
+        "percore_cluster_writes_replicated_total",
+        "Writes this node ordered as a placement group's primary whose copies every up replica and a majority took (acknowledged).",
+        |m| m.cluster_replicated.get(),
+    ),
+    (
+        "percore_cluster_writes_unreplicated_total",
+        "Writes this node ordered as a primary that were answered 503 because their copies did not reach every up replica and a majority (not acknowledged; alert on a rate).",
+        |m| m.cluster_replication_failed.get(),
+    ),
+    (
+        "percore_cluster_copies_taken_total",
+        "Copies of keys (versions and tombstones) this node took as a replica from a primary.",
+        |m| m.cluster_copies_taken.get(),
+    ),
+    (
+        "percore_cluster_copies_refused_total",
+        "Copies this node refused as a replica: from a node that is not the key's primary in its map, sent under an older map than a catch-up read, or with bytes that did not match their state.",
+        |m| m.cluster_copies_refused.get(),
+    ),
 ];
 
 /// Lifecycle runner counters of the shard's own metrics.

@@ -122,6 +122,13 @@ pub struct ShardMetrics {
     pub cluster_fanned_out: Cell<u64>,
     pub cluster_node_requests: Cell<u64>,
     pub cluster_node_refused: Cell<u64>,
+    /// Replication (`cluster::replicate`): writes whose copies the
+    /// replicas took (acknowledged), writes refused for want of them, and
+    /// copies this node's replicas took from others.
+    pub cluster_replicated: Cell<u64>,
+    pub cluster_replication_failed: Cell<u64>,
+    pub cluster_copies_taken: Cell<u64>,
+    pub cluster_copies_refused: Cell<u64>,
 }
 
 impl ShardMetrics {

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::cluster::peer_http::Take;
 use crate::cluster::shardmap::ShardMap;
 
+use super::msg::{Op, Reply, ShardError};
 use super::Shard;
+use crate::store::DigestItem;
 
 /// How often a shard looks for a new map. Map changes are rare and a node
 /// learns of them a third of the lease late at worst; this adds little.
@@ -76,6 +78,143 @@ impl Shard {
             super::msg::Reply::Count(1) => Take::Seen,
             _ => Take::Full,
         }
+    }
+
+    /// A key's replication state on this node (its owner shard).
+    pub async fn key_state(
+        self: &std::rc::Rc<Self>,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<(u64, Option<String>)>, ShardError> {
+        let op = Op::KeyState {
+            bucket: bucket.into(),
+            key: key.into(),
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::KeyState(s) => Ok(s),
+            other => Err(super::api::unexpected(other)),
+        }
+    }
+
+    pub(super) fn key_state_here(&self, bucket: &str, key: &str) -> Option<(u64, Option<String>)> {
+        let stamp = self.store.key_stamp(bucket, key)?;
+        Some((
+            stamp,
+            self.store
+                .current_info(bucket, key)
+                .map(|i| i.etag.to_string()),
+        ))
+    }
+
+    /// A replica's copy of its primary's delete, under `condition`
+    /// (`Store::delete_stamped`): Ok(true) if the tombstone was written.
+    pub async fn delete_stamped(
+        self: &std::rc::Rc<Self>,
+        bucket: &str,
+        key: &str,
+        condition: crate::store::PutCondition,
+    ) -> Result<bool, ShardError> {
+        let op = Op::DeleteStamped {
+            bucket: bucket.into(),
+            key: key.into(),
+            condition,
+        };
+        match self.call(self.owner_of(bucket, key), op).await {
+            Reply::Count(n) => Ok(n == 1),
+            other => Err(super::api::unexpected(other)),
+        }
+    }
+
+    /// Raises (epoch > 0) and reads the fence of the shard that owns
+    /// `(bucket, key)`.
+    pub async fn key_fence(self: &std::rc::Rc<Self>, bucket: &str, key: &str, epoch: u64) -> u64 {
+        match self
+            .call(self.owner_of(bucket, key), Op::Fence { epoch })
+            .await
+        {
+            Reply::Count(n) => n as u64,
+            // A shard that does not answer: as if fenced at every epoch.
+            _ => u64::MAX,
+        }
+    }
+
+    pub(super) fn raise_fence(&self, epoch: u64) -> u64 {
+        self.fence.set(self.fence.get().max(epoch));
+        self.fence.get()
+    }
+
+    /// One page of this node's replication digest (every shard's, merged
+    /// in (bucket, key) order), of the keys in `pgs` (sorted; None: all),
+    /// after raising every shard's fence to `epoch`. Returns the items and
+    /// where to resume (None: done).
+    pub async fn digest(
+        self: &std::rc::Rc<Self>,
+        after: Option<(String, String)>,
+        limit: usize,
+        pgs: Option<Vec<u32>>,
+        epoch: u64,
+    ) -> Result<(Vec<DigestItem>, Option<(String, String)>), ShardError> {
+        let limit = limit.clamp(1, 10_000);
+        let calls = (0..self.count).map(|s| {
+            self.call(
+                s,
+                Op::Digest {
+                    after: after.clone(),
+                    limit,
+                    pgs: pgs.clone(),
+                    epoch,
+                },
+            )
+        });
+        let mut items = Vec::new();
+        // The least place a shard stopped before its end: nothing past it
+        // is complete in this page.
+        let mut cut: Option<(String, String)> = None;
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Reply::Digest(got, resume) => {
+                    items.extend(got);
+                    if let Some(r) = resume {
+                        if cut.as_ref().is_none_or(|c| r < *c) {
+                            cut = Some(r);
+                        }
+                    }
+                }
+                other => return Err(super::api::unexpected(other)),
+            }
+        }
+        items.sort_by(|a, b| (&a.bucket, &a.key).cmp(&(&b.bucket, &b.key)));
+        if let Some(c) = &cut {
+            items.retain(|i| (&i.bucket, &i.key) <= (&c.0, &c.1));
+        }
+        if items.len() > limit {
+            items.truncate(limit);
+            let last = items.last().expect("limit >= 1");
+            return Ok((items.clone(), Some((last.bucket.clone(), last.key.clone()))));
+        }
+        Ok((items, cut))
+    }
+
+    pub(super) fn digest_here(
+        &self,
+        after: Option<(String, String)>,
+        limit: usize,
+        pgs: Option<&[u32]>,
+        epoch: u64,
+    ) -> Reply {
+        self.raise_fence(epoch);
+        let map = self.map.borrow().clone();
+        let keep = |b: &str, k: &str| match (pgs, &map) {
+            (None, _) => true,
+            (Some(pgs), Some(m)) => pgs.binary_search(&m.pg_of(b, k)).is_ok(),
+            (Some(_), None) => false,
+        };
+        let (items, resume) = self.store.digest(
+            after.as_ref().map(|(b, k)| (b.as_str(), k.as_str())),
+            limit,
+            keep,
+        );
+        Reply::Digest(items, resume)
     }
 
     /// `take_node_mac` on the owner shard: 0 fresh, 1 seen, 2 full.

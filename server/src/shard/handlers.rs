@@ -193,6 +193,22 @@ impl Shard {
             }
             Op::Start => self.start().await,
             Op::TakeNodeMac { mac } => Reply::Count(self.take_node_mac_here(mac) as usize),
+            Op::KeyState { bucket, key } => Reply::KeyState(self.key_state_here(&bucket, &key)),
+            Op::DeleteStamped {
+                bucket,
+                key,
+                condition,
+            } => match self.store.delete_stamped(&bucket, &key, condition).await {
+                Ok(applied) => Reply::Count(usize::from(applied)),
+                Err(e) => Reply::Err(super::store_error(e)),
+            },
+            Op::Digest {
+                after,
+                limit,
+                pgs,
+                epoch,
+            } => self.digest_here(after, limit, pgs.as_deref(), epoch),
+            Op::Fence { epoch } => Reply::Count(self.raise_fence(epoch) as usize),
             // Buckets, their configurations and users (`is_bucket_op`).
             op => self.execute_bucket_op(op).await,
         }

@@ -117,6 +117,11 @@ pub struct Shard {
     node_macs: RefCell<crate::cluster::peer_http::Replays>,
     /// Cluster mode: the latest map from the control thread (`cluster`).
     map: RefCell<Option<std::sync::Arc<crate::cluster::shardmap::ShardMap>>>,
+    /// Cluster mode: the highest epoch a node catching up read this
+    /// shard's digest at (`cluster`): copies pushed under an older map
+    /// are refused, so a write acknowledged by an older primary is either
+    /// in the digest or not acknowledged.
+    fence: Cell<u64>,
 }
 
 impl Shard {
@@ -150,6 +155,7 @@ impl Shard {
             cluster_pgs: Cell::new(0),
             node_macs: RefCell::new(Default::default()),
             map: RefCell::new(None),
+            fence: Cell::new(0),
         })
     }
 

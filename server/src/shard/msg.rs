@@ -174,6 +174,31 @@ pub enum Op {
     TakeNodeMac {
         mac: [u8; 32],
     },
+    /// Cluster: the key's replication state here (`Reply::KeyState`).
+    KeyState {
+        bucket: String,
+        key: String,
+    },
+    /// Cluster: a replica's copy of its primary's delete, stamped.
+    DeleteStamped {
+        bucket: String,
+        key: String,
+        condition: PutCondition,
+    },
+    /// Cluster: a page of this shard's replication digest, of the keys in
+    /// `pgs` (sorted; None: every group), after raising the fence to
+    /// `epoch`.
+    Digest {
+        after: Option<(String, String)>,
+        limit: usize,
+        pgs: Option<Vec<u32>>,
+        epoch: u64,
+    },
+    /// Cluster: raise this shard's fence to `epoch` (0: leave it) and
+    /// answer it (`Reply::Count`).
+    Fence {
+        epoch: u64,
+    },
 }
 
 impl Op {
@@ -223,6 +248,10 @@ pub enum Reply {
     Parts(Vec<PartItem>, Option<UploadChecksum>),
     Uploads(Vec<UploadItem>),
     Metrics(Box<crate::metrics::ShardSnapshot>),
+    /// A key's (stamp, ETag: None for a tombstone); None: nothing stored.
+    KeyState(Option<(u64, Option<String>)>),
+    /// Digest items and where to resume (None: this shard is done).
+    Digest(Vec<crate::store::DigestItem>, Option<(String, String)>),
 }
 
 /// Errors that cross shards; mapped to S3 errors by the front door.

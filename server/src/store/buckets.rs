@@ -34,6 +34,7 @@ impl Store {
             size_bytes: 0,
             etag: "".into(),
             mtime_ms: created_ms,
+            stamp: created_ms,
             extents: Box::new([]),
         };
         self.install(

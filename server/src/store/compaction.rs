@@ -290,7 +290,7 @@ impl Store {
             if plan.moved_extents.contains_key(&key) {
                 continue;
             }
-            if entry.state == State::Deleted {
+            if matches!(entry.state, State::Deleted { .. }) {
                 let remaining = entry
                     .older_on_disk
                     .saturating_sub(*plan.stale.get(&key).unwrap_or(&0));
@@ -485,7 +485,7 @@ impl Store {
                     .extents
                     .iter()
                     .any(|e| e.segment_id == segment_id && e.record_offset == offset),
-                State::Deleted | State::Marker { .. } => false,
+                State::Deleted { .. } | State::Marker { .. } => false,
             })
     }
 
@@ -572,6 +572,7 @@ impl Store {
         };
         let info = ObjectInfo {
             size_bytes: meta.size_bytes,
+            stamp: super::meta_stamp(&meta),
             etag: meta.etag.into(),
             mtime_ms: meta.mtime_ms,
             extents: extents.into(),

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use super::index::{Entry, State};
 use super::record::{self, Body, Header, Kind};
 use super::versions::{version_key, Versioning};
-use super::{now_ms, Result, Store, StoreError};
+use super::{now_ms, PutCondition, Result, Store, StoreError};
 
 impl Store {
     /// Deletes the current version. Returns whether a live object existed.
@@ -73,22 +73,71 @@ impl Store {
             .map(drop)
     }
 
+    /// A replica's copy of its primary's delete (stamped `stamp`): a
+    /// tombstone, under `condition` (`PutCondition::IfNewer` or
+    /// `Replace`; a tombstone is written even where nothing is stored, so
+    /// that an older copy arriving late is refused). Returns whether it was
+    /// written (false: the condition did not hold).
+    pub async fn delete_stamped(
+        &self,
+        bucket: &str,
+        key: &str,
+        condition: PutCondition,
+    ) -> Result<bool> {
+        if !condition.stamp_allows(self.key_stamp(bucket, key)) {
+            return Ok(false);
+        }
+        let written = self
+            .write_bodiless_at(bucket, key, Kind::Tombstone, false, Some(condition))
+            .await?;
+        Ok(written.is_some())
+    }
+
     /// Writes and installs a record without payload of `kind` (Tombstone,
     /// BucketDelete or DeleteMarker) for `key`, at a new real version's
     /// index key with `real`. Returns its seq.
     async fn write_bodiless(&self, bucket: &str, key: &str, kind: Kind, real: bool) -> Result<u64> {
+        let seq = self
+            .write_bodiless_at(bucket, key, kind, real, None)
+            .await?;
+        Ok(seq.expect("installed without a replica's condition"))
+    }
+
+    /// `write_bodiless`; a tombstone under a replica's `condition` keeps
+    /// its stamp and is installed only while the condition holds (None:
+    /// it did not).
+    async fn write_bodiless_at(
+        &self,
+        bucket: &str,
+        key: &str,
+        kind: Kind,
+        real: bool,
+        condition: Option<PutCondition>,
+    ) -> Result<Option<u64>> {
         let _writing = self.start_writing(bucket, key);
+        // A tombstone's time is its stamp (no client sees it); no await
+        // between it and the seq.
+        let preset = condition.as_ref().and_then(|c| c.preset_stamp());
+        let mtime_ms = match kind {
+            Kind::Tombstone => preset.unwrap_or_else(|| self.next_stamp(bucket, key)),
+            _ => now_ms(),
+        };
         let seq = self.take_seq()?;
-        let mtime_ms = now_ms();
         let index_key = if real {
             version_key(key, seq)
         } else {
             key.to_string()
         };
         let (body, state) = match kind {
-            Kind::BucketDelete => (Body::BucketDelete { mtime_ms }, State::Deleted),
+            Kind::BucketDelete => (
+                Body::BucketDelete { mtime_ms },
+                State::Deleted { stamp: mtime_ms },
+            ),
             Kind::DeleteMarker => (Body::DeleteMarker { mtime_ms }, State::Marker { mtime_ms }),
-            _ => (Body::Tombstone { mtime_ms }, State::Deleted),
+            _ => (
+                Body::Tombstone { mtime_ms },
+                State::Deleted { stamp: mtime_ms },
+            ),
         };
         let header = Header {
             seq,
@@ -101,6 +150,11 @@ impl Store {
         let header =
             record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
         let loc = self.append_durable(header, Bytes::new()).await?;
+        if condition.is_some_and(|c| !c.stamp_allows(self.key_stamp(bucket, key))) {
+            // Another version arrived meanwhile: the record stays unused.
+            self.count_stale(bucket, &index_key);
+            return Ok(None);
+        }
         self.install(
             bucket,
             &index_key,
@@ -111,6 +165,6 @@ impl Store {
                 older_on_disk: 0,
             },
         );
-        Ok(seq)
+        Ok(Some(seq))
     }
 }

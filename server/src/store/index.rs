@@ -29,7 +29,10 @@ use super::{record, Loc, ObjectInfo, Store};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum State {
     Live(ObjectInfo),
-    Deleted,
+    /// A tombstone, with its replication stamp (`ObjectInfo::stamp`).
+    Deleted {
+        stamp: u64,
+    },
     /// A delete marker (S3 versioning): reads as deleted, but is a version
     /// of its own that compaction keeps, like a live object without bytes.
     Marker {
@@ -41,7 +44,7 @@ impl State {
     /// Live object or delete marker: a version that exists (a tombstone
     /// is the absence of one).
     pub(super) fn is_version(&self) -> bool {
-        !matches!(self, State::Deleted)
+        !matches!(self, State::Deleted { .. })
     }
 }
 
@@ -60,7 +63,7 @@ impl Entry {
     fn places(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let extents = match &self.state {
             State::Live(info) => &info.extents[..],
-            State::Deleted | State::Marker { .. } => &[],
+            State::Deleted { .. } | State::Marker { .. } => &[],
         };
         std::iter::once((self.loc.segment_id, self.loc.offset))
             .chain(extents.iter().map(|e| (e.segment_id, e.record_offset)))
@@ -70,7 +73,7 @@ impl Entry {
     fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let extents = match &self.state {
             State::Live(info) => &info.extents[..],
-            State::Deleted | State::Marker { .. } => &[],
+            State::Deleted { .. } | State::Marker { .. } => &[],
         };
         std::iter::once((self.loc.segment_id, self.loc.span_bytes())).chain(extents.iter().map(
             |e| {
@@ -107,6 +110,25 @@ impl Index {
     /// Every bucket with its keys, in order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&String, &BTreeMap<String, Entry>)> {
         self.keys.iter()
+    }
+
+    /// Every (bucket, key, entry) after `after` (exclusive), in order.
+    pub(super) fn walk_after<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a str)>,
+    ) -> impl Iterator<Item = (&'a String, &'a String, &'a Entry)> + 'a {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, |(b, _)| Bound::Included(b));
+        self.keys
+            .range::<str, _>((from, Bound::Unbounded))
+            .flat_map(move |(b, keys)| {
+                let start = match after {
+                    Some((ab, ak)) if ab == b.as_str() => Bound::Excluded(ak),
+                    _ => Bound::Unbounded,
+                };
+                keys.range::<str, _>((start, Bound::Unbounded))
+                    .map(move |(k, e)| (b, k, e))
+            })
     }
 
     pub(super) fn entry(&self, bucket: &str, key: &str) -> Option<&Entry> {
@@ -282,7 +304,9 @@ impl Index {
             return false;
         };
         let still = keys.get(key).is_some_and(|e| {
-            e.seq == seq && e.state == State::Deleted && e.loc.segment_id == segment_id
+            e.seq == seq
+                && matches!(e.state, State::Deleted { .. })
+                && e.loc.segment_id == segment_id
         });
         if still {
             // A tombstone keeps no bytes live but its own record's, in the
@@ -320,6 +344,9 @@ pub(super) struct KeyMarks {
     /// refused conditional record can carry a higher seq than the version
     /// that won (recovery picks the highest seq).
     pub(super) writing: RefCell<HashMap<Key, u32>>,
+    /// The last stamp handed to a write of each key being written (see
+    /// `Store::next_stamp`): dropped with the key's last writing mark.
+    pub(super) stamps: RefCell<HashMap<Key, u64>>,
     /// Multipart uploads being completed or aborted: no part may be
     /// installed for them any more (bucket, upload index key).
     pub(super) uploads_ending: RefCell<HashSet<Key>>,

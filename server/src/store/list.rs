@@ -261,3 +261,64 @@ impl Store {
             .sum()
     }
 }
+
+/// One key of a replication digest (`Store::digest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DigestItem {
+    pub bucket: String,
+    pub key: String,
+    /// The version's or tombstone's replication stamp.
+    pub stamp: u64,
+    /// The ETag of a live object; None for a tombstone.
+    pub etag: Option<String>,
+}
+
+/// Keys a digest examines per call at most (kept or not), so that a
+/// shard is not held by one call over a large index.
+pub const DIGEST_EXAMINED_MAX: usize = 16_384;
+
+/// Whether a stored key is a client's object key (replicated): not a
+/// bucket, configuration or user record, nor a version, upload or part
+/// record (their keys start with a NUL, which no client key holds).
+#[must_use]
+pub fn is_client_key(bucket: &str, key: &str) -> bool {
+    !bucket.is_empty() && !bucket.starts_with('\u{1}') && !key.starts_with('\0')
+}
+
+impl Store {
+    /// The replication digest of client keys after `after`, in (bucket,
+    /// key) order: those `keep` accepts, at most `limit`, examining at
+    /// most `DIGEST_EXAMINED_MAX`. Returns the items and where to resume
+    /// (None: the end of the index was reached).
+    pub fn digest(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+        keep: impl Fn(&str, &str) -> bool,
+    ) -> (Vec<DigestItem>, Option<(String, String)>) {
+        let index = self.inner.index.borrow();
+        let mut items = Vec::new();
+        let mut last = None;
+        for (examined, (b, k, e)) in index.walk_after(after).enumerate() {
+            if items.len() >= limit.max(1) || examined >= DIGEST_EXAMINED_MAX {
+                return (items, last);
+            }
+            last = Some((b.clone(), k.clone()));
+            if !is_client_key(b, k) || !keep(b, k) {
+                continue;
+            }
+            let (stamp, etag) = match &e.state {
+                State::Live(info) => (info.stamp, Some(info.etag.to_string())),
+                State::Deleted { stamp } => (*stamp, None),
+                State::Marker { mtime_ms } => (*mtime_ms, None),
+            };
+            items.push(DigestItem {
+                bucket: b.clone(),
+                key: k.clone(),
+                stamp,
+                etag,
+            });
+        }
+        (items, None)
+    }
+}

@@ -87,7 +87,7 @@ impl Store {
         let inline = match self.lookup(bucket, key) {
             Some(e) if e.seq == seq => match &e.state {
                 State::Live(info) => info.extents.is_empty(),
-                State::Deleted | State::Marker { .. } => return Err(StoreError::NotFound),
+                State::Deleted { .. } | State::Marker { .. } => return Err(StoreError::NotFound),
             },
             _ => return Err(StoreError::ConditionalConflict),
         };
@@ -122,7 +122,7 @@ impl Store {
             // them since the read (it keeps the seq).
             Some(e) if e.seq == seq => match e.state {
                 State::Live(info) => info.extents.to_vec(),
-                State::Deleted | State::Marker { .. } => return Err(StoreError::NotFound),
+                State::Deleted { .. } | State::Marker { .. } => return Err(StoreError::NotFound),
             },
             _ => return Err(StoreError::ConditionalConflict),
         };

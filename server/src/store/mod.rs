@@ -64,7 +64,7 @@ pub mod sim;
 pub mod versions;
 
 pub use compaction::CompactionReport;
-pub use list::{prefix_successor, LIST_HIDDEN_MAX};
+pub use list::{is_client_key, prefix_successor, DigestItem, LIST_HIDDEN_MAX};
 pub use object_cache::{ObjectCacheStats, Payload};
 pub use put::PutWriter;
 pub use read::{ObjectReader, ReadOut, FIXED_MIN_BYTES, MERGE_BYTES_MAX};
@@ -125,6 +125,36 @@ pub enum PutCondition {
     /// Only if the current version is still the one of this seq (a
     /// rewrite of an object's metadata, see `meta_update`).
     IfSeq(u64),
+    /// A replica's copy of its primary's version with this stamp: only
+    /// over older versions and tombstones (`Store::key_stamp`); the
+    /// version keeps the stamp.
+    IfNewer(u64),
+    /// A node catching up takes its primary's version (stamped `stamp`)
+    /// over its own, only if the key's stamp here is still `seen` (None:
+    /// nothing stored): a copy pushed meanwhile is newer and stays.
+    Replace { seen: Option<u64>, stamp: u64 },
+}
+
+impl PutCondition {
+    /// The stamp a replica's copy keeps (None: the store issues one).
+    #[must_use]
+    pub fn preset_stamp(&self) -> Option<u64> {
+        match self {
+            PutCondition::IfNewer(stamp) | PutCondition::Replace { stamp, .. } => Some(*stamp),
+            _ => None,
+        }
+    }
+
+    /// Whether a replica's copy may be installed over a key stamped
+    /// `have` here (true for conditions that are not a replica's).
+    #[must_use]
+    pub fn stamp_allows(&self, have: Option<u64>) -> bool {
+        match self {
+            PutCondition::IfNewer(stamp) => have < Some(*stamp),
+            PutCondition::Replace { seen, .. } => have == *seen,
+            _ => true,
+        }
+    }
 }
 
 impl StoreError {
@@ -232,6 +262,9 @@ pub struct ObjectInfo {
     pub size_bytes: u64,
     pub etag: Box<str>,
     pub mtime_ms: u64,
+    /// The version's replication stamp (`meta_stamp`): versions of a key
+    /// are ordered by it across a cluster's replicas.
+    pub stamp: u64,
     pub extents: Box<[ExtentRef]>,
 }
 
@@ -344,6 +377,24 @@ impl ListItem {
 #[derive(Clone)]
 pub struct Store {
     inner: Rc<Inner>,
+}
+
+/// The reserved header (never sent to clients) that holds an object
+/// version's replication stamp: a hybrid clock, milliseconds, strictly
+/// increasing per key on the node that orders its writes
+/// (`Store::issue_stamp`). A tag rewrite gets a new stamp but keeps the
+/// modification time, so the two differ. Versions written without one
+/// (before clusters replicated) stamp with their modification time.
+pub const STAMP_HEADER: &str = "x-percore-stamp";
+
+/// The stamp of a stored version's metadata.
+#[must_use]
+pub fn meta_stamp(meta: &record::ObjectMeta) -> u64 {
+    meta.headers
+        .iter()
+        .find(|(n, _)| n == STAMP_HEADER)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(meta.mtime_ms)
 }
 
 pub fn now_ms() -> u64 {
@@ -534,7 +585,7 @@ pub fn debug_index(store: &Store) -> Vec<(String, String, u64, bool, u32)> {
                 b.clone(),
                 k.clone(),
                 e.seq,
-                e.state == State::Deleted,
+                matches!(e.state, State::Deleted { .. }),
                 e.older_on_disk,
             ));
         }

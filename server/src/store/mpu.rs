@@ -860,7 +860,10 @@ impl Store {
         extents: Vec<ExtentRef>,
         new_version: bool,
     ) -> Result<(u64, ObjectInfo)> {
+        let mut meta = meta;
         let size_bytes = meta.size_bytes;
+        // No await between the stamp and the seq: both order this write.
+        let stamp = self.issue_stamp(bucket, key, &mut meta, None);
         let seq = self.take_seq()?;
         let index_key = if new_version {
             version_key(key, seq)
@@ -909,6 +912,7 @@ impl Store {
             size_bytes,
             etag: meta.etag.into(),
             mtime_ms: meta.mtime_ms,
+            stamp,
             extents: extents.into(),
         };
         self.install(
@@ -1022,7 +1026,7 @@ impl Store {
         // is newer than the object its completion wrote, and older than
         // anything written to the key since.
         let ended = self.lookup(bucket, &upload)?;
-        if ended.state != State::Deleted || ended.seq < current_seq {
+        if !matches!(ended.state, State::Deleted { .. }) || ended.seq < current_seq {
             return None;
         }
         (multipart_etag(parts)? == *info.1.etag).then_some(info)
@@ -1139,21 +1143,22 @@ impl Store {
         let mut pending = Vec::with_capacity(keys.len());
         for key in keys {
             let seq = self.take_seq()?;
+            let stamp = now_ms();
             let header = Header {
                 seq,
                 bucket: bucket.into(),
                 key: key.clone(),
                 payload_bytes: 0,
                 block_crcs: Vec::new(),
-                body: Body::Tombstone { mtime_ms: now_ms() },
+                body: Body::Tombstone { mtime_ms: stamp },
             };
             let header =
                 record::encode_header(&header).map_err(|e| StoreError::Invalid(e.to_string()))?;
             debug_assert_eq!(Kind::Tombstone, Body::Tombstone { mtime_ms: 0 }.kind());
-            pending.push((key, seq, self.append(header, Bytes::new()).await?));
+            pending.push((key, seq, stamp, self.append(header, Bytes::new()).await?));
         }
         let mut first_error = None;
-        for (key, seq, rx) in pending {
+        for (key, seq, stamp, rx) in pending {
             match rx.await.map_err(|_| StoreError::ShuttingDown) {
                 Ok(Ok(loc)) => {
                     self.install(
@@ -1162,7 +1167,7 @@ impl Store {
                         Entry {
                             seq,
                             loc,
-                            state: State::Deleted,
+                            state: State::Deleted { stamp },
                             older_on_disk: 0,
                         },
                     );

@@ -26,6 +26,7 @@ impl Drop for WritingKey {
             *n -= 1;
             if *n == 0 {
                 writing.remove(&self.key);
+                self.store.inner.marks.stamps.borrow_mut().remove(&self.key);
             }
         }
     }
@@ -179,7 +180,15 @@ impl PutWriter {
         if self.meta.mtime_ms == 0 {
             self.meta.mtime_ms = now_ms();
         }
+        let preset = self.condition.as_ref().and_then(PutCondition::preset_stamp);
         let seen = match &self.condition {
+            // A replica's copy (checked again before it is installed).
+            Some(c) if c.preset_stamp().is_some() => {
+                if !c.stamp_allows(store.key_stamp(&self.bucket, &self.key)) {
+                    return Err(StoreError::PreconditionFailed);
+                }
+                None
+            }
             Some(_) if store.is_writing(&self.bucket, &self.key) => {
                 return Err(StoreError::ConditionalConflict);
             }
@@ -187,11 +196,14 @@ impl PutWriter {
             None => None,
         };
         let _writing = store.start_writing(&self.bucket, &self.key);
+        // No await between the stamp and the seq: both order this write.
+        let stamp = store.issue_stamp(&self.bucket, &self.key, &mut self.meta, preset);
         let seq = store.take_seq()?;
         let info = ObjectInfo {
             size_bytes,
             etag: self.meta.etag.clone().into(),
             mtime_ms: self.meta.mtime_ms,
+            stamp,
             extents: self.extents.clone().into(),
         };
         let index_key = if self.new_version {
@@ -286,6 +298,12 @@ impl PutWriter {
                 "extent segment {missing} vanished during the PUT; retry"
             )));
         }
+        // A replica's copy: another version arrived meanwhile.
+        if let Some(c) = &self.condition {
+            if !c.stamp_allows(store.key_stamp(&self.bucket, &self.key)) {
+                return Err(StoreError::PreconditionFailed);
+            }
+        }
         // Another write won the race since the condition was checked.
         if let Some(seen) = seen {
             let now = store.live_seq(&self.bucket, &self.key);
@@ -321,6 +339,48 @@ impl Store {
             store: self.clone(),
             key: k,
         }
+    }
+
+    /// The replication stamp of the key's current version or tombstone.
+    pub fn key_stamp(&self, bucket: &str, key: &str) -> Option<u64> {
+        self.lookup(bucket, key).map(|e| match &e.state {
+            State::Live(info) => info.stamp,
+            State::Deleted { stamp } => *stamp,
+            State::Marker { mtime_ms } => *mtime_ms,
+        })
+    }
+
+    /// A stamp for a new version of `key`, after every version of it this
+    /// store holds or is writing: max(now, newest + 1), a hybrid clock in
+    /// milliseconds. Call while the key is marked as being written (the
+    /// stamp is remembered until its last mark drops) and with no await
+    /// before its seq is taken, so that stamps and seqs agree.
+    pub(super) fn next_stamp(&self, bucket: &str, key: &str) -> u64 {
+        let k = (bucket.to_string(), key.to_string());
+        let current = self.key_stamp(bucket, key).unwrap_or(0);
+        let mut issued = self.inner.marks.stamps.borrow_mut();
+        let last = issued.get(&k).copied().unwrap_or(0);
+        let stamp = now_ms().max(current + 1).max(last + 1);
+        if self.is_writing(bucket, key) {
+            issued.insert(k, stamp);
+        }
+        stamp
+    }
+
+    /// `next_stamp` (or `preset`: a replica keeps its primary's stamp),
+    /// written into `meta` as `STAMP_HEADER`.
+    pub(super) fn issue_stamp(
+        &self,
+        bucket: &str,
+        key: &str,
+        meta: &mut ObjectMeta,
+        preset: Option<u64>,
+    ) -> u64 {
+        let stamp = preset.unwrap_or_else(|| self.next_stamp(bucket, key));
+        meta.headers.retain(|(n, _)| n != super::STAMP_HEADER);
+        meta.headers
+            .push((super::STAMP_HEADER.to_string(), stamp.to_string()));
+        stamp
     }
 
     pub(super) fn is_writing(&self, bucket: &str, key: &str) -> bool {
@@ -373,6 +433,13 @@ impl Store {
     ) -> Result<Option<u64>> {
         let live = self.current_live(bucket, key);
         match (condition, live) {
+            (c @ (PutCondition::IfNewer(_) | PutCondition::Replace { .. }), _) => {
+                if c.stamp_allows(self.key_stamp(bucket, key)) {
+                    Ok(None)
+                } else {
+                    Err(StoreError::PreconditionFailed)
+                }
+            }
             (PutCondition::IfNoneMatchAny, None) => Ok(None),
             (PutCondition::IfNoneMatchAny, Some(_)) => Err(StoreError::PreconditionFailed),
             (PutCondition::IfMatch(_), None) => Err(StoreError::NotFound),

@@ -287,7 +287,7 @@ impl Store {
     pub fn head(&self, bucket: &str, key: &str) -> Option<ObjectInfo> {
         match self.lookup(bucket, key)?.state {
             State::Live(info) => Some(info),
-            State::Deleted | State::Marker { .. } => None,
+            State::Deleted { .. } | State::Marker { .. } => None,
         }
     }
 

@@ -676,6 +676,7 @@ fn keyed_state(h: &Header, extents_ok: &HashSet<(u64, u64)>) -> Option<State> {
                 size_bytes: meta.size_bytes,
                 etag: meta.etag.clone().into(),
                 mtime_ms: meta.mtime_ms,
+                stamp: super::meta_stamp(meta),
                 extents: extents.clone().into(),
             }))
         }
@@ -683,9 +684,12 @@ fn keyed_state(h: &Header, extents_ok: &HashSet<(u64, u64)>) -> Option<State> {
             size_bytes: 0,
             etag: "".into(),
             mtime_ms: *created_ms,
+            stamp: *created_ms,
             extents: Box::new([]),
         })),
-        Body::Tombstone { .. } | Body::BucketDelete { .. } => Some(State::Deleted),
+        Body::Tombstone { mtime_ms } | Body::BucketDelete { mtime_ms } => {
+            Some(State::Deleted { stamp: *mtime_ms })
+        }
         Body::DeleteMarker { mtime_ms } => Some(State::Marker {
             mtime_ms: *mtime_ms,
         }),

@@ -360,7 +360,7 @@ impl Store {
         let marker = match &entry.state {
             State::Live(_) => None,
             State::Marker { mtime_ms } => Some(*mtime_ms),
-            State::Deleted => return None,
+            State::Deleted { .. } => return None,
         };
         Some(Resolved {
             index_key: index_key.to_string(),
@@ -376,7 +376,7 @@ impl Store {
         let (_, _, e) = current_in(index.get(bucket)?, key)?;
         match &e.state {
             State::Live(info) => Some((e.seq, info.clone())),
-            State::Deleted | State::Marker { .. } => None,
+            State::Deleted { .. } | State::Marker { .. } => None,
         }
     }
 
@@ -474,7 +474,7 @@ pub(super) fn version_entry(version: Option<u64>, e: &Entry, latest: bool) -> Ve
     let (object, mtime_ms) = match &e.state {
         State::Live(info) => (Some((info.size_bytes, info.etag.clone())), info.mtime_ms),
         State::Marker { mtime_ms } => (None, *mtime_ms),
-        State::Deleted => (None, 0),
+        State::Deleted { .. } => (None, 0),
     };
     VersionEntry {
         version,

@@ -542,7 +542,7 @@ impl Client {
                 });
             };
             let calls = c
-                .serving_nodes()
+                .listing_nodes()
                 .into_iter()
                 .map(|n| self.simple(&r, c.base[n], &req));
             let mut pages = Vec::new();

@@ -195,10 +195,16 @@ impl Cluster {
             .collect()
     }
 
-    /// The nodes a request about every key goes to (listings, bucket
-    /// creation): those that may hold keys, up, draining or down (a down
-    /// node is still its groups' primary: a listing without it would look
-    /// complete and is refused instead, by the connection failing).
+    /// The nodes a listing goes to: those that are up (each key is listed
+    /// by its group's acting primary, which is up; a down node's groups
+    /// are led by their other replicas).
+    pub(crate) fn listing_nodes(&self) -> Vec<usize> {
+        self.up_nodes()
+    }
+
+    /// The nodes a bucket creation goes to: those that may hold keys, up,
+    /// draining or down (a down one fails it: its replicas would lack the
+    /// bucket when it returns).
     pub(crate) fn serving_nodes(&self) -> Vec<usize> {
         self.placed
             .iter()

@@ -26,7 +26,13 @@ impl NativeFront {
         }
         let reply = self.owner_reply(bucket, key);
         match self.shard.delete_object(bucket, key).await {
-            Ok(existed) => Reply { existed, ..reply },
+            Ok(existed) => match self.replicated(bucket, key).await {
+                Ok(()) => Reply { existed, ..reply },
+                Err((status, message)) => Reply {
+                    owner_shard: reply.owner_shard,
+                    ..Reply::error(status, message)
+                },
+            },
             Err(e) => Reply {
                 owner_shard: reply.owner_shard,
                 ..shard_error_reply(&e)

@@ -198,9 +198,29 @@ impl NativeFront {
         }
         use base64::Engine;
         let crc_b64 = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
-        sink.finish_with(etag, vec![("x-amz-checksum-crc32c".to_string(), crc_b64)])
+        let info = sink
+            .finish_with(etag, vec![("x-amz-checksum-crc32c".to_string(), crc_b64)])
             .await
-            .map(|info| (info, crc))
-            .map_err(|e| status_of(&e))
+            .map_err(|e| status_of(&e))?;
+        self.replicated(&p.bucket, &p.key).await?;
+        Ok((info, crc))
+    }
+
+    /// A cluster node: copies the key's state to its other replicas before
+    /// a write is answered (`cluster::replicate`); Busy (retry) if they
+    /// did not all take it.
+    pub(super) async fn replicated(&self, bucket: &str, key: &str) -> Result<(), (Status, String)> {
+        if !self.shard.is_cluster() {
+            return Ok(());
+        }
+        let ckey = crate::cluster::peer_http::cluster_key(&self.cfg.credentials.secret_key);
+        crate::cluster::replicate::replicate(&self.shard, &ckey, bucket, key)
+            .await
+            .map_err(|why| {
+                (
+                    Status::Busy,
+                    format!("the write is stored on this node but its replicas did not all take it, so it is not acknowledged ({why}); retry"),
+                )
+            })
     }
 }

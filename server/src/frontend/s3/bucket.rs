@@ -255,7 +255,12 @@ impl S3Front {
                 // Policy matching costs CPU: let other requests run.
                 glommio::yield_if_needed().await;
                 let pick = self.delete_check(req, auth, key, version.as_deref())?;
-                Ok(self.shard.delete_version(&req.bucket, key, pick).await?)
+                let removed = self.shard.delete_version(&req.bucket, key, pick).await?;
+                // A cluster node: the delete's copies first.
+                if self.shard.is_cluster() {
+                    self.replicate_key(&req.bucket, key).await?;
+                }
+                Ok(removed)
             });
             let done = futures::future::join_all(calls).await;
             for (&i, r) in batch.iter().zip(done) {

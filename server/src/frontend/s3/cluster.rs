@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use super::route::S3Op;
 use super::{Conn, Request, S3Front};
 use crate::cluster::peer_http::{self, Claim, Signed};
+use crate::cluster::replicate;
 use crate::cluster::shardmap::{MapNode, ShardMap};
 use crate::frontend::http::{BodyFraming, ResponseHead};
 use crate::frontend::s3::error::S3Error;
@@ -155,7 +156,7 @@ impl S3Front {
         })
     }
 
-    fn cluster_key(&self) -> [u8; 32] {
+    pub(super) fn cluster_key(&self) -> [u8; 32] {
         peer_http::cluster_key(&self.cfg.credentials.secret_key)
     }
 
@@ -234,6 +235,11 @@ impl S3Front {
         if req.op == S3Op::BatchGet {
             return Err(S3Error::not_implemented(
                 "the S3 batch read on a cluster (GET each key, or use the native client's get_batch)",
+            ));
+        }
+        if req.op == S3Op::PutBucketVersioning && map.replica_count > 1 {
+            return Err(S3Error::not_implemented(
+                "S3 versioning on a cluster with replicas (copies carry each key's current version only)",
             ));
         }
         if req.key.is_empty() {
@@ -571,8 +577,13 @@ impl S3Front {
             enc(from),
             enc(delimiter.unwrap_or(""))
         );
+        if !map.all_groups_served() {
+            return Err(unavailable(
+                "Some placement groups have no replica up: a listing would miss their keys; retry when nodes return.",
+            ));
+        }
         let mut peers = Vec::new();
-        for n in map.holding_peers() {
+        for n in map.listing_peers() {
             peers.push(peer_of(n)?);
         }
         let calls = peers.iter().map(|peer| self.peer_list(&map, peer, &target));
@@ -692,11 +703,28 @@ impl S3Front {
             return Err(denied("An internal request names its body's hash."));
         }
         let q = |name: &str| req.q(name).unwrap_or("").to_string();
+        // A copy's MAC covers its state header; its bytes are checked
+        // against the state's MD5 as they are stored.
+        let push = req.head.method == "PUT" && req.head.path == "/_percore/push";
+        let pushed = if push {
+            let (json, state) = replicate::KeyState::decode(
+                req.head
+                    .header_str(replicate::STATE_HEADER)
+                    .unwrap_or_default(),
+            )
+            .map_err(S3Error::invalid_argument)?;
+            if peer_http::body_hash(&json) != claim.body {
+                return Err(denied("The state does not match the node header."));
+            }
+            Some(state)
+        } else {
+            None
+        };
         let body = match req.head.method.as_str() {
             "POST" => self.read_small_body(conn, req, INTERNAL_BODY_MAX).await?,
             _ => Vec::new(),
         };
-        if peer_http::body_hash(&body) != claim.body {
+        if !push && peer_http::body_hash(&body) != claim.body {
             return Err(denied("The body does not match the node header."));
         }
         if !peer_http::internal_time_ok(claim.ms) {
@@ -714,7 +742,16 @@ impl S3Front {
             }
         }
         let map = self.map()?.expect("a cluster node");
+        if let Some(state) = pushed {
+            return self.receive_push(conn, req, &map, claim.from, state).await;
+        }
+        if req.head.method == "GET" && req.head.path == "/_percore/fetch" {
+            return self.answer_fetch(conn, &map, &q("bucket"), &q("key")).await;
+        }
         let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
+            ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
+                .await
+                .map_err(S3Error::invalid_argument)?,
             ("GET", "/_percore/list") => {
                 let max: usize = q("max")
                     .parse()
@@ -778,7 +815,9 @@ impl S3Front {
                     Some(v) => Pick::parse(v)
                         .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
                 };
-                Ok(self.shard.delete_version(bucket, key, pick).await?)
+                let removed = self.shard.delete_version(bucket, key, pick).await?;
+                self.replicate_key(bucket, key).await?;
+                Ok(removed)
             });
             for r in futures::future::join_all(calls).await {
                 out.push(match r {

@@ -36,6 +36,7 @@ mod copy;
 mod list;
 mod multipart;
 mod object;
+mod replica;
 mod serve;
 mod versions;
 

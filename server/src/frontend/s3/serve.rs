@@ -349,6 +349,8 @@ impl S3Front {
         mut head: ResponseHead,
         body: &[u8],
     ) -> Result<(), S3Error> {
+        // A cluster node answers a write once its replicas hold it.
+        self.replicate_write(req, head.status).await?;
         head.push_header("x-amz-request-id", req.request_id.clone());
         conn.write_response(&head, body.len() as u64, false).await?;
         if !body.is_empty() {

@@ -20,6 +20,7 @@ fn live(seq: u64, at: Loc, extents: &[ExtentRef]) -> Entry {
             size_bytes: 1,
             etag: "e".into(),
             mtime_ms: 0,
+            stamp: 0,
             extents: extents.into(),
         }),
         older_on_disk: 0,
@@ -30,7 +31,7 @@ fn deleted(seq: u64, at: Loc) -> Entry {
     Entry {
         seq,
         loc: at,
-        state: State::Deleted,
+        state: State::Deleted { stamp: 0 },
         older_on_disk: 0,
     }
 }

@@ -1,0 +1,765 @@
+//! Replication (issue 18): a placement group's acting primary orders every
+//! write of its keys and copies the key's resulting state to the group's
+//! other replicas before the write is acknowledged; a node that joins
+//! (or comes back) catches up from the groups' primaries before it acts
+//! as a primary itself. Everything here runs on a shard (glommio), over
+//! node-to-node HTTP on the S3 port (`peer_http`); nothing waits for etcd.
+//!
+//! **State transfer, not operation shipping.** What crosses is the key's
+//! state after the write: its current version (metadata and bytes) or its
+//! tombstone, with the version's stamp (`store::STAMP_HEADER`), a hybrid
+//! clock strictly increasing per key on the node that ordered the write.
+//! A replica installs a copy only over an older stamp
+//! (`PutCondition::IfNewer`), so copies may arrive in any order, twice, or
+//! late, and every replica ends with the newest.
+//!
+//! **Acknowledgement.** A write is acknowledged when every replica that is
+//! `up` in the primary's map and at least a majority of the group's R
+//! (the primary counting itself) hold its stamp or a newer one. Otherwise
+//! the client gets 503 (the write may be on some replicas: it was not
+//! acknowledged, and a later write or the primary's state wins).
+//!
+//! **Fencing.** A replica refuses a copy from a node that is not the
+//! group's acting primary in its own map (when its map is at least as new
+//! as the sender's), and a copy sent under a map older than the epoch at
+//! which a catching-up node read its digest (`Shard::fence`, raised by
+//! every digest read and checked again after the copy is installed). The
+//! primary checks its own key shard's fence before it acknowledges: a
+//! write that raced a catch-up is copied again under the newer map (which
+//! names the catching-up node). So a write acknowledged under an older
+//! map is in the digest the catching-up node read, or it was copied to
+//! that node too.
+//!
+//! Wire (node-authenticated like every `/_percore/` request):
+//!
+//! ```text
+//! PUT  /_percore/push?bucket=B&key=K   x-percore-state: base64(JSON state), body: the bytes
+//!      (the node MAC's body hash is the SHA-256 of the state JSON; the
+//!      bytes are checked against the state's MD5 and size)
+//! GET  /_percore/fetch?bucket=B&key=K  answer: x-percore-state and the bytes
+//! POST /_percore/digest {"epoch":E,"pgs":[..]|null,"after":[b,k]|null,"limit":N}
+//!      answer: {"items":[[bucket,key,stamp,etag|null]],"next":[b,k]|null}
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_lite::AsyncWriteExt;
+use md5::{Digest, Md5};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::peer_http::{self, Signed};
+use super::shardmap::{MapNode, ShardMap, NO_NODE};
+use crate::shard::msg::ShardError;
+use crate::shard::object::{ObjectSink, ObjectSource};
+use crate::shard::Shard;
+use crate::store::record::ObjectMeta;
+use crate::store::{meta_stamp, PutCondition};
+use percore_protocol::placement::NodeState;
+
+/// The header carrying a key's state (base64 of its JSON).
+pub const STATE_HEADER: &str = "x-percore-state";
+/// Bytes read from the store per step of a copy.
+const COPY_CHUNK_BYTES: u64 = 1 << 20;
+/// How long a write waits for its copies (and for a newer map, when a
+/// replica refused its copy as sent under an older one).
+const REPLICATE_WAIT: Duration = Duration::from_secs(8);
+/// Digest items per request of a catch-up.
+const DIGEST_PAGE: usize = 1000;
+/// Largest digest answer.
+const DIGEST_ANSWER_MAX: usize = 32 << 20;
+/// How often a node that is not synced tries to catch up.
+const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
+
+/// A key's state as one node holds it: its current version, or its
+/// tombstone (`etag` None).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyState {
+    /// The sender's map epoch.
+    pub epoch: u64,
+    pub stamp: u64,
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub mtime_ms: u64,
+    #[serde(default)]
+    pub content_type: String,
+    /// Every stored header (reserved ones included: the stamp, multipart
+    /// part sizes, checksums, tags, ACL).
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    /// Hex MD5 of the bytes.
+    #[serde(default)]
+    pub md5: String,
+}
+
+impl KeyState {
+    /// (JSON, its header value).
+    #[must_use]
+    pub fn encode(&self) -> (Vec<u8>, String) {
+        let json = serde_json::to_vec(self).expect("serializable");
+        let value = base64::engine::general_purpose::STANDARD.encode(&json);
+        (json, value)
+    }
+
+    /// The JSON and the state of a header value.
+    pub fn decode(value: &str) -> Result<(Vec<u8>, KeyState), String> {
+        let json = base64::engine::general_purpose::STANDARD
+            .decode(value.trim())
+            .map_err(|e| format!("bad state header: {e}"))?;
+        let state: KeyState =
+            serde_json::from_slice(&json).map_err(|e| format!("bad state: {e}"))?;
+        if state.etag.is_some() && (state.md5.len() != 32 || hex::decode(&state.md5).is_err()) {
+            return Err("bad state: no MD5".into());
+        }
+        Ok((json, state))
+    }
+}
+
+fn is_md5_hex(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// This node's state of `(bucket, key)` (None: nothing stored), with an
+/// open source of its bytes. The MD5 is the ETag where that is one, and
+/// is computed by reading the bytes otherwise (multipart objects).
+pub async fn local_state(
+    shard: &Rc<Shard>,
+    bucket: &str,
+    key: &str,
+    epoch: u64,
+) -> Result<Option<(KeyState, Option<ObjectSource>)>, ShardError> {
+    for _ in 0..3 {
+        match ObjectSource::open(shard, bucket, key).await {
+            Ok((mut src, meta)) => {
+                let md5 = if is_md5_hex(&meta.etag) {
+                    meta.etag.to_ascii_lowercase()
+                } else {
+                    let mut h = Md5::new();
+                    let mut at = 0;
+                    while at < meta.size_bytes {
+                        let n = COPY_CHUNK_BYTES.min(meta.size_bytes - at);
+                        let chunk = src.read(at, n).await?;
+                        h.update(&chunk[..]);
+                        at += n;
+                    }
+                    hex::encode(h.finalize())
+                };
+                let state = KeyState {
+                    epoch,
+                    stamp: meta_stamp(&meta),
+                    etag: Some(meta.etag.clone()),
+                    size: meta.size_bytes,
+                    mtime_ms: meta.mtime_ms,
+                    content_type: meta.content_type.clone(),
+                    headers: meta.headers.clone(),
+                    md5,
+                };
+                return Ok(Some((state, Some(src))));
+            }
+            Err(ShardError::NoSuchKey) => match shard.key_state(bucket, key).await? {
+                None => return Ok(None),
+                Some((stamp, None)) => {
+                    return Ok(Some((
+                        KeyState {
+                            epoch,
+                            stamp,
+                            etag: None,
+                            size: 0,
+                            mtime_ms: 0,
+                            content_type: String::new(),
+                            headers: Vec::new(),
+                            md5: String::new(),
+                        },
+                        None,
+                    )))
+                }
+                // Written between the two reads: read again.
+                Some((_, Some(_))) => {}
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ShardError::Busy)
+}
+
+/// Receives a copy of a key's state: a tombstone, or a version whose
+/// bytes come through `feed`. Checks size and MD5 before the version can
+/// become visible.
+pub struct Applier {
+    sink: Option<ObjectSink>,
+    md5: Md5,
+    total: u64,
+    state: KeyState,
+}
+
+/// What applying a copy did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Installed (or a tombstone written).
+    Installed,
+    /// This node holds the same or a newer stamp already (or, for a
+    /// `Replace`, another copy arrived meanwhile): nothing to do.
+    Superseded,
+}
+
+impl Applier {
+    /// Starts applying `state` to `(bucket, key)` under `condition`
+    /// (Ok(None): a tombstone, applied already, or a version this node
+    /// does not need).
+    pub async fn open(
+        shard: &Rc<Shard>,
+        bucket: &str,
+        key: &str,
+        state: KeyState,
+        condition: PutCondition,
+    ) -> Result<Result<Applier, Applied>, ShardError> {
+        if state.etag.is_none() {
+            let written = shard.delete_stamped(bucket, key, condition).await?;
+            return Ok(Err(if written {
+                Applied::Installed
+            } else {
+                Applied::Superseded
+            }));
+        }
+        let meta = ObjectMeta {
+            size_bytes: 0,
+            etag: String::new(),
+            mtime_ms: state.mtime_ms.max(1),
+            content_type: state.content_type.clone(),
+            headers: state.headers.clone(),
+        };
+        match ObjectSink::open_part(shard, bucket, key, meta, None, Some(condition)).await {
+            Ok(sink) => Ok(Ok(Applier {
+                sink: Some(sink),
+                md5: Md5::new(),
+                total: 0,
+                state,
+            })),
+            Err(ShardError::PreconditionFailed) => Ok(Err(Applied::Superseded)),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn feed(&mut self, data: Bytes) -> Result<(), ShardError> {
+        self.total += data.len() as u64;
+        if self.total > self.state.size {
+            return Err(ShardError::Internal(
+                "the copy is longer than its state says".into(),
+            ));
+        }
+        self.md5.update(&data);
+        self.sink.as_mut().expect("open").write(data).await
+    }
+
+    pub async fn finish(mut self) -> Result<Applied, ShardError> {
+        let md5 = hex::encode(std::mem::take(&mut self.md5).finalize());
+        if self.total != self.state.size || md5 != self.state.md5.to_ascii_lowercase() {
+            return Err(ShardError::Internal(format!(
+                "the copy's bytes do not match its state ({} of {} bytes, MD5 {md5})",
+                self.total, self.state.size
+            )));
+        }
+        let sink = self.sink.take().expect("open");
+        let etag = self.state.etag.clone().unwrap_or_default();
+        match sink.finish(etag).await {
+            Ok(_) => Ok(Applied::Installed),
+            Err(ShardError::PreconditionFailed) => Ok(Applied::Superseded),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a copy to one replica came to.
+#[derive(Debug)]
+enum Pushed {
+    Applied,
+    /// The replica refused it as sent under an older map (or by a node it
+    /// does not take as the primary): retry under a newer map.
+    Refused(String),
+    Failed(String),
+}
+
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn sign(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    to: u32,
+    method: &str,
+    target: &str,
+    body: &str,
+) -> String {
+    peer_http::sign(
+        ckey,
+        &Signed {
+            from: map.node_id,
+            to,
+            method,
+            target,
+            body,
+        },
+    )
+}
+
+/// Copies this node's state of `(bucket, key)` to `to`.
+async fn push_one(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    to: &MapNode,
+    bucket: &str,
+    key: &str,
+) -> Pushed {
+    let Some(addr) = to.s3 else {
+        return Pushed::Failed(format!("node {} has no usable S3 address", to.name));
+    };
+    let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
+        Ok(Some(s)) => s,
+        // Nothing here (a delete of a key that never was): nothing to copy.
+        Ok(None) => return Pushed::Applied,
+        Err(e) => return Pushed::Failed(format!("reading the key here: {e:?}")),
+    };
+    match send_push(ckey, map, to.id, addr, bucket, key, &state, src).await {
+        Ok((200, _)) => Pushed::Applied,
+        Ok((409, body)) => Pushed::Refused(String::from_utf8_lossy(&body).into_owned()),
+        Ok((status, body)) => Pushed::Failed(format!(
+            "node {} answered {status}: {}",
+            to.name,
+            String::from_utf8_lossy(&body)
+        )),
+        Err(e) => Pushed::Failed(format!("node {}: {e}", to.name)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send_push(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    to: u32,
+    addr: SocketAddr,
+    bucket: &str,
+    key: &str,
+    state: &KeyState,
+    src: Option<ObjectSource>,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let target = format!("/_percore/push?bucket={}&key={}", enc(bucket), enc(key));
+    let (json, value) = state.encode();
+    let mac = sign(ckey, map, to, "PUT", &target, &peer_http::body_hash(&json));
+    let size = if state.etag.is_some() { state.size } else { 0 };
+    let mut s = peer_http::open(addr).await?;
+    let head = format!(
+        "PUT {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {size}\r\nconnection: close\r\n{}: {mac}\r\n{STATE_HEADER}: {value}\r\n\r\n",
+        peer_http::HEADER
+    );
+    s.write_all(head.as_bytes()).await?;
+    if let Some(mut src) = src {
+        let mut at = 0;
+        while at < size {
+            let n = COPY_CHUNK_BYTES.min(size - at);
+            let chunk = src
+                .read(at, n)
+                .await
+                .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+            s.write_all(&chunk[..]).await?;
+            at += n;
+        }
+    }
+    s.flush().await?;
+    let r = peer_http::read_response(s).await?;
+    let status = r.status;
+    Ok((status, r.body(64 * 1024).await?))
+}
+
+/// Waits (at most until `deadline`) for this shard's map to move past
+/// `epoch`.
+async fn newer_map(shard: &Rc<Shard>, epoch: u64, deadline: Instant) {
+    while Instant::now() < deadline {
+        if shard.cluster_map().is_some_and(|m| m.epoch > epoch) {
+            return;
+        }
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// After a write of `(bucket, key)` on its acting primary: copies the
+/// key's state to the group's other replicas, and returns once the write
+/// may be acknowledged (see the module documentation); Err: why not
+/// (answer 503, retryable).
+pub async fn replicate(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    bucket: &str,
+    key: &str,
+) -> Result<(), String> {
+    let deadline = Instant::now() + REPLICATE_WAIT;
+    loop {
+        let Some(map) = shard.cluster_map() else {
+            return Ok(());
+        };
+        let pg = map.pg_of(bucket, key);
+        let others: Vec<&MapNode> = map
+            .replicas_of_pg(pg)
+            .filter(|&n| n != map.node_id)
+            .filter_map(|n| map.node(n))
+            .filter(|n| n.state == NodeState::Up)
+            .collect();
+        let pushes = others
+            .iter()
+            .map(|n| push_one(shard, ckey, &map, n, bucket, key));
+        let results = futures::future::join_all(pushes).await;
+        let applied = 1 + results
+            .iter()
+            .filter(|r| matches!(r, Pushed::Applied))
+            .count();
+        let mut why = Vec::new();
+        let mut refused = false;
+        for (n, r) in others.iter().zip(&results) {
+            match r {
+                Pushed::Applied => {}
+                Pushed::Refused(m) => {
+                    refused = true;
+                    why.push(format!("node {} refused the copy: {m}", n.name));
+                }
+                Pushed::Failed(m) => why.push(m.clone()),
+            }
+        }
+        let metrics = shard.metrics();
+        if why.is_empty() && applied >= map.majority() {
+            // A node catching up read this key's shard under a newer map:
+            // copy again under that map (it names the new replica).
+            let fence = shard.key_fence(bucket, key, 0).await;
+            if fence <= map.epoch {
+                crate::metrics::ShardMetrics::add(&metrics.cluster_replicated, 1);
+                return Ok(());
+            }
+            refused = true;
+            why.push(format!(
+                "a node caught up under map {fence}, newer than this node's {}",
+                map.epoch
+            ));
+        } else if why.is_empty() {
+            why.push(format!(
+                "{applied} of the group's {} replicas are up (a majority, {}, must hold a write)",
+                map.replica_count,
+                map.majority()
+            ));
+        }
+        if refused && Instant::now() < deadline {
+            newer_map(shard, map.epoch, deadline).await;
+            if shard.cluster_map().is_some_and(|m| m.epoch > map.epoch) {
+                continue;
+            }
+        }
+        crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);
+        return Err(why.join("; "));
+    }
+}
+
+/// A copy another node sent (`PUT /_percore/push`): refused (Err with
+/// 409's message) when the sender is not the key's acting primary in this
+/// node's map (unless the sender's map is newer) or sent it under a map
+/// older than this key shard's fence.
+pub async fn check_push(
+    shard: &Rc<Shard>,
+    map: &ShardMap,
+    from: u32,
+    bucket: &str,
+    key: &str,
+    state: &KeyState,
+) -> Result<(), String> {
+    if map.epoch >= state.epoch && map.primary_of(bucket, key) != from {
+        return Err(format!(
+            "node {from} is not this key's primary in map {} (this node's)",
+            map.epoch
+        ));
+    }
+    let fence = shard.key_fence(bucket, key, 0).await;
+    if state.epoch < fence {
+        return Err(format!(
+            "sent under map {}, older than map {fence} a node caught up under",
+            state.epoch
+        ));
+    }
+    Ok(())
+}
+
+/// The digest request's body.
+#[derive(Debug, Deserialize)]
+pub struct DigestRequest {
+    pub epoch: u64,
+    pub pgs: Option<Vec<u32>>,
+    pub after: Option<(String, String)>,
+    pub limit: usize,
+}
+
+/// Answers `POST /_percore/digest`.
+pub async fn answer_digest(
+    shard: &Rc<Shard>,
+    map: &ShardMap,
+    body: &[u8],
+) -> Result<Value, String> {
+    let req: DigestRequest =
+        serde_json::from_slice(body).map_err(|e| format!("bad digest request: {e}"))?;
+    let pgs = match req.pgs {
+        Some(mut pgs) => {
+            if pgs.iter().any(|&p| p >= map.pgs) {
+                return Err("bad digest request: no such placement group".into());
+            }
+            pgs.sort_unstable();
+            pgs.dedup();
+            Some(pgs)
+        }
+        None => None,
+    };
+    let (items, next) = shard
+        .digest(req.after, req.limit, pgs, req.epoch)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|i| json!([i.bucket, i.key, i.stamp, i.etag]))
+        .collect();
+    Ok(json!({"items": items, "next": next.map(|(b, k)| json!([b, k]))}))
+}
+
+/// Keeps a node that is not synced (it joined, or came back) catching up
+/// until it is: on shard 0 of every cluster node. Each pass takes every
+/// placement group this node holds from the group's acting primary, then
+/// tells the control thread, which marks the node synced in etcd if the
+/// map has not changed since.
+pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
+    glommio::spawn_local(async move {
+        let mut reported = 0;
+        loop {
+            glommio::timer::sleep(CATCH_UP_EVERY).await;
+            let Some(map) = shard.cluster_map() else {
+                continue;
+            };
+            let Some(me) = map.node(map.node_id) else {
+                continue;
+            };
+            if me.synced || me.state != NodeState::Up || reported == map.epoch {
+                continue;
+            }
+            let started = Instant::now();
+            match catch_up(&shard, &ckey, &map).await {
+                Ok((fetched, dropped)) => {
+                    tracing::info!(
+                        epoch = map.epoch,
+                        fetched,
+                        dropped,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "cluster: caught up"
+                    );
+                    if map.synced_tx.send(map.epoch).is_ok() {
+                        reported = map.epoch;
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cluster: catching up failed; retrying"),
+            }
+        }
+    })
+    .detach();
+}
+
+/// One catch-up pass under `map`: (versions and tombstones taken, own
+/// versions dropped).
+async fn catch_up(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+) -> Result<(u64, u64), String> {
+    let mut by_primary: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for pg in 0..map.pgs {
+        let p = map.primary_of_pg(pg);
+        if p != map.node_id && p != NO_NODE && map.holds_pg(pg) {
+            by_primary.entry(p).or_default().push(pg);
+        }
+    }
+    let (mut taken, mut dropped) = (0, 0);
+    for (p, pgs) in by_primary {
+        let node = map
+            .node(p)
+            .ok_or_else(|| format!("node {p} is not in the map"))?;
+        let addr = node
+            .s3
+            .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
+        let mut theirs: HashSet<(String, String)> = HashSet::new();
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let body = serde_json::to_vec(&json!({
+                "epoch": map.epoch,
+                "pgs": pgs,
+                "after": after.as_ref().map(|(b, k)| json!([b, k])),
+                "limit": DIGEST_PAGE,
+            }))
+            .expect("serializable");
+            let target = "/_percore/digest";
+            let mac = sign(ckey, map, p, "POST", target, &peer_http::body_hash(&body));
+            let (status, answer) =
+                peer_http::call(addr, "POST", target, &mac, &body, DIGEST_ANSWER_MAX)
+                    .await
+                    .map_err(|e| format!("digest from node {}: {e}", node.name))?;
+            if status != 200 {
+                return Err(format!(
+                    "digest from node {}: {status} {}",
+                    node.name,
+                    String::from_utf8_lossy(&answer)
+                ));
+            }
+            let v: Value = serde_json::from_slice(&answer)
+                .map_err(|e| format!("digest from node {}: {e}", node.name))?;
+            for item in v["items"].as_array().into_iter().flatten() {
+                let (Some(b), Some(k), Some(stamp)) =
+                    (item[0].as_str(), item[1].as_str(), item[2].as_u64())
+                else {
+                    return Err(format!("digest from node {}: bad item", node.name));
+                };
+                theirs.insert((b.to_string(), k.to_string()));
+                let etag = item[3].as_str();
+                let mine = shard.key_state(b, k).await.map_err(|e| format!("{e:?}"))?;
+                if mine
+                    .as_ref()
+                    .is_some_and(|(s, e)| *s == stamp && e.as_deref() == etag)
+                {
+                    continue;
+                }
+                if take_from(shard, ckey, map, node, addr, b, k, mine.map(|m| m.0)).await? {
+                    taken += 1;
+                }
+            }
+            match v["next"].as_array() {
+                Some(n) if n.len() == 2 => {
+                    after = Some((
+                        n[0].as_str().unwrap_or_default().to_string(),
+                        n[1].as_str().unwrap_or_default().to_string(),
+                    ));
+                }
+                _ => break,
+            }
+        }
+        // Versions here that the primary does not hold at all: writes it
+        // never acknowledged (or deletes whose tombstones it dropped).
+        let mut after = None;
+        loop {
+            let (items, next) = shard
+                .digest(after, DIGEST_PAGE, Some(pgs.clone()), 0)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            for i in items {
+                if i.etag.is_none() || theirs.contains(&(i.bucket.clone(), i.key.clone())) {
+                    continue;
+                }
+                let condition = PutCondition::Replace {
+                    seen: Some(i.stamp),
+                    stamp: i.stamp,
+                };
+                if shard
+                    .delete_stamped(&i.bucket, &i.key, condition)
+                    .await
+                    .map_err(|e| format!("{e:?}"))?
+                {
+                    dropped += 1;
+                }
+            }
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+    }
+    Ok((taken, dropped))
+}
+
+/// Takes the primary's state of one key (`GET /_percore/fetch`) over this
+/// node's (stamped `mine`): Ok(true) if it was installed.
+#[allow(clippy::too_many_arguments)]
+async fn take_from(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &MapNode,
+    addr: SocketAddr,
+    bucket: &str,
+    key: &str,
+    mine: Option<u64>,
+) -> Result<bool, String> {
+    let target = format!("/_percore/fetch?bucket={}&key={}", enc(bucket), enc(key));
+    let mac = sign(
+        ckey,
+        map,
+        node.id,
+        "GET",
+        &target,
+        &peer_http::body_hash(b""),
+    );
+    let fail = |e: String| format!("fetching {bucket}/{key} from node {}: {e}", node.name);
+    let mut s = peer_http::open(addr)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let head = format!(
+        "GET {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n{}: {mac}\r\n\r\n",
+        peer_http::HEADER
+    );
+    s.write_all(head.as_bytes())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    s.flush().await.map_err(|e| fail(e.to_string()))?;
+    let mut r = peer_http::read_response(s)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if r.status == 404 {
+        // Gone from the primary since its digest: its next copy or the
+        // next pass settles it.
+        return Ok(false);
+    }
+    if r.status != 200 {
+        return Err(fail(format!("status {}", r.status)));
+    }
+    let (_, state) = KeyState::decode(r.header(STATE_HEADER).unwrap_or_default()).map_err(fail)?;
+    if r.content_length() != Some(if state.etag.is_some() { state.size } else { 0 }) {
+        return Err(fail("the answer's length is not the state's".into()));
+    }
+    // Older than what is here: an unacknowledged write of this node's, or
+    // a copy pushed since the digest (then it stays).
+    let condition = match mine {
+        Some(m) if m > state.stamp => PutCondition::Replace {
+            seen: Some(m),
+            stamp: state.stamp,
+        },
+        _ => PutCondition::IfNewer(state.stamp),
+    };
+    let size = state.size;
+    let mut applier = match Applier::open(shard, bucket, key, state, condition)
+        .await
+        .map_err(|e| fail(format!("{e:?}")))?
+    {
+        Ok(a) => a,
+        Err(done) => return Ok(done == Applied::Installed),
+    };
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    while got < size {
+        let n = r.read(&mut buf).await.map_err(|e| fail(e.to_string()))?;
+        if n == 0 {
+            return Err(fail("the answer was cut short".into()));
+        }
+        let n = n.min(usize::try_from(size - got).unwrap_or(usize::MAX));
+        got += n as u64;
+        applier
+            .feed(Bytes::copy_from_slice(&buf[..n]))
+            .await
+            .map_err(|e| fail(format!("{e:?}")))?;
+    }
+    let done = applier.finish().await.map_err(|e| fail(format!("{e:?}")))?;
+    Ok(done == Applied::Installed)
+}

@@ -1,0 +1,183 @@
+//! The S3 door's side of replication (`cluster::replicate`): a write this
+//! node ordered as its key's primary is copied to the other replicas
+//! before its answer goes out (`respond` calls `replicate_write`), and the
+//! copies and fetches other nodes send are served here.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::json;
+
+use super::route::S3Op;
+use super::{Conn, Request, S3Front};
+use crate::cluster::replicate::{self, Applied, Applier, KeyState, STATE_HEADER};
+use crate::cluster::shardmap::ShardMap;
+use crate::frontend::http::ResponseHead;
+use crate::frontend::s3::error::S3Error;
+use crate::metrics::ShardMetrics;
+use crate::shard::msg::ShardError;
+use crate::store::PutCondition;
+
+/// Operations whose success changes their key's state (copied to the
+/// key's other replicas before they are answered).
+fn changes_key(op: S3Op) -> bool {
+    matches!(
+        op,
+        S3Op::PutObject
+            | S3Op::CopyObject
+            | S3Op::DeleteObject
+            | S3Op::CompleteMultipartUpload
+            | S3Op::PutObjectTagging
+            | S3Op::DeleteObjectTagging
+            | S3Op::PutObjectAcl
+    )
+}
+
+fn refused(message: String) -> S3Error {
+    S3Error::new(409, "Conflict", message)
+}
+
+fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
+    if bucket.is_empty() || key.is_empty() || key.len() > 1024 || key.contains('\0') {
+        return Err(S3Error::invalid_argument("Invalid key"));
+    }
+    Ok(())
+}
+
+impl S3Front {
+    /// Before a successful answer to a request that changed a key on a
+    /// cluster node: the key's state copied to its other replicas (Err:
+    /// 503, the write is not acknowledged).
+    pub(super) async fn replicate_write(&self, req: &Request, status: u16) -> Result<(), S3Error> {
+        if !self.shard.is_cluster() || !(200..300).contains(&status) || !changes_key(req.op) {
+            return Ok(());
+        }
+        self.replicate_key(&req.bucket, &req.key).await
+    }
+
+    /// Copies `(bucket, key)`'s state to its other replicas.
+    pub(super) async fn replicate_key(&self, bucket: &str, key: &str) -> Result<(), S3Error> {
+        replicate::replicate(&self.shard, &self.cluster_key(), bucket, key)
+            .await
+            .map_err(|why| {
+                S3Error::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!("The write is stored on this node but its replicas did not all take it, so it is not acknowledged ({why}); retry."),
+                )
+            })
+    }
+
+    /// `PUT /_percore/push`: a copy of a key's state from its primary.
+    pub(super) async fn receive_push(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        map: &ShardMap,
+        from: u32,
+        state: KeyState,
+    ) -> Result<(), S3Error> {
+        let (bucket, key) = (
+            req.q("bucket").unwrap_or_default().to_string(),
+            req.q("key").unwrap_or_default().to_string(),
+        );
+        valid_key(&bucket, &key)?;
+        let m = self.shard.metrics();
+        if let Err(why) = replicate::check_push(&self.shard, map, from, &bucket, &key, &state).await
+        {
+            ShardMetrics::add(&m.cluster_copies_refused, 1);
+            return Err(refused(why));
+        }
+        let epoch = state.epoch;
+        let size = state.size;
+        let condition = PutCondition::IfNewer(state.stamp);
+        let done = match Applier::open(&self.shard, &bucket, &key, state, condition).await? {
+            Err(done) => done,
+            Ok(mut applier) => {
+                let mut got = 0u64;
+                let mut input = BytesMut::new();
+                loop {
+                    if input.len() < 64 * 1024 {
+                        input = BytesMut::zeroed(1 << 20);
+                    }
+                    let n = conn.read_body(&mut input[..]).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n as u64;
+                    if got > size {
+                        ShardMetrics::add(&m.cluster_copies_refused, 1);
+                        return Err(S3Error::invalid_argument(
+                            "the copy is longer than its state",
+                        ));
+                    }
+                    let data: Bytes = input.split_to(n).freeze();
+                    applier.feed(data).await?;
+                }
+                match applier.finish().await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        ShardMetrics::add(&m.cluster_copies_refused, 1);
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        // A catch-up read this key's shard while the copy was stored: it
+        // may not have seen it, so the copy does not count.
+        let fence = self.shard.key_fence(&bucket, &key, 0).await;
+        if epoch < fence {
+            ShardMetrics::add(&m.cluster_copies_refused, 1);
+            return Err(refused(format!(
+                "a node caught up under map {fence} while the copy was stored"
+            )));
+        }
+        if done == Applied::Installed {
+            ShardMetrics::add(&m.cluster_copies_taken, 1);
+        }
+        let body = json!({"applied": done == Applied::Installed}).to_string();
+        let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
+        conn.write_response(&head, body.len() as u64, true).await?;
+        conn.write_body(body.as_bytes()).await?;
+        Ok(conn.flush().await?)
+    }
+
+    /// `GET /_percore/fetch`: this node's state of a key and its bytes (a
+    /// node catching up).
+    pub(super) async fn answer_fetch(
+        &self,
+        conn: &mut Conn,
+        map: &ShardMap,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(), S3Error> {
+        valid_key(bucket, key)?;
+        let Some((state, src)) = replicate::local_state(&self.shard, bucket, key, map.epoch)
+            .await
+            .map_err(|e| match e {
+                ShardError::DeleteMarker { .. } => {
+                    S3Error::not_implemented("replicating versioned keys")
+                }
+                e => e.into(),
+            })?
+        else {
+            return Err(S3Error::new(
+                404,
+                "NoSuchKey",
+                "Nothing is stored for this key.",
+            ));
+        };
+        let size = if state.etag.is_some() { state.size } else { 0 };
+        let (_, value) = state.encode();
+        let head = ResponseHead::new(200).with_header(STATE_HEADER, value);
+        conn.write_response(&head, size, true).await?;
+        if let Some(mut src) = src {
+            let mut at = 0;
+            while at < size {
+                let n = (1u64 << 20).min(size - at);
+                let chunk = src.read(at, n).await?;
+                conn.write_body(&chunk[..]).await?;
+                at += n;
+            }
+        }
+        Ok(conn.flush().await?)
+    }
+}
