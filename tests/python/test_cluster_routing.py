@@ -2,12 +2,13 @@
 every node's shards; a node serves the keys whose placement group it is
 the primary of and answers WrongNode for the others; the client (Rust,
 through the Python package and the CLI) fetches the map from any node,
-sends each key to its primary's owner shard, merges listings across
-nodes, and fetches the map again when a node answers WrongNode. A data
-directory is bound to its cluster. Real etcd, three nodes on
-127.0.0.2-4. No replication yet: each key is stored on its primary only,
-which the test checks node by node through S3 (which serves a node's
-own data)."""
+sends each key to its acting primary's owner shard, merges listings
+across nodes, and fetches the map again when a node answers WrongNode. A
+data directory is bound to its cluster. Real etcd, three nodes on
+127.0.0.2-4, R = 3: every node stores every key, and a key's acting
+primary (its group's first replica that is up and synced) serves it. The
+tests check both node by node: what a node leads through its internal
+listing (`keys_on`), what it stores through its digest (`keys_stored`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
     percore as percore_cli,
     status,
 )
+
+DIGEST = "/_percore/digest"
+SYNC_TIMEOUT_S = 60
 
 
 def native_endpoint(node: Node) -> str:
@@ -73,8 +77,9 @@ def internal(node: Node, method: str, target: str, body: bytes = b"",
 
 
 def keys_on(node: Node, bucket: str) -> set[str]:
-    """The keys a node stores itself (its internal listing; its S3
-    listings merge every node's)."""
+    """The keys a node leads: its internal listing lists the keys whose
+    acting primary it is (its S3 listings merge every node's). What it
+    stores is `keys_stored`."""
     status, body = internal(node, "GET", f"/_percore/list?bucket={bucket}&prefix=&from="
                                          "&delimiter=&max=10000")
     assert status == 200, body
@@ -92,6 +97,75 @@ def wait_epoch(node: Node, at_least: int, timeout: float = 15) -> None:
     time.sleep(0.3)
 
 
+def wait_synced(urls: str, names: list[str], timeout: float = SYNC_TIMEOUT_S) -> dict:
+    """Waits until every node in `names` is `up` with `sync=yes`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes, _ = status(urls)
+        if all(nodes.get(n, {}).get("state") == "up" and nodes.get(n, {}).get("sync") == "yes"
+               for n in names):
+            return nodes
+        assert time.monotonic() < deadline, (
+            f"{names} not all up with sync=yes within {timeout:.0f} s: {nodes}")
+        time.sleep(0.2)
+
+
+def wait_ready(urls: str, nodes: list[Node]) -> int:
+    """Waits until every node is up with `sync=yes` (a node that is still
+    catching up is the acting primary of nothing, so owners computed
+    before would be wrong), then until every node runs the map etcd holds
+    then (marking a node synced moves the epoch). Returns that epoch."""
+    wait_synced(urls, [n.node_name for n in nodes])
+    _, summary = status(urls)
+    epoch = int(re.search(r"epoch (\d+)", summary).group(1))
+    for n in nodes:
+        wait_epoch(n, epoch)
+    return epoch
+
+
+def digest(node: Node, limit: int = 1000) -> dict[tuple[str, str], tuple[int, str | None]]:
+    """A node's own stored state, (bucket, key) -> (stamp ms, ETag or None
+    for a tombstone), read page by page from `POST /_percore/digest`.
+    Checks the page contract on the way: at most `limit` items a page, in
+    strictly increasing (bucket, key) order across pages, `next` moving on."""
+    me = node_id(node)
+    state: dict[tuple[str, str], tuple[int, str | None]] = {}
+    after = None
+    last = None
+    pages = 0
+    while True:
+        body = json.dumps({"epoch": 0, "pgs": None, "after": after, "limit": limit}).encode()
+        code, raw = internal(node, "POST", DIGEST, body,
+                             header=node_header("POST", DIGEST, me, body))
+        assert code == 200, f"{node.node_name}: digest answered {code}: {raw[:500]!r}"
+        page = json.loads(raw)
+        items, nxt = page["items"], page["next"]
+        pages += 1
+        assert len(items) <= limit, f"{node.node_name}: {len(items)} items on a page of {limit}"
+        for item in items:
+            assert isinstance(item, list) and len(item) == 4, f"bad digest item {item!r}"
+            bucket, key, stamp, etag = item
+            assert isinstance(stamp, int) and not isinstance(stamp, bool), f"bad stamp {item!r}"
+            assert etag is None or isinstance(etag, str), f"bad etag {item!r}"
+            where = (bucket, key)
+            assert last is None or where > last, (
+                f"{node.node_name}: digest item {where} after {last} (out of order or twice)")
+            last = where
+            state[where] = (stamp, etag)
+        if nxt is None:
+            return state
+        nxt = tuple(nxt)
+        assert after is None or nxt > after, f"{node.node_name}: digest next {nxt} after {after}"
+        assert pages < 100_000, f"{node.node_name}: digest never ends"
+        after = nxt  # json.dumps writes the tuple as [bucket, key]
+
+
+def keys_stored(node: Node, bucket: str) -> set[str]:
+    """The keys of `bucket` a node stores live (not as a tombstone) on its
+    own disk, whether or not it leads them."""
+    return {k for (b, k), (_, e) in digest(node).items() if b == bucket and e is not None}
+
+
 def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
     urls = etcd.urls
     percore_cli("cluster", "init", "--cluster", urls, "--replicas", "3", "--pgs", "64")
@@ -102,13 +176,10 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
     try:
         for n in nodes:
             n.start()
-        c = percore.Client(native_endpoint(nodes[0]))
-        # The first node to join may have read an older map: wait until
-        # every node's map lists all three.
-        _, summary = status(urls)
-        epoch = int(re.search(r"epoch (\d+)", summary).group(1))
-        for n in nodes:
-            wait_epoch(n, epoch)
+        # The first node to join may have read an older map, and a node
+        # leads nothing until it has caught up: wait until every node is
+        # synced and every node's map says so.
+        epoch = wait_ready(urls, nodes)
         c = percore.Client(native_endpoint(nodes[0]))
         assert c.cluster_epoch is not None and c.cluster_epoch >= epoch
 
@@ -120,9 +191,11 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
             c.put("routed", k, v)
         owners = {k: c.owner_node("routed", k) for k in data}
         assert set(owners.values()) == {"n1", "n2", "n3"}, owners
-        # Each key is stored on its primary only.
+        # Each node leads (lists) the keys whose acting primary it is, and
+        # stores every key (R = 3 on three nodes).
         for name, node in by_name.items():
             assert keys_on(node, "routed") == {k for k, o in owners.items() if o == name}
+            assert keys_stored(node, "routed") == set(data), name
         for k, v in data.items():
             assert c.get("routed", k) == v
             assert c.stat("routed", k).size == len(v)
@@ -157,17 +230,23 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
         assert str(len(data["k/0001"]) * 3) in got
         cli_owner = c.owner_node("routed", "cli/file")
         assert "cli/file" in keys_on(by_name[cli_owner], "routed")
+        for name, node in by_name.items():
+            assert "cli/file" in keys_stored(node, "routed"), name
+            assert ("cli/file" in keys_on(node, "routed")) == (name == cli_owner)
 
-        # Deletes go to the primary too.
+        # Deletes go to the acting primary too, and reach every replica.
         assert c.delete("routed", "k/0003") is True
         with pytest.raises(percore.NoSuchKey):
             c.get("routed", "k/0003")
         assert "k/0003" not in keys_on(by_name[owners["k/0003"]], "routed")
+        for name, node in by_name.items():
+            assert "k/0003" not in keys_stored(node, "routed"), name
 
-        # The map changes (n3 drains: its placement groups move to n1 and
-        # n2). The client's map is now stale: n3 answers WrongNode for a
-        # key it no longer owns, the client fetches the map and goes to
-        # the new primary.
+        # The map changes (n3 drains: every group's replicas are n1 and n2,
+        # and the groups n3 led get n1 or n2 as acting primary). The
+        # client's map is now stale: n3 answers WrongNode for a key it no
+        # longer leads, the client fetches the map and goes to the new
+        # acting primary.
         old_epoch = c.cluster_epoch
         stale = percore.Client(native_endpoint(nodes[0]))
         names = [f"after/{i}" for i in range(600)]
@@ -176,6 +255,8 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
         assert len(fresh) == 20
         unmoved = [k for k, o in owners.items() if o != "n3" and k != "k/0003"][:10]
         percore_cli("cluster", "drain", "n3", "--cluster", urls)
+        listed_nodes = wait_synced(urls, ["n1", "n2"])
+        assert listed_nodes["n3"]["state"] == "draining", listed_nodes
         _, summary = status(urls)
         epoch = int(re.search(r"epoch (\d+)", summary).group(1))
         for n in nodes:
@@ -187,10 +268,16 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
         for k, v in fresh.items():
             assert c.owner_node("routed", k) in ("n1", "n2")
             assert c.get("routed", k) == v
+        # Fresh keys: led by n1 or n2, stored on both, not on n3 (no longer
+        # a replica of any group).
         for name in ("n1", "n2"):
-            stored = keys_on(by_name[name], "routed")
-            assert {k for k in fresh if c.owner_node("routed", k) == name} <= stored
-        assert not set(fresh) & keys_on(by_name["n3"], "routed")
+            led = keys_on(by_name[name], "routed")
+            assert {k for k in fresh if c.owner_node("routed", k) == name} <= led
+            assert set(fresh) <= keys_stored(by_name[name], "routed"), name
+        # n3 has no entry for them at all, not even a tombstone.
+        assert not {k for (b, k) in digest(by_name["n3"]) if b == "routed"} & set(fresh)
+        # The draining node leads nothing.
+        assert keys_on(by_name["n3"], "routed") == set()
         # A batch on a stale map: the groups a node refuses are regrouped
         # by the map fetched after the WrongNode.
         assert stale.cluster_epoch == old_epoch
@@ -198,11 +285,25 @@ def test_native_client_routes_by_the_map(etcd, tmp_path):  # noqa: F811
         assert got == [fresh[k] for k in fresh] + [data[k] for k in unmoved]
         assert stale.map_refreshes >= 1 and stale.cluster_epoch >= epoch
         assert c.misrouted == 0 and stale.misrouted == 0
-        # Keys left behind on the draining node (nothing moves data yet)
-        # are not listed, by either door: reads of them go to the new
-        # owner. Pages that end on such a key still resume right (V1 with
-        # one key per page names its NextMarker).
-        kept = sorted(k for k, o in owners.items() if o != "n3" and k != "k/0003")
+        # The keys written before the drain were on all three replicas, so
+        # n1 and n2 hold every one of them (k/0003 deleted everywhere), and
+        # n3 keeps its copies on disk (nothing moves or drops data yet).
+        kept = sorted(k for k in owners if k != "k/0003")
+        before = set(kept) | {"cli/file"}
+        assert keys_stored(by_name["n1"], "routed") == before | set(fresh)
+        assert keys_stored(by_name["n2"], "routed") == before | set(fresh)
+        assert keys_stored(by_name["n3"], "routed") == before
+        # The keys n3 led are led by n1 or n2 now, which hold a copy: each
+        # key is led by exactly one of them, still readable and listed, by
+        # either door, also page by page (V1 with one key per page).
+        led1, led2 = keys_on(by_name["n1"], "routed"), keys_on(by_name["n2"], "routed")
+        assert not led1 & led2
+        assert led1 | led2 == before | set(fresh)
+        moved = [k for k in kept if owners[k] == "n3"]
+        assert moved
+        for k in moved:
+            assert c.owner_node("routed", k) in ("n1", "n2")
+        assert c.get_batch("routed", moved) == [data[k] for k in moved]
         assert [e.key for e in c.list("routed", "k/")] == kept
         paged, after = [], ""
         while True:
@@ -284,10 +385,7 @@ def three_nodes(etcd):  # noqa: F811
     try:
         for n in nodes:
             n.start()
-        _, summary = status(etcd.urls)
-        epoch = int(re.search(r"epoch (\d+)", summary).group(1))
-        for n in nodes:
-            wait_epoch(n, epoch)
+        wait_ready(etcd.urls, nodes)
         yield nodes
     finally:
         for n in nodes:
@@ -296,8 +394,9 @@ def three_nodes(etcd):  # noqa: F811
 
 def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     """boto3 and the aws cli against each node: buckets are on every node,
-    each key is stored on its primary only (whichever node took it), and
-    reads, listings and batch deletes through any node see every key."""
+    every key is stored on every node (R = 3, three nodes) and led by its
+    acting primary (whichever node took it), and reads, listings and batch
+    deletes through any node see every key."""
     from botocore.exceptions import ClientError
 
     from conftest import AwsCli
@@ -320,6 +419,7 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     assert set(owners.values()) == {"n1", "n2", "n3"}
     for name, node in by_name.items():
         assert keys_on(node, "anynode") == {k for k, o in owners.items() if o == name}
+        assert keys_stored(node, "anynode") == set(data), name
     for i, (k, v) in enumerate(data.items()):
         c = s3[(i + 1) % 3]
         got = c.get_object(Bucket="anynode", Key=k)
@@ -334,7 +434,8 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         s3[1].get_object(Bucket="anynode", Key="obj/none")
     assert e.value.response["Error"]["Code"] == "NoSuchKey"
 
-    # A multipart upload through one node lands on the key's primary.
+    # A multipart upload through one node lands on the key's acting
+    # primary, which leads it, and on every replica.
     big = os.urandom(11 << 20)
     src = tmp_path / "big.bin"
     src.write_bytes(big)
@@ -343,6 +444,9 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     s3[1].upload_file(str(src), "anynode", "mpu/big", Config=cfg)
     owner = native.owner_node("anynode", "mpu/big")
     assert "mpu/big" in keys_on(by_name[owner], "anynode")
+    for name, node in by_name.items():
+        assert "mpu/big" in keys_stored(node, "anynode"), name
+        assert ("mpu/big" in keys_on(node, "anynode")) == (name == owner)
     assert s3[2].get_object(Bucket="anynode", Key="mpu/big")["Body"].read() == big
 
     # Listings through any node merge every node's keys, page by page.
@@ -379,7 +483,8 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         s3[0].copy_object(Bucket="anynode", Key=other, CopySource="anynode/obj/010")
     assert e.value.response["Error"]["Code"] == "NotImplemented"
 
-    # DeleteObjects through one node deletes each key on its owner.
+    # DeleteObjects through one node deletes each key on its acting
+    # primary, and on every replica.
     gone = list(data)[:25]
     r = s3[1].delete_objects(Bucket="anynode",
                              Delete={"Objects": [{"Key": k} for k in gone]})
@@ -389,6 +494,10 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         with pytest.raises(ClientError):
             s3[2].head_object(Bucket="anynode", Key=k)
         assert k not in keys_on(by_name[owners[k]], "anynode")
+    for name, node in by_name.items():
+        stored = keys_stored(node, "anynode")
+        assert not set(gone) & stored, name
+        assert stored == (set(data) - set(gone)) | {"mpu/big"}, name
 
     # The aws cli through two different nodes.
     tree = tmp_path / "tree"
@@ -459,10 +568,12 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     assert total("percore_cluster_node_requests_total") >= 40
     assert total("percore_cluster_node_refused_total") >= 5
 
-    # One key on one node: no node deletes the bucket (the others hold no
-    # key of it, but would otherwise lose it).
+    # One key (on every replica, led by one node): no node deletes the
+    # bucket, the nodes that do not lead the key included.
     s3[0].create_bucket(Bucket="lonely")
     s3[0].put_object(Bucket="lonely", Key="only", Body=b"1")
+    for name, node in by_name.items():
+        assert keys_stored(node, "lonely") == {"only"}, name
     for c in s3:
         with pytest.raises(ClientError) as e:
             c.delete_bucket(Bucket="lonely")

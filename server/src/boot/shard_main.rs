@@ -93,10 +93,9 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
         if shard.id == 0 {
             // A node that joined (or came back) takes its placement
             // groups' writes from their primaries before it leads any.
-            crate::cluster::replicate::start_catch_up(
-                shard.clone(),
-                crate::cluster::peer_http::cluster_key(&s.s3_cfg.credentials.secret_key),
-            );
+            let ckey = crate::cluster::peer_http::cluster_key(&s.s3_cfg.credentials.secret_key);
+            crate::cluster::replicate::start_catch_up(shard.clone(), ckey);
+            crate::cluster::replicate::start_repair(shard.clone(), ckey);
         }
     }
     let fronts = Fronts::start(&s, &shard);

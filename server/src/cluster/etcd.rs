@@ -299,7 +299,13 @@ fn read_response(s: &mut TcpStream, timeout: Duration) -> Result<Vec<u8>, String
         if std::time::Instant::now() > deadline {
             return Err("response too slow".into());
         }
-        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        let n = match s.read(&mut buf) {
+            Ok(n) => n,
+            // A signal (the process blocks its signals on the main thread
+            // only once the shards start): read again.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        };
         if n == 0 {
             return Ok(raw);
         }

@@ -73,6 +73,9 @@ const REPLICATE_WAIT: Duration = Duration::from_secs(8);
 const DIGEST_PAGE: usize = 1000;
 /// Largest digest answer.
 const DIGEST_ANSWER_MAX: usize = 32 << 20;
+/// Placement groups compared per step of a catch-up or repair (their
+/// digests are held in memory meanwhile).
+const GROUPS_PER_PASS: usize = 16;
 /// How often a node that is not synced tries to catch up.
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 
@@ -100,6 +103,21 @@ pub struct KeyState {
 }
 
 impl KeyState {
+    /// A tombstone stamped `stamp`.
+    #[must_use]
+    pub fn tombstone(epoch: u64, stamp: u64) -> KeyState {
+        KeyState {
+            epoch,
+            stamp,
+            etag: None,
+            size: 0,
+            mtime_ms: 0,
+            content_type: String::new(),
+            headers: Vec::new(),
+            md5: String::new(),
+        }
+    }
+
     /// (JSON, its header value).
     #[must_use]
     pub fn encode(&self) -> (Vec<u8>, String) {
@@ -165,21 +183,7 @@ pub async fn local_state(
             }
             Err(ShardError::NoSuchKey) => match shard.key_state(bucket, key).await? {
                 None => return Ok(None),
-                Some((stamp, None)) => {
-                    return Ok(Some((
-                        KeyState {
-                            epoch,
-                            stamp,
-                            etag: None,
-                            size: 0,
-                            mtime_ms: 0,
-                            content_type: String::new(),
-                            headers: Vec::new(),
-                            md5: String::new(),
-                        },
-                        None,
-                    )))
-                }
+                Some((stamp, None)) => return Ok(Some((KeyState::tombstone(epoch, stamp), None))),
                 // Written between the two reads: read again.
                 Some((_, Some(_))) => {}
             },
@@ -328,7 +332,7 @@ async fn push_one(
         Ok(None) => return Pushed::Applied,
         Err(e) => return Pushed::Failed(format!("reading the key here: {e:?}")),
     };
-    match send_push(ckey, map, to.id, addr, bucket, key, &state, src).await {
+    match send_push(ckey, map, to.id, addr, (bucket, key), &state, src, None).await {
         Ok((200, _)) => Pushed::Applied,
         Ok((409, body)) => Pushed::Refused(String::from_utf8_lossy(&body).into_owned()),
         Ok((status, body)) => Pushed::Failed(format!(
@@ -340,18 +344,26 @@ async fn push_one(
     }
 }
 
+/// Sends one copy; with `replace` = Some(seen), the receiver takes it
+/// over its own version (`PutCondition::Replace`: a repair) only if that
+/// is still stamped `seen` (None: nothing stored).
 #[allow(clippy::too_many_arguments)]
 async fn send_push(
     ckey: &[u8; 32],
     map: &ShardMap,
     to: u32,
     addr: SocketAddr,
-    bucket: &str,
-    key: &str,
+    (bucket, key): (&str, &str),
     state: &KeyState,
     src: Option<ObjectSource>,
+    replace: Option<Option<u64>>,
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    let target = format!("/_percore/push?bucket={}&key={}", enc(bucket), enc(key));
+    let mut target = format!("/_percore/push?bucket={}&key={}", enc(bucket), enc(key));
+    match replace {
+        None => {}
+        Some(None) => target.push_str("&seen=none"),
+        Some(Some(s)) => target.push_str(&format!("&seen={s}")),
+    }
     let (json, value) = state.encode();
     let mac = sign(ckey, map, to, "PUT", &target, &peer_http::body_hash(&json));
     let size = if state.etag.is_some() { state.size } else { 0 };
@@ -586,7 +598,12 @@ async fn catch_up(
         }
     }
     let (mut taken, mut dropped) = (0, 0);
-    for (p, pgs) in by_primary {
+    let steps = by_primary.into_iter().flat_map(|(p, pgs)| {
+        pgs.chunks(GROUPS_PER_PASS)
+            .map(|c| (p, c.to_vec()))
+            .collect::<Vec<_>>()
+    });
+    for (p, pgs) in steps {
         let node = map
             .node(p)
             .ok_or_else(|| format!("node {p} is not in the map"))?;
@@ -596,55 +613,25 @@ async fn catch_up(
         let mut theirs: HashSet<(String, String)> = HashSet::new();
         let mut after: Option<(String, String)> = None;
         loop {
-            let body = serde_json::to_vec(&json!({
-                "epoch": map.epoch,
-                "pgs": pgs,
-                "after": after.as_ref().map(|(b, k)| json!([b, k])),
-                "limit": DIGEST_PAGE,
-            }))
-            .expect("serializable");
-            let target = "/_percore/digest";
-            let mac = sign(ckey, map, p, "POST", target, &peer_http::body_hash(&body));
-            let (status, answer) =
-                peer_http::call(addr, "POST", target, &mac, &body, DIGEST_ANSWER_MAX)
+            let (items, next) = remote_digest(ckey, map, node, &pgs, after).await?;
+            for ((b, k), (stamp, etag)) in items {
+                let mine = shard
+                    .key_state(&b, &k)
                     .await
-                    .map_err(|e| format!("digest from node {}: {e}", node.name))?;
-            if status != 200 {
-                return Err(format!(
-                    "digest from node {}: {status} {}",
-                    node.name,
-                    String::from_utf8_lossy(&answer)
-                ));
-            }
-            let v: Value = serde_json::from_slice(&answer)
-                .map_err(|e| format!("digest from node {}: {e}", node.name))?;
-            for item in v["items"].as_array().into_iter().flatten() {
-                let (Some(b), Some(k), Some(stamp)) =
-                    (item[0].as_str(), item[1].as_str(), item[2].as_u64())
-                else {
-                    return Err(format!("digest from node {}: bad item", node.name));
-                };
-                theirs.insert((b.to_string(), k.to_string()));
-                let etag = item[3].as_str();
-                let mine = shard.key_state(b, k).await.map_err(|e| format!("{e:?}"))?;
-                if mine
+                    .map_err(|e| format!("{e:?}"))?;
+                let same = mine
                     .as_ref()
-                    .is_some_and(|(s, e)| *s == stamp && e.as_deref() == etag)
+                    .is_some_and(|(s, e)| *s == stamp && *e == etag);
+                if !same
+                    && take_from(shard, ckey, map, node, addr, &b, &k, mine.map(|m| m.0)).await?
                 {
-                    continue;
-                }
-                if take_from(shard, ckey, map, node, addr, b, k, mine.map(|m| m.0)).await? {
                     taken += 1;
                 }
+                theirs.insert((b, k));
             }
-            match v["next"].as_array() {
-                Some(n) if n.len() == 2 => {
-                    after = Some((
-                        n[0].as_str().unwrap_or_default().to_string(),
-                        n[1].as_str().unwrap_or_default().to_string(),
-                    ));
-                }
-                _ => break,
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
             }
         }
         // Versions here that the primary does not hold at all: writes it
@@ -762,4 +749,231 @@ async fn take_from(
     }
     let done = applier.finish().await.map_err(|e| fail(format!("{e:?}")))?;
     Ok(done == Applied::Installed)
+}
+
+/// Keeps a synced node's replicas in agreement with it for the groups it
+/// leads: on shard 0 of every cluster node. Whenever this node starts to
+/// lead groups (it joined and caught up, or a primary failed and it is the
+/// next replica), it compares its digest of those groups with each other
+/// up replica's and copies its own state over theirs where they differ
+/// (`PutCondition::Replace`: only over the version its digest saw, so a
+/// newer copy is never undone). What a replica holds that this node does
+/// not was never acknowledged (an acknowledged write is on every up
+/// replica, this one included): it is dropped, by a tombstone with its own
+/// stamp.
+pub fn start_repair(shard: Rc<Shard>, ckey: [u8; 32]) {
+    glommio::spawn_local(async move {
+        let mut repaired: HashSet<u32> = HashSet::new();
+        loop {
+            glommio::timer::sleep(CATCH_UP_EVERY).await;
+            let Some(map) = shard.cluster_map() else {
+                continue;
+            };
+            let Some(me) = map.node(map.node_id) else {
+                continue;
+            };
+            if !me.synced || me.state != NodeState::Up {
+                repaired.clear();
+                continue;
+            }
+            let led: HashSet<u32> = (0..map.pgs)
+                .filter(|&pg| map.primary_of_pg(pg) == map.node_id)
+                .collect();
+            repaired.retain(|pg| led.contains(pg));
+            let mut todo: Vec<u32> = led.difference(&repaired).copied().collect();
+            if todo.is_empty() {
+                continue;
+            }
+            todo.sort_unstable();
+            let started = Instant::now();
+            let mut result = Ok(0);
+            // A few groups at a time: each pass holds their digests.
+            for batch in todo.chunks(GROUPS_PER_PASS) {
+                match repair(&shard, &ckey, &map, batch).await {
+                    Ok(n) => {
+                        result = result.map(|f| f + n);
+                        repaired.extend(batch.iter().copied());
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            match result {
+                Ok(fixed) => {
+                    tracing::info!(
+                        epoch = map.epoch,
+                        groups = todo.len(),
+                        fixed,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "cluster: replicas of the groups this node now leads agree with it"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cluster: repairing replicas failed; retrying")
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+/// Every (bucket, key) -> (stamp, ETag) of a digest of `pgs`, here
+/// (`node` None) or on `node`.
+async fn full_digest(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: Option<&MapNode>,
+    pgs: &[u32],
+) -> Result<BTreeMap<(String, String), (u64, Option<String>)>, String> {
+    let mut out = BTreeMap::new();
+    let mut after: Option<(String, String)> = None;
+    loop {
+        let (items, next) = match node {
+            None => {
+                let (items, next) = shard
+                    .digest(after.clone(), DIGEST_PAGE, Some(pgs.to_vec()), 0)
+                    .await
+                    .map_err(|e| format!("{e:?}"))?;
+                let items = items
+                    .into_iter()
+                    .map(|i| ((i.bucket, i.key), (i.stamp, i.etag)))
+                    .collect::<Vec<_>>();
+                (items, next)
+            }
+            Some(node) => remote_digest(ckey, map, node, pgs, after.clone()).await?,
+        };
+        out.extend(items);
+        match next {
+            Some(n) => after = Some(n),
+            None => return Ok(out),
+        }
+    }
+}
+
+type DigestPage = (
+    Vec<((String, String), (u64, Option<String>))>,
+    Option<(String, String)>,
+);
+
+/// One page of `node`'s digest of `pgs` (raising its fences to this
+/// node's epoch).
+async fn remote_digest(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &MapNode,
+    pgs: &[u32],
+    after: Option<(String, String)>,
+) -> Result<DigestPage, String> {
+    let addr = node
+        .s3
+        .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
+    let body = serde_json::to_vec(&json!({
+        "epoch": map.epoch,
+        "pgs": pgs,
+        "after": after.as_ref().map(|(b, k)| json!([b, k])),
+        "limit": DIGEST_PAGE,
+    }))
+    .expect("serializable");
+    let target = "/_percore/digest";
+    let mac = sign(
+        ckey,
+        map,
+        node.id,
+        "POST",
+        target,
+        &peer_http::body_hash(&body),
+    );
+    let (status, answer) = peer_http::call(addr, "POST", target, &mac, &body, DIGEST_ANSWER_MAX)
+        .await
+        .map_err(|e| format!("digest from node {}: {e}", node.name))?;
+    if status != 200 {
+        return Err(format!(
+            "digest from node {}: {status} {}",
+            node.name,
+            String::from_utf8_lossy(&answer)
+        ));
+    }
+    let v: Value = serde_json::from_slice(&answer)
+        .map_err(|e| format!("digest from node {}: {e}", node.name))?;
+    let mut items = Vec::new();
+    for item in v["items"].as_array().into_iter().flatten() {
+        let (Some(b), Some(k), Some(stamp)) =
+            (item[0].as_str(), item[1].as_str(), item[2].as_u64())
+        else {
+            return Err(format!("digest from node {}: bad item", node.name));
+        };
+        items.push((
+            (b.to_string(), k.to_string()),
+            (stamp, item[3].as_str().map(str::to_string)),
+        ));
+    }
+    let next = match v["next"].as_array() {
+        Some(n) if n.len() == 2 => Some((
+            n[0].as_str().unwrap_or_default().to_string(),
+            n[1].as_str().unwrap_or_default().to_string(),
+        )),
+        _ => None,
+    };
+    Ok((items, next))
+}
+
+/// One repair of `pgs` (groups this node leads): the number of keys whose
+/// state it copied over a replica's.
+async fn repair(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    pgs: &[u32],
+) -> Result<u64, String> {
+    let mut peers: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for &pg in pgs {
+        for n in map.replicas_of_pg(pg) {
+            if n != map.node_id && map.node(n).is_some_and(|n| n.state == NodeState::Up) {
+                peers.entry(n).or_default().push(pg);
+            }
+        }
+    }
+    let mut fixed = 0;
+    for (peer, pgs) in peers {
+        let node = map.node(peer).expect("in the map");
+        let addr = node
+            .s3
+            .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
+        let theirs = full_digest(shard, ckey, map, Some(node), &pgs).await?;
+        let mine = full_digest(shard, ckey, map, None, &pgs).await?;
+        let keys: std::collections::BTreeSet<&(String, String)> =
+            theirs.keys().chain(mine.keys()).collect();
+        for bk in keys {
+            let (b, k) = (bk.0.as_str(), bk.1.as_str());
+            let (t, m) = (theirs.get(bk), mine.get(bk));
+            if t == m || (t.is_none() && m.is_some_and(|m| m.1.is_none())) {
+                continue;
+            }
+            let seen = t.map(|t| t.0);
+            let (state, src) = match local_state(shard, b, k, map.epoch)
+                .await
+                .map_err(|e| format!("reading {b}/{k}: {e:?}"))?
+            {
+                Some(s) => s,
+                // Nothing here: theirs was never acknowledged.
+                None => (KeyState::tombstone(map.epoch, seen.unwrap_or(0)), None),
+            };
+            let got = send_push(ckey, map, peer, addr, (b, k), &state, src, Some(seen))
+                .await
+                .map_err(|e| format!("repairing {b}/{k} on node {}: {e}", node.name))?;
+            if got.0 != 200 {
+                return Err(format!(
+                    "repairing {b}/{k} on node {}: {} {}",
+                    node.name,
+                    got.0,
+                    String::from_utf8_lossy(&got.1)
+                ));
+            }
+            fixed += 1;
+        }
+    }
+    Ok(fixed)
 }

@@ -88,7 +88,21 @@ impl S3Front {
         }
         let epoch = state.epoch;
         let size = state.size;
-        let condition = PutCondition::IfNewer(state.stamp);
+        // A repair names the version it replaces (`seen`).
+        let condition = match req.q("seen") {
+            None => PutCondition::IfNewer(state.stamp),
+            Some("none") => PutCondition::Replace {
+                seen: None,
+                stamp: state.stamp,
+            },
+            Some(s) => PutCondition::Replace {
+                seen: Some(
+                    s.parse()
+                        .map_err(|_| S3Error::invalid_argument("bad seen stamp"))?,
+                ),
+                stamp: state.stamp,
+            },
+        };
         let done = match Applier::open(&self.shard, &bucket, &key, state, condition).await? {
             Err(done) => done,
             Ok(mut applier) => {
