@@ -118,6 +118,9 @@ pub fn run(cmd: ClusterCommand) -> Result<(), String> {
                         // Marked down at once if it is not running.
                         state: NodeState::Up.name().into(),
                         since_ms: map::now_ms(),
+                        // It gets its groups back, without the writes made
+                        // while it drained: it catches up before it leads.
+                        synced: false,
                         ..r.clone()
                     }),
                 )

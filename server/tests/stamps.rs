@@ -15,7 +15,14 @@ use percore_server::store::{PutCondition, Store, StoreError};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 
 mod common;
-use common::{read_all, run, small_config};
+use common::{read_all, run};
+
+/// `common::small_config`, as a cluster node's store (stamps kept).
+fn small_config(dir: &std::path::Path) -> percore_server::store::StoreConfig {
+    let mut cfg = common::small_config(dir);
+    cfg.write_stamps = true;
+    cfg
+}
 
 const TAGS: &str = "x-amz-tagging";
 

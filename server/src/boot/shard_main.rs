@@ -86,6 +86,8 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
         interval: Duration::from_secs(s.cfg.lifecycle_interval_s),
         actions_per_sec: s.cfg.lifecycle_actions_per_sec,
         day_ms: s.cfg.lifecycle_day_s.saturating_mul(1000),
+        cluster_key: (s.cluster_pgs != 0)
+            .then(|| crate::cluster::peer_http::cluster_key(&s.s3_cfg.credentials.secret_key)),
     });
     if shard.is_cluster() {
         let (_, rx) = std::sync::mpsc::channel();
@@ -150,6 +152,8 @@ async fn open_store(s: &ShardSetup) -> Result<Store, String> {
     let id = s.placement.shard;
     let shard_id = u32::try_from(id).map_err(|_| format!("shard id {id} is past u32"))?;
     let mut store_cfg = StoreConfig::new(shard_id, s.shard_dir.clone());
+    // A cluster node orders its versions across replicas by stamps.
+    store_cfg.write_stamps = s.cluster_pgs != 0;
     store_cfg.direct_io = s.direct_io;
     store_cfg.segment_bytes_max = s.cfg.segment_bytes_max;
     store_cfg.object_cache_bytes_max =

@@ -130,6 +130,9 @@ struct Control {
     ttl_s: u64,
     cluster: String,
     feed: MapFeed,
+    /// The placement groups this node held under the map last handed to
+    /// the shards (None: none handed yet), sorted.
+    held: Option<Vec<u32>>,
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -209,6 +212,7 @@ pub fn start(
         ttl_s,
         cluster: settings.cluster.clone(),
         feed,
+        held: None,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -240,7 +244,7 @@ impl Control {
                 if let Ok(epoch) = self.feed.synced_rx.recv_timeout(next - now) {
                     if let Err(e) = self.mark_synced(epoch) {
                         status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(error = %e, "cluster: cannot mark this node synced; it catches up again");
+                        warn!(error = %e, "cluster: cannot mark this node synced; its shards report again");
                     }
                     // The map changed: read it soon.
                     read_at = read_at.min(Instant::now() + Duration::from_millis(100));
@@ -376,9 +380,48 @@ impl Control {
         });
         match built {
             Ok(None) => {}
-            Ok(Some(m)) => self.feed.publish(m),
+            Ok(Some(m)) => {
+                let held: Vec<u32> = (0..m.pgs).filter(|&pg| m.holds_pg(pg)).collect();
+                let gained = self
+                    .held
+                    .as_ref()
+                    .is_some_and(|prev| held.iter().any(|pg| prev.binary_search(pg).is_err()));
+                if gained && m.node(m.node_id).is_some_and(|n| n.synced) {
+                    // New groups hold nothing here yet: this node must not
+                    // lead them (nor repair their replicas from empty)
+                    // before it caught up. The shards keep the previous
+                    // map until etcd says so.
+                    match self.set_synced(false) {
+                        Ok(()) => {
+                            warn!(node = %self.joining.name, "cluster: this node gained placement groups; it catches up before it leads any");
+                            if let Ok(view) = map::load(&self.etcd, &self.keys) {
+                                self.publish(&view);
+                            }
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "cluster: cannot mark this node unsynced; the shards keep the previous map");
+                        }
+                    }
+                    return;
+                }
+                self.held = Some(held);
+                self.feed.publish(m);
+            }
             Err(e) => error!(error = %e, "cluster: cannot build the shards' map"),
         }
+    }
+
+    /// Marks this node not synced in etcd (it gained placement groups).
+    fn set_synced(&mut self, synced: bool) -> Result<(), String> {
+        map::update_node(&self.etcd, &self.keys, &self.joining.name, &|_, r| {
+            Ok(
+                (r.synced != synced && r.id == self.id).then(|| map::NodeRecord {
+                    synced,
+                    ..r.clone()
+                }),
+            )
+        })
+        .map(drop)
     }
 
     fn check_self(&mut self, view: &View) -> Result<(), JoinError> {

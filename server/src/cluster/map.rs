@@ -436,6 +436,8 @@ pub struct Joining {
     pub shards: usize,
     /// This process's nonce, the value of its `alive/` key.
     pub nonce: Vec<u8>,
+    /// Its data directory was created by this start (it holds nothing).
+    pub fresh_data: bool,
 }
 
 /// Why a join did not happen.
@@ -534,9 +536,12 @@ pub fn join(
                 Some((o, _)) if o.state == state.name() => o.since_ms,
                 _ => now_ms(),
             },
-            // A process that joins has not caught up yet (it may have
-            // been down while others took writes).
-            synced: false,
+            // Still synced only if it was up and synced and comes back on
+            // the same data: while its process was gone, copies to it
+            // failed, so no write was acknowledged without it (a node
+            // whose lease expired was marked down, and so not synced).
+            synced: !joining.fresh_data
+                && old.is_some_and(|(o, _)| o.synced && o.node_state() == NodeState::Up),
         };
         let seen = old.map_or(0, |(_, r)| *r);
         let mut success = vec![txn::put_leased(&keys.alive(id), &joining.nonce, lease)];
@@ -617,6 +622,8 @@ pub fn detect_failures(
         let new = NodeRecord {
             state: next.name().into(),
             since_ms: now_ms(),
+            // Writes go on without it: it must catch up when it returns.
+            synced: false,
             ..record.clone()
         };
         let json = serde_json::to_vec(&new).map_err(|e| e.to_string())?;

@@ -54,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
-use super::shardmap::{MapNode, ShardMap, NO_NODE};
+use super::shardmap::{MapNode, ShardMap};
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
@@ -69,6 +69,12 @@ const COPY_CHUNK_BYTES: u64 = 1 << 20;
 /// How long a write waits for its copies (and for a newer map, when a
 /// replica refused its copy as sent under an older one).
 const REPLICATE_WAIT: Duration = Duration::from_secs(8);
+/// How far ahead of this node's map a peer's may be (maps reach nodes a
+/// third of the lease apart; more is a broken or forged peer).
+const EPOCH_AHEAD_MAX: u64 = 64;
+/// Copies of one key to one replica per write, at most (a replica busy
+/// with another copy of the key, or holding another version).
+const PUSH_ATTEMPTS: usize = 4;
 /// Digest items per request of a catch-up.
 const DIGEST_PAGE: usize = 1000;
 /// Largest digest answer.
@@ -76,6 +82,9 @@ const DIGEST_ANSWER_MAX: usize = 32 << 20;
 /// Placement groups compared per step of a catch-up or repair (their
 /// digests are held in memory meanwhile).
 const GROUPS_PER_PASS: usize = 16;
+/// How long a node waits to be marked synced after it reported a pass,
+/// before it reports again.
+const REPORT_AGAIN: Duration = Duration::from_secs(10);
 /// How often a node that is not synced tries to catch up.
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 
@@ -239,7 +248,23 @@ impl Applier {
             content_type: state.content_type.clone(),
             headers: state.headers.clone(),
         };
-        match ObjectSink::open_part(shard, bucket, key, meta, None, Some(condition)).await {
+        let mut opened = ObjectSink::open_part(
+            shard,
+            bucket,
+            key,
+            meta.clone(),
+            None,
+            Some(condition.clone()),
+        )
+        .await;
+        if matches!(opened, Err(ShardError::NoSuchBucket)) {
+            // Buckets are cluster-wide: a node that joined with new data
+            // (or missed a creation while down) takes the primary's. Its
+            // configuration documents are not copied (docs/cluster.md).
+            shard.create_bucket(bucket, None).await?;
+            opened = ObjectSink::open_part(shard, bucket, key, meta, None, Some(condition)).await;
+        }
+        match opened {
             Ok(sink) => Ok(Ok(Applier {
                 sink: Some(sink),
                 md5: Md5::new(),
@@ -314,7 +339,12 @@ fn sign(
     )
 }
 
-/// Copies this node's state of `(bucket, key)` to `to`.
+/// Copies this node's state of `(bucket, key)` to `to`, until `to`
+/// holds exactly it: a replica that answers with another version (a
+/// leftover of a write that was not acknowledged, stamped higher by
+/// another primary's clock) gets this one over it (`Replace`, naming the
+/// version it answered), since the acting primary's state is the
+/// authority. A replica busy with another copy of the key is asked again.
 async fn push_one(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
@@ -326,22 +356,45 @@ async fn push_one(
     let Some(addr) = to.s3 else {
         return Pushed::Failed(format!("node {} has no usable S3 address", to.name));
     };
-    let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
-        Ok(Some(s)) => s,
-        // Nothing here (a delete of a key that never was): nothing to copy.
-        Ok(None) => return Pushed::Applied,
-        Err(e) => return Pushed::Failed(format!("reading the key here: {e:?}")),
-    };
-    match send_push(ckey, map, to.id, addr, (bucket, key), &state, src, None).await {
-        Ok((200, _)) => Pushed::Applied,
-        Ok((409, body)) => Pushed::Refused(String::from_utf8_lossy(&body).into_owned()),
-        Ok((status, body)) => Pushed::Failed(format!(
-            "node {} answered {status}: {}",
-            to.name,
-            String::from_utf8_lossy(&body)
-        )),
-        Err(e) => Pushed::Failed(format!("node {}: {e}", to.name)),
+    let mut replace = None;
+    for _ in 0..PUSH_ATTEMPTS {
+        let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
+            Ok(Some(s)) => s,
+            // Nothing here (a delete of a key this node holds nothing of):
+            // a tombstone, so that a replica's leftover goes too.
+            Ok(None) => (KeyState::tombstone(map.epoch, crate::store::now_ms()), None),
+            Err(e) => return Pushed::Failed(format!("reading the key here: {e:?}")),
+        };
+        match send_push(ckey, map, to.id, addr, (bucket, key), &state, src, replace).await {
+            Ok((200, body)) => {
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let stamp = v["stamp"].as_u64();
+                let etag = v["etag"].as_str();
+                let same = match &state.etag {
+                    None => etag.is_none(),
+                    Some(e) => stamp == Some(state.stamp) && etag == Some(e.as_str()),
+                };
+                if same {
+                    return Pushed::Applied;
+                }
+                replace = Some(stamp);
+            }
+            Ok((409, body)) => return Pushed::Refused(String::from_utf8_lossy(&body).into_owned()),
+            Ok((503, _)) => glommio::timer::sleep(Duration::from_millis(20)).await,
+            Ok((status, body)) => {
+                return Pushed::Failed(format!(
+                    "node {} answered {status}: {}",
+                    to.name,
+                    String::from_utf8_lossy(&body)
+                ))
+            }
+            Err(e) => return Pushed::Failed(format!("node {}: {e}", to.name)),
+        }
     }
+    Pushed::Failed(format!(
+        "node {} did not come to hold this node's version",
+        to.name
+    ))
 }
 
 /// Sends one copy; with `replace` = Some(seen), the receiver takes it
@@ -415,7 +468,7 @@ pub async fn replicate(
     let deadline = Instant::now() + REPLICATE_WAIT;
     loop {
         let Some(map) = shard.cluster_map() else {
-            return Ok(());
+            return Err("this node has no cluster map yet".into());
         };
         let pg = map.pg_of(bucket, key);
         let others: Vec<&MapNode> = map
@@ -424,9 +477,15 @@ pub async fn replicate(
             .filter_map(|n| map.node(n))
             .filter(|n| n.state == NodeState::Up)
             .collect();
-        let pushes = others
-            .iter()
-            .map(|n| push_one(shard, ckey, &map, n, bucket, key));
+        let left = deadline.saturating_duration_since(Instant::now());
+        let pushes = others.iter().map(|n| async {
+            crate::frontend::http::timeout::within(
+                left,
+                push_one(shard, ckey, &map, n, bucket, key),
+            )
+            .await
+            .unwrap_or_else(|| Pushed::Failed(format!("node {} did not answer in time", n.name)))
+        });
         let results = futures::future::join_all(pushes).await;
         let applied = 1 + results
             .iter()
@@ -488,6 +547,12 @@ pub async fn check_push(
     key: &str,
     state: &KeyState,
 ) -> Result<(), String> {
+    if state.epoch > map.epoch.saturating_add(EPOCH_AHEAD_MAX) {
+        return Err(format!(
+            "sent under map {}, far ahead of this node's {}",
+            state.epoch, map.epoch
+        ));
+    }
     if map.epoch >= state.epoch && map.primary_of(bucket, key) != from {
         return Err(format!(
             "node {from} is not this key's primary in map {} (this node's)",
@@ -521,6 +586,14 @@ pub async fn answer_digest(
 ) -> Result<Value, String> {
     let req: DigestRequest =
         serde_json::from_slice(body).map_err(|e| format!("bad digest request: {e}"))?;
+    // A reader far ahead of this node's map would fence its shards for
+    // good (a forged or broken peer): this node reads the map first.
+    if req.epoch > map.epoch.saturating_add(EPOCH_AHEAD_MAX) {
+        return Err(format!(
+            "the reader's map {} is far ahead of this node's {}; retry",
+            req.epoch, map.epoch
+        ));
+    }
     let pgs = match req.pgs {
         Some(mut pgs) => {
             if pgs.iter().any(|&p| p >= map.pgs) {
@@ -550,7 +623,7 @@ pub async fn answer_digest(
 /// map has not changed since.
 pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
     glommio::spawn_local(async move {
-        let mut reported = 0;
+        let mut reported = (0, Instant::now());
         loop {
             glommio::timer::sleep(CATCH_UP_EVERY).await;
             let Some(map) = shard.cluster_map() else {
@@ -559,7 +632,13 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
             let Some(me) = map.node(map.node_id) else {
                 continue;
             };
-            if me.synced || me.state != NodeState::Up || reported == map.epoch {
+            // Reported under this map: the control thread marks the node
+            // synced; reported again if that did not happen for a while
+            // (an etcd error).
+            if me.synced
+                || me.state != NodeState::Up
+                || (reported.0 == map.epoch && reported.1.elapsed() < REPORT_AGAIN)
+            {
                 continue;
             }
             let started = Instant::now();
@@ -573,7 +652,7 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                         "cluster: caught up"
                     );
                     if map.synced_tx.send(map.epoch).is_ok() {
-                        reported = map.epoch;
+                        reported = (map.epoch, Instant::now());
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cluster: catching up failed; retrying"),
@@ -584,26 +663,39 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
 }
 
 /// One catch-up pass under `map`: (versions and tombstones taken, own
-/// versions dropped).
+/// versions dropped). A group whose acting primary is synced is taken
+/// from it as it is (mirror: what this node holds that the primary does
+/// not is dropped). A group with no synced replica up (a new cluster, or
+/// one whose replicas all went down) has no authority: it is merged from
+/// every other up replica (each key's newest version), which holds every
+/// write acknowledged while this node was away (every up replica took
+/// it), and nothing is dropped.
 async fn catch_up(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
 ) -> Result<(u64, u64), String> {
-    let mut by_primary: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for pg in 0..map.pgs {
+    // (source node, mirror) -> groups.
+    let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
+    for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
         let p = map.primary_of_pg(pg);
-        if p != map.node_id && p != NO_NODE && map.holds_pg(pg) {
-            by_primary.entry(p).or_default().push(pg);
+        if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
+            sources.entry((p, true)).or_default().push(pg);
+            continue;
+        }
+        for r in map.replicas_of_pg(pg) {
+            if r != map.node_id && map.node(r).is_some_and(|n| n.state == NodeState::Up) {
+                sources.entry((r, false)).or_default().push(pg);
+            }
         }
     }
     let (mut taken, mut dropped) = (0, 0);
-    let steps = by_primary.into_iter().flat_map(|(p, pgs)| {
+    let steps = sources.into_iter().flat_map(|(from, pgs)| {
         pgs.chunks(GROUPS_PER_PASS)
-            .map(|c| (p, c.to_vec()))
+            .map(|c| (from, c.to_vec()))
             .collect::<Vec<_>>()
     });
-    for (p, pgs) in steps {
+    for ((p, mirror), pgs) in steps {
         let node = map
             .node(p)
             .ok_or_else(|| format!("node {p} is not in the map"))?;
@@ -619,12 +711,13 @@ async fn catch_up(
                     .key_state(&b, &k)
                     .await
                     .map_err(|e| format!("{e:?}"))?;
-                let same = mine
-                    .as_ref()
-                    .is_some_and(|(s, e)| *s == stamp && *e == etag);
-                if !same
-                    && take_from(shard, ckey, map, node, addr, &b, &k, mine.map(|m| m.0)).await?
-                {
+                let wanted = match &mine {
+                    None => true,
+                    Some((s, e)) if mirror => *s != stamp || *e != etag,
+                    Some((s, _)) => *s < stamp,
+                };
+                let from = Source { node, addr, mirror };
+                if wanted && take_from(shard, ckey, map, &from, &b, &k, mine.map(|m| m.0)).await? {
                     taken += 1;
                 }
                 theirs.insert((b, k));
@@ -634,52 +727,75 @@ async fn catch_up(
                 None => break,
             }
         }
-        // Versions here that the primary does not hold at all: writes it
-        // never acknowledged (or deletes whose tombstones it dropped).
-        let mut after = None;
-        loop {
-            let (items, next) = shard
-                .digest(after, DIGEST_PAGE, Some(pgs.clone()), 0)
-                .await
-                .map_err(|e| format!("{e:?}"))?;
-            for i in items {
-                if i.etag.is_none() || theirs.contains(&(i.bucket.clone(), i.key.clone())) {
-                    continue;
-                }
-                let condition = PutCondition::Replace {
-                    seen: Some(i.stamp),
-                    stamp: i.stamp,
-                };
-                if shard
-                    .delete_stamped(&i.bucket, &i.key, condition)
-                    .await
-                    .map_err(|e| format!("{e:?}"))?
-                {
-                    dropped += 1;
-                }
-            }
-            match next {
-                Some(n) => after = Some(n),
-                None => break,
-            }
+        if mirror {
+            dropped += drop_unknown(shard, ckey, map, node, addr, &pgs, &theirs).await?;
         }
     }
     Ok((taken, dropped))
 }
 
-/// Takes the primary's state of one key (`GET /_percore/fetch`) over this
-/// node's (stamped `mine`): Ok(true) if it was installed.
-#[allow(clippy::too_many_arguments)]
-async fn take_from(
+/// Where a catch-up takes keys from: a synced primary (`mirror`: its
+/// state replaces this node's) or another replica (only newer versions).
+struct Source<'a> {
+    node: &'a MapNode,
+    addr: SocketAddr,
+    mirror: bool,
+}
+
+/// Versions here, in `pgs`, that the primary's digest did not hold
+/// (`theirs`): writes it never acknowledged, or deletes whose tombstones
+/// it dropped. Each is asked of the primary again (its digest may have
+/// passed the key before it was written and copied here) and dropped only
+/// if it holds nothing. Returns the number dropped.
+async fn drop_unknown(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
     node: &MapNode,
     addr: SocketAddr,
+    pgs: &[u32],
+    theirs: &HashSet<(String, String)>,
+) -> Result<u64, String> {
+    let from = Source {
+        node,
+        addr,
+        mirror: true,
+    };
+    let mut dropped = 0;
+    let mut after = None;
+    loop {
+        let (items, next) = shard
+            .digest(after, DIGEST_PAGE, Some(pgs.to_vec()), 0)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        for i in items {
+            if i.etag.is_none() || theirs.contains(&(i.bucket.clone(), i.key.clone())) {
+                continue;
+            }
+            if take_from(shard, ckey, map, &from, &i.bucket, &i.key, Some(i.stamp)).await? {
+                dropped += 1;
+            }
+        }
+        match next {
+            Some(n) => after = Some(n),
+            None => return Ok(dropped),
+        }
+    }
+}
+
+/// Takes `from`'s state of one key over this node's (stamped `mine`):
+/// Ok(true) if it was installed (or, mirroring, this node's version
+/// dropped because `from` holds nothing).
+async fn take_from(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    from: &Source<'_>,
     bucket: &str,
     key: &str,
     mine: Option<u64>,
 ) -> Result<bool, String> {
+    let (node, addr) = (from.node, from.addr);
     let target = format!("/_percore/fetch?bucket={}&key={}", enc(bucket), enc(key));
     let mac = sign(
         ckey,
@@ -705,9 +821,24 @@ async fn take_from(
         .await
         .map_err(|e| fail(e.to_string()))?;
     if r.status == 404 {
-        // Gone from the primary since its digest: its next copy or the
-        // next pass settles it.
-        return Ok(false);
+        // The primary holds nothing for the key (deleted and its
+        // tombstone compacted, or never acknowledged): neither may this
+        // node, unless a copy came meanwhile (the stamp it holds moved).
+        // Another replica's absence says nothing.
+        return match mine {
+            Some(m) if from.mirror => shard
+                .delete_stamped(
+                    bucket,
+                    key,
+                    PutCondition::Replace {
+                        seen: Some(m),
+                        stamp: m,
+                    },
+                )
+                .await
+                .map_err(|e| fail(format!("{e:?}"))),
+            _ => Ok(false),
+        };
     }
     if r.status != 200 {
         return Err(fail(format!("status {}", r.status)));
@@ -719,7 +850,7 @@ async fn take_from(
     // Older than what is here: an unacknowledged write of this node's, or
     // a copy pushed since the digest (then it stays).
     let condition = match mine {
-        Some(m) if m > state.stamp => PutCondition::Replace {
+        Some(m) if from.mirror && m > state.stamp => PutCondition::Replace {
             seen: Some(m),
             stamp: state.stamp,
         },
@@ -910,13 +1041,21 @@ async fn remote_digest(
             (stamp, item[3].as_str().map(str::to_string)),
         ));
     }
-    let next = match v["next"].as_array() {
-        Some(n) if n.len() == 2 => Some((
-            n[0].as_str().unwrap_or_default().to_string(),
-            n[1].as_str().unwrap_or_default().to_string(),
-        )),
-        _ => None,
+    let next = match &v["next"] {
+        Value::Null => None,
+        n => match (n[0].as_str(), n[1].as_str()) {
+            (Some(b), Some(k)) => Some((b.to_string(), k.to_string())),
+            _ => return Err(format!("digest from node {}: bad next", node.name)),
+        },
     };
+    if let (Some(a), Some(n)) = (&after, &next) {
+        if n <= a {
+            return Err(format!(
+                "digest from node {}: next does not move on",
+                node.name
+            ));
+        }
+    }
     Ok((items, next))
 }
 
@@ -937,6 +1076,7 @@ async fn repair(
         }
     }
     let mut fixed = 0;
+    let mut failed: Option<String> = None;
     for (peer, pgs) in peers {
         let node = map.node(peer).expect("in the map");
         let addr = node
@@ -961,19 +1101,25 @@ async fn repair(
                 // Nothing here: theirs was never acknowledged.
                 None => (KeyState::tombstone(map.epoch, seen.unwrap_or(0)), None),
             };
-            let got = send_push(ckey, map, peer, addr, (b, k), &state, src, Some(seen))
-                .await
-                .map_err(|e| format!("repairing {b}/{k} on node {}: {e}", node.name))?;
-            if got.0 != 200 {
-                return Err(format!(
-                    "repairing {b}/{k} on node {}: {} {}",
-                    node.name,
-                    got.0,
-                    String::from_utf8_lossy(&got.1)
-                ));
+            // A key that cannot be repaired does not hold up the others;
+            // the pass fails (and runs again) at its end.
+            match send_push(ckey, map, peer, addr, (b, k), &state, src, Some(seen)).await {
+                Ok((200, _)) => fixed += 1,
+                Ok((status, body)) => {
+                    failed.get_or_insert(format!(
+                        "repairing {b}/{k} on node {}: {status} {}",
+                        node.name,
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
+                Err(e) => {
+                    failed.get_or_insert(format!("repairing {b}/{k} on node {}: {e}", node.name));
+                }
             }
-            fixed += 1;
         }
     }
-    Ok(fixed)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(fixed),
+    }
 }

@@ -344,8 +344,14 @@ mod tests {
             assert_eq!(m.primary_of("bkt", &key), client.nodes[node].id);
             seen.insert(client.nodes[node].id);
         }
-        // Up and down nodes hold groups; draining, out and unknown none.
-        assert_eq!(seen, [1, 2, 4].into_iter().collect());
+        // Up nodes lead groups; a down node keeps its replica slots but
+        // leads none (its groups' next replica does); draining, out and
+        // unknown nodes hold none.
+        assert_eq!(seen, [1, 4].into_iter().collect());
+        let held: std::collections::HashSet<u32> = (0..256)
+            .flat_map(|pg| m.replicas_of_pg(pg).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(held, [1, 2, 4].into_iter().collect());
     }
 
     #[test]

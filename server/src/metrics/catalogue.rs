@@ -438,10 +438,10 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), count, "a metric name appears twice");
         // ... + object cache counters and gauges + MD5 engine counters
-        // + lifecycle counters + cluster routing counters.
+        // + lifecycle counters + cluster routing and replication counters.
         assert_eq!(
             count,
-            5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4 + 3 + 4
+            5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4 + 3 + 8
         );
     }
 

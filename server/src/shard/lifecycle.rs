@@ -82,6 +82,9 @@ pub struct LifecycleSettings {
     pub actions_per_sec: u64,
     /// A lifecycle day: 86,400 s but in tests.
     pub day_ms: u64,
+    /// A cluster node: the key for copying expiries to the replicas
+    /// (`cluster::replicate`; None on a single node).
+    pub cluster_key: Option<[u8; 32]>,
 }
 
 /// One bucket's rules, as a pass found them.
@@ -144,7 +147,7 @@ impl Shard {
     }
 
     /// One pass over every bucket with lifecycle rules.
-    pub async fn lifecycle_pass(&self, settings: &LifecycleSettings) -> PassReport {
+    pub async fn lifecycle_pass(self: &Rc<Self>, settings: &LifecycleSettings) -> PassReport {
         let buckets: Vec<Pass> = self
             .buckets
             .borrow()
@@ -237,7 +240,7 @@ impl Shard {
     }
 
     async fn expire(
-        &self,
+        self: &Rc<Self>,
         pass: &Pass,
         rule: &Rule,
         now: u64,
@@ -273,6 +276,12 @@ impl Shard {
                 else {
                     continue;
                 };
+                // A cluster node expires only keys whose group it leads
+                // (the others' primaries do theirs), and copies each
+                // expiry like any delete.
+                if !matches!(self.ownership(bucket, &key), super::Ownership::Mine) {
+                    continue;
+                }
                 if !rule.filter.matches(&key, size_bytes)
                     || rule
                         .expires_at_ms(mtime_ms, settings.day_ms)
@@ -299,7 +308,17 @@ impl Shard {
                 let _writing =
                     (mode != Versioning::Off).then(|| WriteInProgress::new(self, bucket));
                 match self.store.delete_if_current(bucket, &key, seq, mode).await {
-                    Ok(true) => expired += 1,
+                    Ok(true) => {
+                        expired += 1;
+                        if let Some(ckey) = &settings.cluster_key {
+                            if let Err(e) =
+                                crate::cluster::replicate::replicate(self, ckey, bucket, &key).await
+                            {
+                                // The next primary's repair settles it.
+                                tracing::warn!(bucket, key, "lifecycle expiry not copied: {e}");
+                            }
+                        }
+                    }
                     Ok(false) => {}
                     Err(e) => {
                         tracing::warn!(

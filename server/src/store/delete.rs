@@ -84,6 +84,10 @@ impl Store {
         key: &str,
         condition: PutCondition,
     ) -> Result<bool> {
+        // One copy of a key at a time (see `PutWriter::finish_version`).
+        if self.is_writing(bucket, key) {
+            return Err(StoreError::ConditionalConflict);
+        }
         if !condition.stamp_allows(self.key_stamp(bucket, key)) {
             return Ok(false);
         }

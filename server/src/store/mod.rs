@@ -215,6 +215,11 @@ pub struct StoreConfig {
     pub faults: Option<FaultHook>,
     /// The file system, or a power-loss model of it (tests).
     pub disk: file::Disk,
+    /// Keep each version's replication stamp in `STAMP_HEADER` (a cluster
+    /// node's store). A single node stamps versions with their
+    /// modification time and writes no header, so its objects keep every
+    /// metadata slot they had.
+    pub write_stamps: bool,
 }
 
 impl StoreConfig {
@@ -237,6 +242,7 @@ impl StoreConfig {
             object_cache_bytes_max: 64 << 20,
             faults: None,
             disk: file::Disk::Real,
+            write_stamps: false,
         }
     }
 }

@@ -182,15 +182,18 @@ impl PutWriter {
         }
         let preset = self.condition.as_ref().and_then(PutCondition::preset_stamp);
         let seen = match &self.condition {
+            // One conditional write of a key at a time (a replica's copies
+            // included): no refused record may carry a higher seq than the
+            // version that won, which recovery would bring back.
+            Some(_) if store.is_writing(&self.bucket, &self.key) => {
+                return Err(StoreError::ConditionalConflict);
+            }
             // A replica's copy (checked again before it is installed).
             Some(c) if c.preset_stamp().is_some() => {
                 if !c.stamp_allows(store.key_stamp(&self.bucket, &self.key)) {
                     return Err(StoreError::PreconditionFailed);
                 }
                 None
-            }
-            Some(_) if store.is_writing(&self.bucket, &self.key) => {
-                return Err(StoreError::ConditionalConflict);
             }
             Some(c) => Some(store.check_put_condition(&self.bucket, &self.key, c)?),
             None => None,
@@ -360,7 +363,9 @@ impl Store {
         let current = self.key_stamp(bucket, key).unwrap_or(0);
         let mut issued = self.inner.marks.stamps.borrow_mut();
         let last = issued.get(&k).copied().unwrap_or(0);
-        let stamp = now_ms().max(current + 1).max(last + 1);
+        let stamp = now_ms()
+            .max(current.saturating_add(1))
+            .max(last.saturating_add(1));
         if self.is_writing(bucket, key) {
             issued.insert(k, stamp);
         }
@@ -376,8 +381,13 @@ impl Store {
         meta: &mut ObjectMeta,
         preset: Option<u64>,
     ) -> u64 {
-        let stamp = preset.unwrap_or_else(|| self.next_stamp(bucket, key));
         meta.headers.retain(|(n, _)| n != super::STAMP_HEADER);
+        if !self.inner.cfg.write_stamps {
+            // A single node: versions stamp with their modification time
+            // (as recovery reads them back).
+            return meta.mtime_ms;
+        }
+        let stamp = preset.unwrap_or_else(|| self.next_stamp(bucket, key));
         meta.headers
             .push((super::STAMP_HEADER.to_string(), stamp.to_string()));
         stamp

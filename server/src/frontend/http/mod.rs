@@ -12,7 +12,7 @@ mod error;
 mod head;
 mod range;
 mod response;
-mod timeout;
+pub(crate) mod timeout;
 
 #[cfg(any(test, fuzzing))]
 pub(crate) use body::{BodyState, Step};

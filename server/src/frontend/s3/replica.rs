@@ -35,11 +35,53 @@ fn refused(message: String) -> S3Error {
     S3Error::new(409, "Conflict", message)
 }
 
+/// Copies and fetches are of client keys only (never of bucket, user or
+/// configuration records).
 fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
-    if bucket.is_empty() || key.is_empty() || key.len() > 1024 || key.contains('\0') {
+    if bucket.is_empty()
+        || bucket.len() > 63
+        || key.is_empty()
+        || key.len() > 1024
+        || !crate::store::is_client_key(bucket, key)
+        || key.contains('\0')
+    {
         return Err(S3Error::invalid_argument("Invalid key"));
     }
     Ok(())
+}
+
+/// A copy's state must be one percore could have stored: header names
+/// lower-case tokens, no control characters in any value (they are sent
+/// back to clients), a stamp not far ahead of this node's clock.
+fn valid_state(state: &KeyState) -> Result<(), S3Error> {
+    let bad = |s: &str| s.chars().any(char::is_control);
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    };
+    let day_ms = 24 * 3600 * 1000;
+    if state.headers.len() > crate::store::record::HEADERS_COUNT_MAX
+        || state.headers.iter().any(|(n, v)| !name_ok(n) || bad(v))
+        || bad(&state.content_type)
+        || state.etag.as_deref().is_some_and(bad)
+        || state.stamp > crate::store::now_ms().saturating_add(day_ms)
+    {
+        return Err(S3Error::invalid_argument("bad copy state"));
+    }
+    Ok(())
+}
+
+/// A replica's own busy answer (another copy of the key in progress).
+fn busy(e: ShardError) -> S3Error {
+    match e {
+        ShardError::ConditionalConflict => S3Error::new(
+            503,
+            "SlowDown",
+            "Another copy of this key is being stored; retry.",
+        ),
+        e => e.into(),
+    }
 }
 
 impl S3Front {
@@ -80,6 +122,7 @@ impl S3Front {
             req.q("key").unwrap_or_default().to_string(),
         );
         valid_key(&bucket, &key)?;
+        valid_state(&state)?;
         let m = self.shard.metrics();
         if let Err(why) = replicate::check_push(&self.shard, map, from, &bucket, &key, &state).await
         {
@@ -103,7 +146,10 @@ impl S3Front {
                 stamp: state.stamp,
             },
         };
-        let done = match Applier::open(&self.shard, &bucket, &key, state, condition).await? {
+        let done = match Applier::open(&self.shard, &bucket, &key, state, condition)
+            .await
+            .map_err(busy)?
+        {
             Err(done) => done,
             Ok(mut applier) => {
                 let mut got = 0u64;
@@ -128,6 +174,9 @@ impl S3Front {
                 }
                 match applier.finish().await {
                     Ok(done) => done,
+                    Err(ShardError::ConditionalConflict) => {
+                        return Err(busy(ShardError::ConditionalConflict))
+                    }
                     Err(e) => {
                         ShardMetrics::add(&m.cluster_copies_refused, 1);
                         return Err(e.into());
@@ -147,7 +196,13 @@ impl S3Front {
         if done == Applied::Installed {
             ShardMetrics::add(&m.cluster_copies_taken, 1);
         }
-        let body = json!({"applied": done == Applied::Installed}).to_string();
+        // What this replica holds now: the primary checks it is its own.
+        let (stamp, etag) = match self.shard.key_state(&bucket, &key).await? {
+            Some((s, e)) => (Some(s), e),
+            None => (None, None),
+        };
+        let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
+            .to_string();
         let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
         conn.write_response(&head, body.len() as u64, true).await?;
         conn.write_body(body.as_bytes()).await?;
