@@ -39,6 +39,20 @@ Tests:
   in listings), then restarts node 2, waits for `sync=yes` and checks that
   the three replicas agree (digests) and that node 2's door serves the
   acknowledged state.
+* `test_add_a_fourth_node_under_load`: the same load; a fourth node (zone
+  z4, new data directory) joins under it, catches up its share of the
+  groups (with 4 nodes and R = 3, about 3/4 of them) from their acting
+  primaries, turns `sync=yes` and leads its groups. Measures how long that
+  takes and the longest time without an acknowledged write; checks every
+  read during the load, then every key through all four doors, listings,
+  that the data moved (n4 stores live copies of exactly the keys whose
+  groups it is a replica of), that each key's replicas agree, and that its
+  acting primary holds the acknowledged state. The placement of a key is
+  computed here from the documented contract (docs/cluster.md, "Placement
+  contract"), checked against the pinned vectors and against the native
+  client's `owner_node`.
+* `test_placement_vectors` (no cluster): that computation reproduces the
+  contract's pinned vectors.
 
 The load is seeded (PERCORE_REPL_SEED, printed); the cluster's timing is
 not, so the numbers printed vary from run to run, the verdicts must not.
@@ -55,9 +69,12 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 from botocore.exceptions import ClientError
+
+import percore
 
 from conftest import ServerFactory, unique_bucket_name
 from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
@@ -73,6 +90,8 @@ from test_cluster_routing import (  # noqa: F401  (digest and wait_synced: share
     DIGEST,
     digest,
     internal,
+    keys_on,
+    native_endpoint,
     node_header,
     node_id,
     wait_epoch,
@@ -102,6 +121,37 @@ RESUME_LIMIT_S = LEASE_TTL_S + 10   # writes must resume this soon after the kil
 # be routed by the old map. GETs must not fail after that.
 MAP_LAG_S = LEASE_TTL_S / 3 + 0.5
 SYNC_TIMEOUT_S = 60
+PGS, REPLICAS = 64, 3     # cluster init --pgs 64 --replicas 3
+
+# The add-a-node test's load (the same threads, keys and mix as above).
+ADD_AFTER_S = 2.0         # n4 starts this far into the load
+ADD_LOAD_S = 12           # the load runs at least this long ...
+# ... and at least this long after n4 is synced: longer than the stall its
+# taking over groups causes now (about 8 s, below), so that the load's last
+# seconds show whether writes flow again under the new leaders.
+AFTER_SYNC_S = 10
+FLOWING_S = 2             # the load's last seconds must see ...
+FLOWING_WRITES = 20       # ... at least this many writes acknowledged
+# A node added takes the groups where it now scores among the top R: with
+# 4 nodes in 4 zones and R = 3, about 3/4 of them (less than 40% of the
+# keys would mean it did not fill its groups).
+ADD_SHARE_MIN = 0.40
+# The longest time without an acknowledged write that an added node may
+# cause. A write waits for every up replica, the catching-up n4 included,
+# and for its map: the join and the `sync=yes` mark are two map changes,
+# each reaching the nodes' shards up to a third of the lease (+50 ms) after
+# it is written, the nodes polling independently; meanwhile copies sent
+# under the older map are refused (409) or held back by the fence (the
+# primary waits for a newer map and copies again), and a catch-up pass that
+# saw the map change runs again. Measured: about 8 s, from n4's `sync=yes`:
+# a write its old primary took under the older map has its copies refused
+# by replicas that run the new one (n4 leads the group now), and waits out
+# its whole replication wait (REPLICATE_WAIT, 8 s, in
+# server/src/cluster/replicate.rs; it waits for a map newer than the new
+# one) before it is answered 503; each load thread has such a write, so
+# all writes stop. Four leases (12 s) bounds that with a margin and still
+# fails a join that stops writes for longer than any lease-driven step.
+WRITE_GAP_LIMIT_S = LEASE_TTL_S * 4
 
 # ---------------------------------------------------------------------------
 # the expected state of a key
@@ -151,8 +201,11 @@ def answer_of(e: Exception) -> str:
 
 def load_client(node: Node):
     """A boto3 client for the load: one attempt per request (boto3 would
-    retry a 503 by itself and hide the outage), short timeouts."""
-    return node.client(max_attempts=1, connect_timeout=2, read_timeout=10)
+    retry a 503 by itself and hide the outage), short timeouts. botocore's
+    `retries.max_attempts` counts the retries after the first attempt
+    (conftest's default of 1 is one retry: it reports RetryAttempts=1), so
+    0 here."""
+    return node.client(max_attempts=0, connect_timeout=2, read_timeout=10)
 
 
 # ---------------------------------------------------------------------------
@@ -160,16 +213,24 @@ def load_client(node: Node):
 # ---------------------------------------------------------------------------
 
 class Cluster(ServerFactory):
-    """Three nodes n1-n3 on 127.0.0.2-4, zones z1-z3. A ServerFactory, so
-    that conftest's failure hook attaches every node's log to a failed
-    test's report."""
+    """Three nodes n1-n3 on 127.0.0.2-4, zones z1-z3 (and any added later).
+    A ServerFactory, so that conftest's failure hook attaches every node's
+    log to a failed test's report."""
 
-    def __init__(self, urls: str):
+    def __init__(self, urls: str, seed: int):
         super().__init__("cluster-replication")
         self.urls = urls
-        ips = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
-        assert all(loopback_ok(ip) for ip in ips)
-        self.servers = [Node(ip, f"n{i + 1}", f"z{i + 1}", urls) for i, ip in enumerate(ips)]
+        self.seed = seed   # the placement seed `cluster init` chose
+        for i in range(3):
+            self.add_node(f"127.0.0.{i + 2}", f"n{i + 1}", f"z{i + 1}")
+
+    def add_node(self, ip: str, name: str, zone: str) -> Node:
+        """A node (not started) with a new data directory; closed, and its
+        log attached to a failure, with the others."""
+        assert loopback_ok(ip), f"cannot bind {ip}"
+        node = Node(ip, name, zone, self.urls)
+        self.servers.append(node)
+        return node
 
     @property
     def nodes(self) -> list[Node]:
@@ -191,8 +252,11 @@ def settle(cluster: Cluster, nodes: list[Node]) -> None:
 def cluster(etcd):  # noqa: F811
     """`cluster init --replicas 3 --pgs 64` and three nodes, all up and
     synced, each running the latest map."""
-    percore_cli("cluster", "init", "--cluster", etcd.urls, "--replicas", "3", "--pgs", "64")
-    c = Cluster(etcd.urls)
+    out = percore_cli("cluster", "init", "--cluster", etcd.urls, "--replicas", str(REPLICAS),
+                      "--pgs", str(PGS)).stdout
+    seed = re.search(r"seed (0x[0-9a-f]+)", out)
+    assert seed, out
+    c = Cluster(etcd.urls, int(seed.group(1), 16))
     try:
         for n in c.nodes:
             n.start()
@@ -287,6 +351,119 @@ def check_listing(client, bucket: str, possible: dict, door: str) -> list[str]:
             problems.append(f"listing via {door}: {key} has size {size}, expected "
                             f"{describe_all(states)}")
     return problems
+
+
+# ---------------------------------------------------------------------------
+# placement: which nodes hold a key (docs/cluster.md, "Placement contract"),
+# computed here to check where the data is; a second implementation of the
+# contract, checked against its pinned vectors below and against the native
+# client's owner_node in the test that uses it
+# ---------------------------------------------------------------------------
+
+M64 = (1 << 64) - 1
+# The first 128 bytes of XXH3's default secret (kSecret), all that inputs
+# of up to 128 bytes use. XXH3 with a seed uses it as it is for inputs of
+# up to 240 bytes.
+XXH3_SECRET = bytes.fromhex(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364")
+
+
+def _le64(b: bytes, at: int) -> int:
+    return int.from_bytes(b[at:at + 8], "little")
+
+
+def _mul_fold(a: int, b: int) -> int:
+    p = a * b
+    return (p ^ (p >> 64)) & M64
+
+
+def _avalanche(h: int) -> int:
+    h ^= h >> 37
+    h = (h * 0x165667919E3779F9) & M64
+    return h ^ (h >> 32)
+
+
+def xxh3_64(data: bytes, seed: int) -> int:
+    """XXH3-64 with a seed, for inputs of 9 to 128 bytes (the reference
+    algorithm's 9-16 and 17-128 byte paths): enough for a score's 10 bytes
+    and an object hash of a short bucket and key."""
+    n, s = len(data), XXH3_SECRET
+    if 9 <= n <= 16:
+        lo = _le64(data, 0) ^ (((_le64(s, 24) ^ _le64(s, 32)) + seed) & M64)
+        hi = _le64(data, n - 8) ^ (((_le64(s, 40) ^ _le64(s, 48)) - seed) & M64)
+        swapped = int.from_bytes(lo.to_bytes(8, "little"), "big")
+        return _avalanche((n + swapped + hi + _mul_fold(lo, hi)) & M64)
+    assert 17 <= n <= 128, f"xxh3_64 here covers inputs of 9 to 128 bytes, not {n}"
+
+    def mix16(at: int, secret_at: int) -> int:
+        return _mul_fold(_le64(data, at) ^ ((_le64(s, secret_at) + seed) & M64),
+                         _le64(data, at + 8) ^ ((_le64(s, secret_at + 8) - seed) & M64))
+
+    acc = n * 0x9E3779B185EBCA87
+    if n > 32:
+        if n > 64:
+            if n > 96:
+                acc += mix16(48, 96) + mix16(n - 64, 112)
+            acc += mix16(32, 64) + mix16(n - 48, 80)
+        acc += mix16(16, 32) + mix16(n - 32, 48)
+    acc += mix16(0, 0) + mix16(n - 16, 16)
+    return _avalanche(acc & M64)
+
+
+def pg_of(seed: int, pgs: int, bucket: str, key: str) -> int:
+    b = bucket.encode()
+    h = xxh3_64(len(b).to_bytes(2, "little") + b + key.encode(), seed)
+    return (h * pgs) >> 64
+
+
+def score(seed: int, pg: int, node: int) -> int:
+    return xxh3_64(b"pg" + pg.to_bytes(4, "little") + node.to_bytes(4, "little"), seed)
+
+
+def replicas_of(seed: int, pg: int, r: int, nodes: list[tuple[int, str, str]]) -> list[int]:
+    """The ids of `pg`'s replicas, primary first, over `nodes` ((id, zone,
+    state)): eligible nodes (up or down) by score, highest first (ties: lower
+    id), one per zone, then a second walk for what is missing."""
+    ranked = sorted(((score(seed, pg, i), i, z) for i, z, st in nodes if st in ("up", "down")),
+                    key=lambda t: (-t[0], t[1]))
+    chosen: list[int] = []
+    zones: set[str] = set()
+    for _, i, zone in ranked:
+        if len(chosen) < r and zone not in zones:
+            zones.add(zone)
+            chosen.append(i)
+    for _, i, _ in ranked:
+        if len(chosen) < r and i not in chosen:
+            chosen.append(i)
+    return chosen
+
+
+def test_placement_vectors():
+    """The pinned vectors of docs/cluster.md (no cluster needed)."""
+    s = 0x706572636F726531
+    assert xxh3_64(b"\x06\x00bucketkey", s) == 0x5DCD05CFACFD11CE
+    assert pg_of(s, 4096, "bucket", "key") == 1500
+    assert pg_of(s, 1000, "bucket", "key") == 366
+    assert score(s, 7, 3) == 0x2335CEA84C8EB50D
+    assert replicas_of(s, 1500, 3, [(i, "abc"[i % 3], "up") for i in range(1, 7)]) == [1, 3, 2]
+    two = [(i, "ab"[i % 2], "up") for i in range(1, 7)]
+    assert replicas_of(s, 42, 3, two) == [5, 6, 1]
+    two[0:3] = [(1, "b", "draining"), (2, "a", "out"), (3, "b", "down")]
+    assert replicas_of(s, 42, 3, two) == [5, 6, 3]
+
+
+def placement(cluster: Cluster, bucket: str, keys: list[str]) -> dict[str, list[str]]:
+    """Each key's replicas (node names, primary first) under the map etcd
+    holds now."""
+    listed, _ = status(cluster.urls)
+    nodes = [(int(row["id"]), row["zone"], row["state"]) for row in listed.values()]
+    names = {int(row["id"]): name for name, row in listed.items()}
+    return {k: [names[i] for i in replicas_of(cluster.seed, pg_of(cluster.seed, PGS, bucket, k),
+                                              REPLICAS, nodes)]
+            for k in keys}
 
 
 # ---------------------------------------------------------------------------
@@ -400,6 +577,94 @@ class Worker(threading.Thread):
                                  f"expected {describe_all(self.possible[key])}")
 
 
+def preload(client, bucket: str, rng: random.Random) -> dict[str, set]:
+    """The key pool (k/000 ..) with its first PRELOAD_KEYS keys written:
+    the model, key -> the set of states it may be in."""
+    keys = [f"k/{i:03d}" for i in range(POOL_KEYS)]
+    possible: dict[str, set] = {k: {None} for k in keys}
+    for key in keys[:PRELOAD_KEYS]:
+        body = rng.randbytes(rng.randint(MIN_SIZE, MAX_SIZE))
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+        possible[key] = {Blob.of(body)}
+    return possible
+
+
+@dataclass
+class Load:
+    """What a run of the load did, and the model after it."""
+    t0: float              # the load's start (time.monotonic())
+    event_t: float         # when the event under the load began
+    end: float             # when every thread had stopped
+    ops: list[Op]          # every operation, by start time
+    problems: list[str]    # wrong answers (a read of an impossible state, a 4xx)
+    possible: dict         # key -> the states it may be in now
+    retired: list[str]     # keys whose write got no answer
+
+    @property
+    def writes(self) -> list[Op]:
+        return [o for o in self.ops if o.kind != "get"]
+
+    @property
+    def gets(self) -> list[Op]:
+        return [o for o in self.ops if o.kind == "get"]
+
+    @property
+    def uncertain(self) -> list[str]:
+        """Keys whose last write failed: either state is possible."""
+        return sorted(k for k, s in self.possible.items() if len(s) > 1)
+
+    @property
+    def early(self) -> list[Op]:
+        """Operations that failed before the event (every node up)."""
+        return [o for o in self.ops if not o.ok and o.end < self.event_t]
+
+
+def run_load(bucket: str, possible: dict, doors: list[Node], rng: random.Random,
+             load_s: float, event_after_s: float, event: Callable[[], None]) -> Load:
+    """THREADS load threads, each on its own keys of `possible` (split
+    round-robin), each through every door of `doors` (a client of its own);
+    `event_after_s` into the load, once a write was acknowledged, `event()`
+    runs (in this thread, the load going on); the load stops `load_s` after
+    its start, or when `event` returns if that is later."""
+    keys = sorted(possible)
+    stop = threading.Event()
+    t0 = time.monotonic()
+    workers = [Worker(i, keys[i::THREADS], possible,
+                      [(n.node_name, load_client(n)) for n in doors],
+                      bucket, rng.getrandbits(64), t0, stop)
+               for i in range(THREADS)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(max(0.0, t0 + event_after_s - time.monotonic()))
+        assert any(o.ok and o.kind != "get" for w in workers for o in w.ops), (
+            f"no write acknowledged in the first {event_after_s} s with every node up: "
+            f"{[w.ops[:3] for w in workers]} {[w.problems[:3] for w in workers]}")
+        event_t = time.monotonic()
+        event()
+        time.sleep(max(0.0, t0 + load_s - time.monotonic()))
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers), "a load thread is stuck"
+    after = dict(possible)
+    for w in workers:
+        after.update(w.possible)
+    return Load(t0=t0, event_t=event_t, end=time.monotonic(),
+                ops=sorted((o for w in workers for o in w.ops), key=lambda o: o.start),
+                problems=[p for w in workers for p in w.problems], possible=after,
+                retired=[k for w in workers for k in w.retired])
+
+
+def longest_write_gap(ops: list[Op], start: float, end: float) -> tuple[float, float]:
+    """The longest time between `start` and `end` in which no write was
+    acknowledged (a stall up to `end` counts): (its length, its start)."""
+    acks = sorted(o.end for o in ops if o.kind != "get" and o.ok and start <= o.end <= end)
+    marks = [start, *acks, end]
+    return max((b - a, a) for a, b in zip(marks, marks[1:]))
+
+
 def show_ops(ops: list[Op], kill_t: float) -> list[tuple]:
     """Operations for a failure message: (start s after the kill, kind,
     key, door, answer)."""
@@ -505,52 +770,21 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     rng = random.Random(SEED)
     bucket = unique_bucket_name("repl-kill9")
     n1.client().create_bucket(Bucket=bucket)
+    possible = preload(n1.client(), bucket, rng)
 
-    keys = [f"k/{i:03d}" for i in range(POOL_KEYS)]
-    possible: dict[str, set] = {k: {None} for k in keys}
-    preload = n1.client()
-    for key in keys[:PRELOAD_KEYS]:
-        body = rng.randbytes(rng.randint(MIN_SIZE, MAX_SIZE))
-        preload.put_object(Bucket=bucket, Key=key, Body=body)
-        possible[key] = {Blob.of(body)}
+    marks: dict[str, float] = {}
 
-    # Three threads, each on its own keys, each through the survivors' doors.
-    stop = threading.Event()
-    t0 = time.monotonic()
-    workers = [Worker(i, keys[i::THREADS], possible,
-                      [("n1", load_client(n1)), ("n3", load_client(n3))],
-                      bucket, rng.getrandbits(64), t0, stop)
-               for i in range(THREADS)]
-    kill_t = down_t = None
-    for w in workers:
-        w.start()
-    try:
-        time.sleep(max(0.0, t0 + KILL_AFTER_S - time.monotonic()))
-        assert any(o.ok and o.kind != "get" for w in workers for o in w.ops), (
-            f"no write acknowledged in the first {KILL_AFTER_S} s with every node up: "
-            f"{[w.ops[:3] for w in workers]} {[w.problems[:3] for w in workers]}")
-        kill_t = time.monotonic()
+    def kill() -> None:
         n2.kill9()
         wait_for(cluster.urls, "n2", "down", timeout=LEASE_TTL_S * 4)
-        down_t = time.monotonic()
-        time.sleep(max(0.0, t0 + LOAD_S - time.monotonic()))
-    finally:
-        stop.set()
-        for w in workers:
-            w.join(timeout=30)
-    assert not any(w.is_alive() for w in workers), "a load thread is stuck"
-    load_end = time.monotonic()
+        marks["down"] = time.monotonic()
 
-    ops = sorted((o for w in workers for o in w.ops), key=lambda o: o.start)
-    problems = [p for w in workers for p in w.problems]
-    for w in workers:
-        possible.update(w.possible)
-    retired = [k for w in workers for k in w.retired]
-    uncertain = sorted(k for k, s in possible.items() if len(s) > 1)
-
-    writes = [o for o in ops if o.kind != "get"]
-    gets = [o for o in ops if o.kind == "get"]
-    early = [o for o in ops if not o.ok and o.end < kill_t]
+    # Three threads, each on its own keys, each through the survivors' doors.
+    load = run_load(bucket, possible, [n1, n3], rng, LOAD_S, KILL_AFTER_S, kill)
+    t0, kill_t, down_t, load_end = load.t0, load.event_t, marks["down"], load.end
+    ops, problems, possible = load.ops, load.problems, load.possible
+    retired, uncertain = load.retired, load.uncertain
+    writes, gets, early = load.writes, load.gets, load.early
     resumed, last_bad = writes_resumed_at(ops, kill_t)
     failed_writes = [o for o in writes if not o.ok]
     failed_gets = [o for o in gets if not o.ok]
@@ -613,4 +847,211 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
     problems = check_reads(load_client(n2), bucket, possible, "n2")
     assert not problems, ("n2's door differs from the acknowledged state (uncertain keys: "
+                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+
+def test_add_a_fourth_node_under_load(cluster):
+    """A fourth node (zone z4, new data directory) joins under PUT / GET /
+    DELETE load through nodes 1 and 3: it takes copies at once, catches up
+    the groups it now holds (about 3/4 of them) from their acting
+    primaries, turns sync=yes and leads its groups. No read is wrong,
+    writes never stop for long, nothing acknowledged is lost; afterwards
+    every door serves the acknowledged state, n4 stores live copies of
+    exactly the keys of its groups, each key's replicas agree and its
+    acting primary holds the acknowledged state. The nodes that gave up a
+    group keep their copies (not served): they are only checked not to
+    contradict the newest one."""
+    n1, n2, n3 = cluster.nodes
+    n4 = cluster.add_node("127.0.0.5", "n4", "z4")
+    four = [n1, n2, n3, n4]
+    names = [n.node_name for n in four]
+    rng = random.Random(SEED + 2)
+    bucket = unique_bucket_name("repl-add")
+    n1.client().create_bucket(Bucket=bucket)
+    possible = preload(n1.client(), bucket, rng)
+
+    marks: dict[str, float] = {}
+    unsynced: dict[str, float] = {}   # node -> first seen sync=no (s after n4's start)
+
+    def add() -> None:
+        """Starts n4 and polls the map until the four nodes are up and
+        synced, then lets the load run on under the new map."""
+        start = time.monotonic()
+        n4.start(timeout=SYNC_TIMEOUT_S)
+        marks["ready"] = time.monotonic()
+        while True:
+            listed, _ = status(cluster.urls)
+            now = time.monotonic()
+            for name in names:
+                if name in listed and listed[name].get("sync") != "yes":
+                    unsynced.setdefault(name, now - start)
+            if all(listed.get(n, {}).get("state") == "up" and listed[n].get("sync") == "yes"
+                   for n in names):
+                marks["synced"] = now
+                break
+            marks["not_synced"] = now   # the last look before
+            assert now < start + SYNC_TIMEOUT_S, (
+                f"n1-n4 not all up with sync=yes {SYNC_TIMEOUT_S} s after n4 started: {listed}")
+            time.sleep(0.1)
+        time.sleep(AFTER_SYNC_S)
+
+    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S, add)
+    add_t, synced_t = load.event_t, marks["synced"]
+    possible, uncertain = load.possible, load.uncertain
+    writes, gets = load.writes, load.gets
+    failed_writes = [o for o in writes if not o.ok]
+    failed_gets = [o for o in gets if not o.ok]
+    acked_after_sync = [o for o in writes if o.ok and o.start >= synced_t]
+    flowing = [o for o in writes if o.ok and o.start >= load.end - FLOWING_S]
+    gap, gap_at = longest_write_gap(load.ops, load.t0, load.end)
+    print(f"\nadd a node under load (seed {SEED}): n4 started {add_t - load.t0:.1f} s into "
+          f"{load.end - load.t0:.1f} s of load, ready after {marks['ready'] - add_t:.2f} s, "
+          f"up with sync=yes (n1-n4) after {synced_t - add_t:.2f} s (status polled every "
+          f"~0.1 s); seen sync=no: "
+          f"{', '.join(f'{n} at {t:.2f} s' for n, t in unsynced.items()) or 'none'}; "
+          f"{sum(o.ok for o in writes)} writes acknowledged, {len(failed_writes)} failed "
+          f"({len(acked_after_sync)} acknowledged after n4 synced, {len(flowing)} in the "
+          f"last {FLOWING_S} s); {len(gets)} GETs, "
+          f"{len(failed_gets)} failed; longest time without an acknowledged write "
+          f"{gap:.2f} s, from {gap_at - add_t:+.2f} s after n4's start; "
+          f"{len(uncertain)} keys uncertain, {len(load.retired)} retired (no answer)")
+    if failed_writes or failed_gets:
+        print("  failed (s after n4's start, kind, key, door, answer): "
+              f"{show_ops((failed_writes + failed_gets)[:20], add_t)}")
+    slow = sorted(load.ops, key=lambda o: o.start - o.end)[:6]
+    print("  slowest operations (s after n4's start, took s, kind, key, door, answered): "
+          + ", ".join(f"({o.start - add_t:+.2f}, {o.end - o.start:.2f}, {o.kind}, {o.key}, "
+                      f"{o.door}, {'ok' if o.ok else o.answer})" for o in slow))
+
+    assert not load.problems, "wrong answers under load:\n" + "\n".join(load.problems[:30])
+    assert not load.early, (f"operations failed before n4 started: "
+                            f"{show_ops(load.early[:10], add_t)}")
+    # The map changes twice: n4 joins (before it says it is ready) and is
+    # marked synced (between the last two looks at the map). For MAP_LAG_S
+    # after each the nodes' maps may disagree, and a request started then
+    # may be answered 503 (SlowDown, or a write whose copy a replica
+    # refused). No other request may fail: n4's catch-up itself must not
+    # fail reads or writes.
+    windows = [(add_t, marks["ready"] + MAP_LAG_S),
+               (marks.get("not_synced", add_t), synced_t + MAP_LAG_S)]
+    stray = [o for o in failed_writes + failed_gets
+             if not any(a <= o.start <= b for a, b in windows)]
+    assert not stray, (f"requests failed outside the map changes "
+                       f"{[(round(a - add_t, 2), round(b - add_t, 2)) for a, b in windows]} "
+                       f"(s after n4's start): {show_ops(stray[:10], add_t)}")
+    assert gap < WRITE_GAP_LIMIT_S, (
+        f"no write acknowledged for {gap:.2f} s (from {gap_at - add_t:+.2f} s after n4's "
+        f"start; limit {WRITE_GAP_LIMIT_S} s); failures: {show_ops(failed_writes[-10:], add_t)}")
+    assert len(flowing) >= FLOWING_WRITES, (
+        f"only {len(flowing)} writes acknowledged in the load's last {FLOWING_S} s, "
+        f"{load.end - synced_t - FLOWING_S:.1f} s after n4 synced; failures: "
+        f"{show_ops(failed_writes[-10:], add_t)}")
+
+    # Every node runs the final map. Every key reads as acknowledged
+    # through every door, n4's included, and both n4 and n1 list exactly
+    # the keys that must be there.
+    settle(cluster, four)
+    problems: list[str] = []
+    for node in four:
+        problems += check_reads(load_client(node), bucket, possible, node.node_name)
+    for node in (n4, n1):
+        problems += check_listing(load_client(node), bucket, possible, node.node_name)
+    assert not problems, ("doors differ from the acknowledged state (uncertain keys: "
+                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+    # Where each key is: its replicas under the final map, computed from
+    # the placement contract. Their first is its acting primary (all four
+    # nodes are up and synced), which the native client must agree with.
+    keys = sorted(possible)
+    placed = placement(cluster, bucket, keys)
+    client = percore.Client(native_endpoint(n1))
+    routed = {k: client.owner_node(bucket, k) for k in keys}
+    differ = {k: (placed[k], routed[k]) for k in keys if routed[k] != placed[k][0]}
+    assert not differ, f"placement computed here differs from the client's: {differ}"
+    ours = sorted(k for k in keys if "n4" in placed[k])
+    assert {placed[k][0] for k in keys} == set(names), placed
+    must = {k for k, s in possible.items() if None not in s}    # live whatever happened
+    may = {k for k, s in possible.items() if s != {None}}       # live if a failed write landed
+
+    def check_stored() -> tuple[list[str], list[str], dict]:
+        digests = {n.node_name: digest(n) for n in four}
+        found, notes = [], []
+        for key in keys:
+            where = (bucket, key)
+            allowed = {s.md5 if s is not None else None for s in possible[key]}
+            # The replicas agree with each other (absent and tombstone are
+            # both not live) and hold a possible state: the acting
+            # primary's copy is the acknowledged state. A key whose last
+            # write failed is only noted when its replicas differ: a write
+            # its old primary took under the older map, after the new
+            # primary's repair of the group, stays on the replicas that
+            # took its copy until the key's next write (no repair follows;
+            # the guarantees do not cover writes answered 503).
+            differ = compare_digests({n: {where: digests[n][where]} if where in digests[n]
+                                      else {} for n in placed[key]},
+                                     {where} if key in uncertain else set())
+            (notes if key in uncertain else found).extend(differ)
+            for n in placed[key]:
+                entry = digests[n].get(where)
+                stored = etag_md5(entry[1]) if entry else None
+                if stored not in allowed:
+                    role = "acting primary" if n == placed[key][0] else "replica"
+                    found.append(f"{n} ({role} of {key}) stores it as "
+                                 f"{'not live' if stored is None else 'ETag ' + stored}; "
+                                 f"expected {describe_all(possible[key])}")
+            # Every node, the ones that lost the key's group included:
+            # those showing it live at its newest stamp agree on the ETag.
+            entries = {n: d[where] for n, d in digests.items() if where in d}
+            if entries:
+                newest = max(stamp for stamp, _ in entries.values())
+                etags = {n: e for n, (stamp, e) in entries.items()
+                         if stamp == newest and e is not None}
+                if len(set(etags.values())) > 1:
+                    found.append(f"{key}: live at its newest stamp {newest} with different "
+                                 f"ETags: {etags}")
+        # n4 started empty: it stores live exactly the keys of its groups.
+        n4_live = {k for (b, k), (_, e) in digests["n4"].items() if b == bucket and e is not None}
+        if not (must & set(ours)) <= n4_live:
+            found.append(f"n4 lacks keys of its groups: {sorted(must & set(ours) - n4_live)}")
+        if not n4_live <= (may & set(ours)):
+            found.append(f"n4 stores live keys outside its groups or never written: "
+                         f"{sorted(n4_live - (may & set(ours)))}")
+        return found, notes, digests
+
+    deadline = time.monotonic() + REPAIR_S
+    while True:
+        problems, notes, digests = check_stored()
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if notes:
+        print("  replicas differ on keys whose last write failed:\n    " + "\n    ".join(notes))
+    n4_live = {k for (b, k), (_, e) in digests["n4"].items() if b == bucket and e is not None}
+    share = len(n4_live & must) / len(must)
+    stale = {n: sorted(k for (b, k), (_, e) in digests[n].items()
+                       if b == bucket and e is not None and n not in placed[k])
+             for n in names}
+    print(f"  n4 stores live {len(n4_live & must)} of the {len(must)} live keys ({share:.0%}); "
+          f"its groups hold {len(ours)} of the {len(keys)} keys; live copies kept by nodes "
+          f"that are no longer the key's replica: "
+          f"{', '.join(f'{n} {len(v)}' for n, v in stale.items())}")
+    assert not problems, ("stored state differs from the placement and the acknowledged "
+                          f"state (uncertain keys: {uncertain}):\n" + "\n".join(problems[:30]))
+    assert share >= ADD_SHARE_MIN, (
+        f"n4 stores live only {share:.0%} of the live keys (at least {ADD_SHARE_MIN:.0%} "
+        f"expected): {sorted(n4_live)}")
+
+    # Each key is led (listed internally) by its acting primary, n4 among
+    # them, and read through that node's own door it is the acknowledged
+    # state.
+    for node in four:
+        name = node.node_name
+        led = keys_on(node, bucket)
+        mine = {k for k in keys if placed[k][0] == name}
+        if not (must & mine) <= led <= (may & mine):
+            problems.append(f"{name} leads {sorted(led)}; its groups' live keys are "
+                            f"{sorted(must & mine)} (maybe also {sorted((may - must) & mine)})")
+        problems += check_reads(load_client(node), bucket, {k: possible[k] for k in mine},
+                                f"{name} (acting primary)")
+    assert not problems, ("acting primaries differ (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))

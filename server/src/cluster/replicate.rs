@@ -470,6 +470,15 @@ pub async fn replicate(
         let Some(map) = shard.cluster_map() else {
             return Err("this node has no cluster map yet".into());
         };
+        if map.primary_of(bucket, key) != map.node_id {
+            // The map moved on: another node leads the key now, and its
+            // replicas refuse this node's copies. The client's retry goes
+            // to the new primary.
+            return Err(format!(
+                "this node no longer leads the key's placement group in map {}",
+                map.epoch
+            ));
+        }
         let pg = map.pg_of(bucket, key);
         let others: Vec<&MapNode> = map
             .replicas_of_pg(pg)
