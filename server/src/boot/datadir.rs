@@ -36,10 +36,6 @@ pub struct DataMeta {
     /// placement groups, so data of one kind never opens as the other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterBinding>,
-    /// Created by this start (an empty data directory): a cluster node
-    /// with new data has not caught up, whatever its record says.
-    #[serde(skip)]
-    pub created: bool,
 }
 
 /// What a cluster node's data was placed with.
@@ -126,7 +122,6 @@ pub fn open_or_create(
                 hash_algorithm: routing::HASH_ALGORITHM.to_string(),
                 hash_seed: routing::HASH_SEED_DEFAULT,
                 cluster: cluster.cloned(),
-                created: true,
             };
             write_meta(dir, &path, &meta)?;
             Ok(meta)

@@ -43,8 +43,6 @@ struct Plan {
     hash_seed: u64,
     /// Cluster mode: the cluster's placement groups (0: a single node).
     cluster_pgs: u32,
-    /// The data directory was created by this start.
-    fresh_data: bool,
     io_memory: usize,
     direct_io: bool,
 }
@@ -80,10 +78,9 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     let sigset = block_signals();
     let listeners = bind_listeners(&cfg, &plan)?;
     let (feed, map_rx) = crate::cluster::shardmap::feed(plan.placements.len());
-    let fresh_data = plan.fresh_data;
     let shards = spawn_shards(&cfg, plan, &listeners, map_rx)?;
     shards.wait_ready(&sigset)?;
-    if let Err(e) = join_cluster(&cfg, &listeners.native_ports, feed, fresh_data) {
+    if let Err(e) = join_cluster(&cfg, &listeners.native_ports, feed) {
         shards.drain_and_stop();
         return Err(e);
     }
@@ -102,7 +99,6 @@ fn join_cluster(
     cfg: &ServerConfig,
     native_ports: &[u16],
     feed: crate::cluster::shardmap::MapFeed,
-    fresh_data: bool,
 ) -> Result<(), String> {
     let Some(settings) = cfg.cluster.clone() else {
         return Ok(());
@@ -144,7 +140,6 @@ fn join_cluster(
         admin: cfg.admin.to_string(),
         shards: native_ports.len(),
         nonce: Vec::new(),
-        fresh_data,
     };
     let status = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;
@@ -204,7 +199,6 @@ fn plan(cfg: &ServerConfig, cluster: Option<&datadir::ClusterBinding>) -> Result
         placements,
         hash_seed,
         cluster_pgs: meta.cluster.as_ref().map_or(0, |c| c.pgs),
-        fresh_data: meta.created,
         io_memory,
         direct_io,
     })

@@ -436,8 +436,6 @@ pub struct Joining {
     pub shards: usize,
     /// This process's nonce, the value of its `alive/` key.
     pub nonce: Vec<u8>,
-    /// Its data directory was created by this start (it holds nothing).
-    pub fresh_data: bool,
 }
 
 /// Why a join did not happen.
@@ -536,12 +534,10 @@ pub fn join(
                 Some((o, _)) if o.state == state.name() => o.since_ms,
                 _ => now_ms(),
             },
-            // Still synced only if it was up and synced and comes back on
-            // the same data: while its process was gone, copies to it
-            // failed, so no write was acknowledged without it (a node
-            // whose lease expired was marked down, and so not synced).
-            synced: !joining.fresh_data
-                && old.is_some_and(|(o, _)| o.synced && o.node_state() == NodeState::Up),
+            // A process that joins has not caught up: its data may be
+            // new, or older than the map (it may have gained groups while
+            // it was gone). It leads nothing until it has.
+            synced: false,
         };
         let seen = old.map_or(0, |(_, r)| *r);
         let mut success = vec![txn::put_leased(&keys.alive(id), &joining.nonce, lease)];

@@ -568,10 +568,13 @@ pub async fn check_push(
             map.epoch
         ));
     }
-    let fence = shard.key_fence(bucket, key, 0).await;
+    // Taking a copy sent under a map raises this key shard's fence to it:
+    // a copy from the key's previous primary, sent under an older map,
+    // can no longer replace it.
+    let fence = shard.key_fence(bucket, key, state.epoch).await;
     if state.epoch < fence {
         return Err(format!(
-            "sent under map {}, older than map {fence} a node caught up under",
+            "sent under map {}, older than map {fence} this key's shard took copies or a digest read under",
             state.epoch
         ));
     }
@@ -585,6 +588,37 @@ pub struct DigestRequest {
     pub pgs: Option<Vec<u32>>,
     pub after: Option<(String, String)>,
     pub limit: usize,
+    /// A catch-up that takes this node's state as the authority: answered
+    /// only by a synced node that leads every group asked under a map at
+    /// least as new as the reader's (`leads_for`).
+    #[serde(default)]
+    pub mirror: bool,
+}
+
+/// Whether this node may be mirrored by a reader at `epoch` for `pgs`: it
+/// is synced and leads each of them in its own map, which is at least as
+/// new as the reader's. A node that just gained groups is still synced in
+/// the others' maps until it has marked itself unsynced, while its shards
+/// keep the map before the change: it refuses to be mirrored meanwhile.
+fn leads_for(map: &ShardMap, epoch: u64, pgs: &[u32]) -> Result<(), String> {
+    if map.epoch < epoch {
+        return Err(format!(
+            "this node's map {} is older than the reader's {epoch}; retry",
+            map.epoch
+        ));
+    }
+    if !map.node(map.node_id).is_some_and(|n| n.synced) {
+        return Err("this node is not synced; retry".into());
+    }
+    if let Some(pg) = pgs.iter().find(|&&pg| map.primary_of_pg(pg) != map.node_id) {
+        return Err(format!("this node does not lead group {pg}; retry"));
+    }
+    Ok(())
+}
+
+/// `leads_for` of a fetch (`mirror=1&epoch=E`) for one key.
+pub fn check_fetch(map: &ShardMap, epoch: u64, bucket: &str, key: &str) -> Result<(), String> {
+    leads_for(map, epoch, &[map.pg_of(bucket, key)])
 }
 
 /// Answers `POST /_percore/digest`.
@@ -614,6 +648,9 @@ pub async fn answer_digest(
         }
         None => None,
     };
+    if req.mirror {
+        leads_for(map, req.epoch, pgs.as_deref().unwrap_or_default())?;
+    }
     let (items, next) = shard
         .digest(req.after, req.limit, pgs, req.epoch)
         .await
@@ -692,10 +729,22 @@ async fn catch_up(
             sources.entry((p, true)).or_default().push(pg);
             continue;
         }
-        for r in map.replicas_of_pg(pg) {
-            if r != map.node_id && map.node(r).is_some_and(|n| n.state == NodeState::Up) {
-                sources.entry((r, false)).or_default().push(pg);
-            }
+        // Merging needs a majority of the group's replicas (this one
+        // included): every acknowledged write is on a majority, and any
+        // two majorities share a replica.
+        let up: Vec<u32> = map
+            .replicas_of_pg(pg)
+            .filter(|&r| r != map.node_id && map.node(r).is_some_and(|n| n.state == NodeState::Up))
+            .collect();
+        if up.len() + 1 < map.majority() {
+            return Err(format!(
+                "group {pg} has no synced replica up and too few replicas up to merge from ({} of {}); waiting for more to return",
+                up.len() + 1,
+                map.replica_count
+            ));
+        }
+        for r in up {
+            sources.entry((r, false)).or_default().push(pg);
         }
     }
     let (mut taken, mut dropped) = (0, 0);
@@ -714,7 +763,7 @@ async fn catch_up(
         let mut theirs: HashSet<(String, String)> = HashSet::new();
         let mut after: Option<(String, String)> = None;
         loop {
-            let (items, next) = remote_digest(ckey, map, node, &pgs, after).await?;
+            let (items, next) = remote_digest(ckey, map, (node, mirror), &pgs, after).await?;
             for ((b, k), (stamp, etag)) in items {
                 let mine = shard
                     .key_state(&b, &k)
@@ -805,7 +854,10 @@ async fn take_from(
     mine: Option<u64>,
 ) -> Result<bool, String> {
     let (node, addr) = (from.node, from.addr);
-    let target = format!("/_percore/fetch?bucket={}&key={}", enc(bucket), enc(key));
+    let mut target = format!("/_percore/fetch?bucket={}&key={}", enc(bucket), enc(key));
+    if from.mirror {
+        target.push_str(&format!("&mirror=1&epoch={}", map.epoch));
+    }
     let mac = sign(
         ckey,
         map,
@@ -859,7 +911,7 @@ async fn take_from(
     // Older than what is here: an unacknowledged write of this node's, or
     // a copy pushed since the digest (then it stays).
     let condition = match mine {
-        Some(m) if from.mirror && m > state.stamp => PutCondition::Replace {
+        Some(m) if from.mirror && m >= state.stamp => PutCondition::Replace {
             seen: Some(m),
             stamp: state.stamp,
         },
@@ -983,7 +1035,7 @@ async fn full_digest(
                     .collect::<Vec<_>>();
                 (items, next)
             }
-            Some(node) => remote_digest(ckey, map, node, pgs, after.clone()).await?,
+            Some(node) => remote_digest(ckey, map, (node, false), pgs, after.clone()).await?,
         };
         out.extend(items);
         match next {
@@ -1003,7 +1055,7 @@ type DigestPage = (
 async fn remote_digest(
     ckey: &[u8; 32],
     map: &ShardMap,
-    node: &MapNode,
+    (node, mirror): (&MapNode, bool),
     pgs: &[u32],
     after: Option<(String, String)>,
 ) -> Result<DigestPage, String> {
@@ -1015,6 +1067,7 @@ async fn remote_digest(
         "pgs": pgs,
         "after": after.as_ref().map(|(b, k)| json!([b, k])),
         "limit": DIGEST_PAGE,
+        "mirror": mirror,
     }))
     .expect("serializable");
     let target = "/_percore/digest";

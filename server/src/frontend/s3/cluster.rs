@@ -689,6 +689,8 @@ impl S3Front {
     /// `/_percore/...`: requests from other nodes, authenticated by their
     /// MAC alone (which must name the body's hash and is taken once).
     /// Answers JSON; the connection closes after.
+    // One dispatch over the internal requests (authentication first).
+    #[allow(clippy::too_many_lines)]
     pub(super) async fn internal(
         &self,
         conn: &mut Conn,
@@ -746,7 +748,14 @@ impl S3Front {
             return self.receive_push(conn, req, &map, claim.from, state).await;
         }
         if req.head.method == "GET" && req.head.path == "/_percore/fetch" {
-            return self.answer_fetch(conn, &map, &q("bucket"), &q("key")).await;
+            return self
+                .answer_fetch(
+                    conn,
+                    &map,
+                    (&q("bucket"), &q("key")),
+                    super::replica::mirror_epoch(req)?,
+                )
+                .await;
         }
         let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
             ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)

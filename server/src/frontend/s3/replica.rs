@@ -54,11 +54,14 @@ fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
 /// lower-case tokens, no control characters in any value (they are sent
 /// back to clients), a stamp not far ahead of this node's clock.
 fn valid_state(state: &KeyState) -> Result<(), S3Error> {
-    let bad = |s: &str| s.chars().any(char::is_control);
+    // Tabs are allowed in header values; other control characters are not.
+    let bad = |s: &str| s.chars().any(|c| c.is_control() && c != '\t');
+    // HTTP token characters (RFC 9110), lower-case as stored.
     let name_ok = |n: &str| {
         !n.is_empty()
-            && n.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            && n.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+            })
     };
     let day_ms = 24 * 3600 * 1000;
     if state.headers.len() > crate::store::record::HEADERS_COUNT_MAX
@@ -70,6 +73,20 @@ fn valid_state(state: &KeyState) -> Result<(), S3Error> {
         return Err(S3Error::invalid_argument("bad copy state"));
     }
     Ok(())
+}
+
+/// `mirror=1&epoch=E` of a fetch: a catch-up that takes this node's
+/// state as the authority, reading under map E.
+pub(super) fn mirror_epoch(req: &Request) -> Result<Option<u64>, S3Error> {
+    match req.q("mirror") {
+        Some("1") => req
+            .q("epoch")
+            .unwrap_or_default()
+            .parse()
+            .map(Some)
+            .map_err(|_| S3Error::invalid_argument("bad epoch")),
+        _ => Ok(None),
+    }
 }
 
 /// A replica's own busy answer (another copy of the key in progress).
@@ -215,10 +232,15 @@ impl S3Front {
         &self,
         conn: &mut Conn,
         map: &ShardMap,
-        bucket: &str,
-        key: &str,
+        (bucket, key): (&str, &str),
+        req_epoch: Option<u64>,
     ) -> Result<(), S3Error> {
         valid_key(bucket, key)?;
+        // A catch-up that mirrors this node: only while it leads the key.
+        if let Some(epoch) = req_epoch {
+            replicate::check_fetch(map, epoch, bucket, key)
+                .map_err(|e| S3Error::new(503, "SlowDown", e))?;
+        }
         let Some((state, src)) = replicate::local_state(&self.shard, bucket, key, map.epoch)
             .await
             .map_err(|e| match e {
