@@ -319,7 +319,8 @@ fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
-fn sign(
+/// The node header of a request from this node (`map.node_id`) to `to`.
+pub(crate) fn sign(
     ckey: &[u8; 32],
     map: &ShardMap,
     to: u32,

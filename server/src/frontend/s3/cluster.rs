@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use super::route::S3Op;
 use super::{Conn, Request, S3Front};
-use crate::cluster::peer_http::{self, Claim, Signed};
+use crate::cluster::peer_http::{self, Claim};
 use crate::cluster::replicate;
 use crate::cluster::shardmap::{MapNode, ShardMap};
 use crate::frontend::http::{BodyFraming, ResponseHead};
@@ -162,16 +162,7 @@ impl S3Front {
 
     /// The node header for a request from this node to `to`.
     fn sign(&self, map: &ShardMap, to: u32, method: &str, target: &str, body: &str) -> String {
-        peer_http::sign(
-            &self.cluster_key(),
-            &Signed {
-                from: map.node_id,
-                to,
-                method,
-                target,
-                body,
-            },
-        )
+        replicate::sign(&self.cluster_key(), map, to, method, target, body)
     }
 
     /// The `x-percore-node` claim of a request another node sent (None:
