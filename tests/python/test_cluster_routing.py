@@ -66,7 +66,10 @@ def node_header(method: str, target: str, to: int, body: bytes = b"",
 def internal(node: Node, method: str, target: str, body: bytes = b"",
              header: str | None = None) -> tuple[int, bytes]:
     if header is None:
-        header = node_header(method, target, node_id(node), body)
+        # A node started with its own keys (`secret_key`) derives its
+        # cluster key from them.
+        header = node_header(method, target, node_id(node), body,
+                             secret=getattr(node, "secret_key", SECRET_KEY))
     conn = http.client.HTTPConnection(node.ip, node.s3_port, timeout=10)
     try:
         conn.request(method, target, body=body, headers={"x-percore-node": header})
@@ -128,15 +131,13 @@ def digest(node: Node, limit: int = 1000) -> dict[tuple[str, str], tuple[int, st
     for a tombstone), read page by page from `POST /_percore/digest`.
     Checks the page contract on the way: at most `limit` items a page, in
     strictly increasing (bucket, key) order across pages, `next` moving on."""
-    me = node_id(node)
     state: dict[tuple[str, str], tuple[int, str | None]] = {}
     after = None
     last = None
     pages = 0
     while True:
         body = json.dumps({"epoch": 0, "pgs": None, "after": after, "limit": limit}).encode()
-        code, raw = internal(node, "POST", DIGEST, body,
-                             header=node_header("POST", DIGEST, me, body))
+        code, raw = internal(node, "POST", DIGEST, body)
         assert code == 200, f"{node.node_name}: digest answered {code}: {raw[:500]!r}"
         page = json.loads(raw)
         items, nxt = page["items"], page["next"]

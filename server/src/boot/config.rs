@@ -110,6 +110,7 @@ pub struct FileConfig {
     pub zone: Option<String>,
     pub cluster_name: Option<String>,
     pub cluster_lease_ttl_s: Option<u64>,
+    pub cluster_backfill_mib_s: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -337,7 +338,12 @@ impl FileConfig {
 /// (access key, secret key, built-in defaults?): from the environment only.
 fn credentials(env: &dyn Fn(&str) -> Option<String>) -> Result<(String, String, bool), String> {
     match (env("PERCORE_ACCESS_KEY"), env("PERCORE_SECRET_KEY")) {
-        (Some(a), Some(s)) if !a.is_empty() && !s.is_empty() => Ok((a, s, false)),
+        // The built-in secret is public: set explicitly, it is still the
+        // default (accepted from loopback only).
+        (Some(a), Some(s)) if !a.is_empty() && !s.is_empty() => {
+            let default = s == SECRET_KEY_DEFAULT;
+            Ok((a, s, default))
+        }
         (None, None) => Ok((
             ACCESS_KEY_DEFAULT.to_string(),
             SECRET_KEY_DEFAULT.to_string(),
@@ -592,6 +598,12 @@ fn cluster_settings(
             10,
             3..=3600,
         )?,
+        backfill_mib_s: l.bounded(
+            "cluster_backfill_mib_s",
+            (None, f.cluster_backfill_mib_s),
+            256,
+            0..=1_000_000,
+        )?,
     }))
 }
 
@@ -630,6 +642,31 @@ mod tests {
         assert_eq!(c.admin.to_string(), ADMIN_ADDR_DEFAULT);
         assert!(c.default_credentials);
         assert_eq!(c.data, PathBuf::from(DATA_DIR_DEFAULT));
+    }
+
+    /// The built-in secret is public: set explicitly, it still counts as
+    /// the default (loopback only).
+    #[test]
+    fn explicit_default_secret_is_still_the_default() {
+        let env = |a: &'static str, s: &'static str| {
+            move |k: &str| match k {
+                "PERCORE_ACCESS_KEY" => Some(a.to_string()),
+                "PERCORE_SECRET_KEY" => Some(s.to_string()),
+                _ => None,
+            }
+        };
+        assert!(credentials(&env("ops", SECRET_KEY_DEFAULT)).unwrap().2);
+        assert!(
+            credentials(&env(ACCESS_KEY_DEFAULT, SECRET_KEY_DEFAULT))
+                .unwrap()
+                .2
+        );
+        assert!(
+            !credentials(&env(ACCESS_KEY_DEFAULT, "another-secret"))
+                .unwrap()
+                .2
+        );
+        assert!(credentials(&|_: &str| None).unwrap().2);
     }
 
     #[test]

@@ -98,6 +98,7 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
             let ckey = crate::cluster::peer_http::cluster_key(&s.s3_cfg.credentials.secret_key);
             crate::cluster::replicate::start_catch_up(shard.clone(), ckey);
             crate::cluster::replicate::start_repair(shard.clone(), ckey);
+            crate::cluster::replicate::start_releases(shard.clone(), ckey);
         }
     }
     let fronts = Fronts::start(&s, &shard);

@@ -3,10 +3,9 @@
 //! nodes whose lease expired `down` (then `out` after the grace period).
 //! One plain thread with blocking etcd calls: nothing here touches a shard,
 //! and a slow or lost etcd stalls only this thread (the node keeps
-//! serving).
-//!
-//! Not built yet (issue 18): handing the map to the shards, replication,
-//! forwarding and backfill; see docs/cluster.md.
+//! serving, but not the keys it leads once its lease is not confirmed).
+//! It hands each new map to the shards and says how long the
+//! node may lead keys (`may_lead`: its lease and map confirmed by etcd).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,7 +17,7 @@ use tracing::{error, info, warn};
 
 use super::etcd::Etcd;
 use super::map::{self, JoinError, Joining, Keys, View};
-use super::shardmap::{MapFeed, ShardMap};
+use super::shardmap::{MapFeed, Report, ShardMap};
 use crate::boot::datadir::ClusterBinding;
 
 /// A node's cluster settings (`serve --cluster URLS --node NAME ...`).
@@ -30,6 +29,8 @@ pub struct ClusterSettings {
     pub zone: String,
     /// Lease time: a node silent this long is marked down.
     pub lease_ttl_s: u64,
+    /// The most a catch-up (backfill) takes per second, MiB (0: no bound).
+    pub backfill_mib_s: u64,
 }
 
 /// What the control thread shares with the rest of the node: plain
@@ -40,6 +41,31 @@ pub struct ClusterStatus {
     pub node_id: AtomicU64,
     /// Whether the lease is held (the node counts as up).
     pub leased: AtomicBool,
+    /// Until when this node may lead keys (`mono_ms`): the send time of
+    /// the last keepalive etcd answered plus the lease less `lead_margin_ms`.
+    /// etcd expires the lease no sooner than that send time plus the
+    /// lease, and only then can another node be made acting primary of
+    /// this node's groups; so a node cut off from etcd stops serving the
+    /// keys it led before anyone may take them over (no stale read, no
+    /// write acknowledged on two sides). 0: not yet.
+    pub lead_until_ms: AtomicU64,
+    /// The oldest map under which this node may lead: the map read right
+    /// after it joined again (shards still running an older map, in which
+    /// it may have led groups it no longer leads, serve none of them).
+    pub lead_epoch: AtomicU64,
+    /// Until when this node may lead under the map it holds (`mono_ms`):
+    /// the send time of its last map read plus `map_fresh_ms`. A node
+    /// that takes a group over from one that is still up waits longer
+    /// than that (`ShardMap::set_takeovers`), so the two never serve a
+    /// group at once. 0: not yet.
+    pub map_until_ms: AtomicU64,
+    /// The backfill rate bound, bytes per second (0: none).
+    pub backfill_bytes_s: AtomicU64,
+    /// Bytes taken by catch-ups (backfill) since start.
+    pub backfill_bytes: AtomicU64,
+    /// Groups (times their sources, when merged) the running catch-up
+    /// pass has still to take.
+    pub backfill_groups_left: AtomicU64,
     /// The node was removed from the map while it ran: it no longer takes
     /// part (restart it to join as a new node).
     pub removed: AtomicBool,
@@ -49,10 +75,84 @@ pub struct ClusterStatus {
     pub nodes: [AtomicU64; 4],
 }
 
-/// The node's cluster status, once it has joined (for `/metrics`).
+/// The node's cluster status, once it has joined (for `/metrics`, and
+/// `may_lead` on the shards: plain atomics written by the control thread).
 pub static STATUS: std::sync::OnceLock<Arc<ClusterStatus>> = std::sync::OnceLock::new();
 
+/// How much sooner than etcd a node gives up leading: room for a request
+/// that checked `may_lead` to finish, for clock rate differences and for
+/// a paused process. A quarter of the lease, at least 500 ms.
+fn lead_margin_ms(ttl_ms: u64) -> u64 {
+    (ttl_ms / 4).max(500).min(ttl_ms / 2)
+}
+
+/// A monotonic clock in ms, shared by the control thread and the shards.
+#[must_use]
+pub fn mono_ms() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(BASE.get_or_init(Instant::now).elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How long a map read stays good for leading: two thirds of the lease
+/// (the control thread reads the map every third).
+fn map_fresh_ms(ttl_ms: u64) -> u64 {
+    ttl_ms * 2 / 3
+}
+
+/// How long a node that takes a group over from a node still up waits:
+/// longer than that node may go on leading under the older map.
+fn takeover_wait_ms(ttl_ms: u64) -> u64 {
+    map_fresh_ms(ttl_ms) + lead_margin_ms(ttl_ms)
+}
+
+/// Whether this node may act as the primary of group `pg` (`None`: of
+/// every group it leads) under `map` now: its lease is known to be alive
+/// at etcd (`ClusterStatus::lead_until_ms`), its last map read is recent
+/// (`map_until_ms`), `map` is not older than its last join, and it is not
+/// waiting to take the group over (`ShardMap::lead_after`). Always Ok on
+/// a single node. Err: why not, for a 503's message.
+pub fn may_lead(map: &ShardMap, pg: Option<u32>) -> Result<(), &'static str> {
+    let Some(s) = STATUS.get() else {
+        return Ok(());
+    };
+    let now = mono_ms();
+    if map.epoch < s.lead_epoch.load(Ordering::Acquire)
+        || now >= s.lead_until_ms.load(Ordering::Acquire)
+        || now >= s.map_until_ms.load(Ordering::Acquire)
+    {
+        return Err(LAPSED);
+    }
+    if map.lead_after(pg) > now {
+        return Err(TAKING_OVER);
+    }
+    Ok(())
+}
+
+/// Why `may_lead` refused: the lease or the map is not confirmed.
+pub const LAPSED: &str = "this node cannot confirm its cluster lease and map with etcd (is etcd reachable from it?): it serves no keys until it does, and another replica takes over its keys once its lease expires; retry";
+/// Why `may_lead` refused: a takeover wait.
+pub const TAKING_OVER: &str = "this node is taking over the key's placement group from a node that may still serve it for a moment; retry";
+
 impl ClusterStatus {
+    /// Lets this node lead under maps of `epoch` or newer (0: keeps the
+    /// current floor) until `ttl_s` after `sent` (less the margin): etcd
+    /// confirmed at or after `sent` that the lease lives `ttl_s` more.
+    fn lead(&self, epoch: u64, sent: u64, ttl_s: u64) {
+        let ttl_ms = ttl_s.saturating_mul(1000);
+        if epoch > 0 {
+            self.lead_epoch.fetch_max(epoch, Ordering::AcqRel);
+        }
+        let until = sent.saturating_add(ttl_ms.saturating_sub(lead_margin_ms(ttl_ms)));
+        self.lead_until_ms.store(until, Ordering::Release);
+    }
+
+    /// A map read sent at `sent` (`mono_ms`) succeeded: this node may lead
+    /// under it for `map_fresh_ms`.
+    fn map_read(&self, sent: u64, ttl_s: u64) {
+        let until = sent.saturating_add(map_fresh_ms(ttl_s.saturating_mul(1000)));
+        self.map_until_ms.store(until, Ordering::Release);
+    }
+
     /// The Prometheus text of the cluster gauges.
     #[must_use]
     pub fn render(&self) -> String {
@@ -81,6 +181,34 @@ impl ClusterStatus {
             "1 while this node holds its etcd lease (it counts as up).",
             "gauge",
             &plain(u64::from(self.leased.load(Ordering::Relaxed))),
+        );
+        gauge(
+            "percore_cluster_may_lead",
+            "1 while etcd has confirmed this node's lease recently enough for it to serve the keys it leads (0: it answers 503 for them; is etcd reachable from it?).",
+            "gauge",
+            &plain(u64::from({
+                let now = mono_ms();
+                now < self.lead_until_ms.load(Ordering::Acquire)
+                    && now < self.map_until_ms.load(Ordering::Acquire)
+            })),
+        );
+        gauge(
+            "percore_cluster_backfill_bytes_total",
+            "Bytes this node took from other nodes to catch up (backfill).",
+            "counter",
+            &plain(self.backfill_bytes.load(Ordering::Relaxed)),
+        );
+        gauge(
+            "percore_cluster_backfill_groups_left",
+            "Placement groups (times their sources, when merged) this node's running catch-up has still to take (0: none running).",
+            "gauge",
+            &plain(self.backfill_groups_left.load(Ordering::Relaxed)),
+        );
+        gauge(
+            "percore_cluster_backfill_limit_bytes_per_second",
+            "The backfill rate bound (cluster_backfill_mib_s; 0: none).",
+            "gauge",
+            &plain(self.backfill_bytes_s.load(Ordering::Relaxed)),
         );
         gauge(
             "percore_cluster_removed",
@@ -165,6 +293,7 @@ pub fn start(
     let etcd = Etcd::with_timeout(&settings.urls, timeout)?;
     let keys = Keys::new(&settings.cluster)?;
     joining.nonce = format!("{:032x}", rand::random::<u128>()).into_bytes();
+    let mut lease_from = mono_ms();
     let lease = etcd.lease_grant(i64::try_from(ttl_s).unwrap_or(10))?;
     let deadline = Instant::now() + Duration::from_secs(ttl_s + 2);
     let record = loop {
@@ -173,6 +302,7 @@ pub fn start(
             Err(JoinError::AliveElsewhere) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(500));
                 // Our own lease must outlive the wait.
+                lease_from = mono_ms();
                 etcd.lease_keepalive(lease)?;
             }
             Err(JoinError::AliveElsewhere) => {
@@ -194,6 +324,10 @@ pub fn start(
         .node_id
         .store(u64::from(record.id), Ordering::Relaxed);
     status.leased.store(true, Ordering::Relaxed);
+    status.backfill_bytes_s.store(
+        settings.backfill_mib_s.saturating_mul(1 << 20),
+        Ordering::Relaxed,
+    );
     let _ = STATUS.set(status.clone());
     info!(
         node = %record.name,
@@ -217,8 +351,15 @@ pub fn start(
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
     // native door answer Busy).
+    let sent = mono_ms();
     match map::load(&control.etcd, &control.keys) {
-        Ok(view) => control.publish(&view),
+        Ok(view) => {
+            control.publish(&view);
+            if control.feed.sent_epoch() >= view.epoch {
+                status.map_read(sent, control.ttl_s);
+            }
+            status.lead(view.epoch, lease_from, control.ttl_s);
+        }
         Err(e) => warn!(error = %e, "cluster: cannot read the map yet; retrying"),
     }
     std::thread::Builder::new()
@@ -240,21 +381,26 @@ impl Control {
             let now = Instant::now();
             let next = renew_at.min(read_at);
             if next > now {
-                // A shard that caught up wakes this thread early.
-                if let Ok(epoch) = self.feed.synced_rx.recv_timeout(next - now) {
-                    if let Err(e) = self.mark_synced(epoch) {
-                        status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(error = %e, "cluster: cannot mark this node synced; its shards report again");
+                // A shard that caught up, or was asked to release groups,
+                // wakes this thread early.
+                match self.feed.synced_rx.recv_timeout(next - now) {
+                    Ok(Report::Synced(epoch)) => {
+                        if let Err(e) = self.mark_synced(epoch) {
+                            status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                            warn!(error = %e, "cluster: cannot mark this node synced; its shards report again");
+                        }
+                        // The map changed: read it soon.
+                        read_at = read_at.min(Instant::now() + Duration::from_millis(100));
                     }
-                    // The map changed: read it soon.
-                    read_at = read_at.min(Instant::now() + Duration::from_millis(100));
+                    Ok(Report::Release(epoch)) => self.release(status, epoch),
+                    Err(_) => {}
                 }
                 continue;
             }
             let renewing = renew_at <= read_at;
             let tick = catch_unwind(AssertUnwindSafe(|| {
                 if renewing {
-                    self.renew()
+                    self.renew(status)
                 } else {
                     self.check_map(status)
                 }
@@ -277,11 +423,13 @@ impl Control {
                 }
                 Ok(Err(e)) => {
                     status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                    // Soon: the node stops leading when neither its lease
+                    // nor its map was confirmed for a while.
                     if renewing {
                         status.leased.store(false, Ordering::Relaxed);
                         renew_at = Instant::now() + Duration::from_millis(500);
                     } else {
-                        read_at = Instant::now() + period;
+                        read_at = Instant::now() + Duration::from_millis(500);
                     }
                     warn!(error = ?e, "cluster: etcd call failed; retrying");
                 }
@@ -295,17 +443,35 @@ impl Control {
         }
     }
 
-    /// Renews the lease; if it expired (etcd lost it, or this node was cut
-    /// off longer than the TTL), takes a new one and joins again.
-    fn renew(&mut self) -> Result<(), JoinError> {
-        if self.etcd.lease_keepalive(self.lease)? > 0 {
+    /// Renews the lease (and with it, how long this node may lead); if it
+    /// expired (etcd lost it, or this node was cut off longer than the
+    /// TTL), takes a new one and joins again: the node leads again only
+    /// under the map read after that join (which says it is not synced:
+    /// others may have taken writes meanwhile).
+    fn renew(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
+        let sent = mono_ms();
+        let ttl = self.etcd.lease_keepalive(self.lease)?;
+        if ttl > 0 {
+            let ttl_s = u64::try_from(ttl).unwrap_or(0).min(self.ttl_s);
+            status.lead(0, sent, ttl_s);
             return Ok(());
         }
-        warn!("cluster: this node's lease had expired; joining again");
+        status.lead_until_ms.store(0, Ordering::Release);
+        warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
+        let sent = mono_ms();
         self.lease = self
             .etcd
             .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
-        self.rejoin()
+        self.rejoin()?;
+        let read = mono_ms();
+        let view = map::load(&self.etcd, &self.keys)?;
+        status.epoch.store(view.epoch, Ordering::Relaxed);
+        self.publish(&view);
+        if self.feed.sent_epoch() >= view.epoch {
+            status.map_read(read, self.ttl_s);
+        }
+        status.lead(view.epoch, sent, self.ttl_s);
+        Ok(())
     }
 
     fn rejoin(&mut self) -> Result<(), JoinError> {
@@ -323,9 +489,15 @@ impl Control {
     /// marked down or its alive key is gone), publishes the epoch, and
     /// marks failed nodes.
     fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
+        let sent = mono_ms();
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
+        // Only a map the shards hold counts (one that gave this node
+        // groups is held back until etcd says it is not synced).
+        if self.feed.sent_epoch() >= view.epoch {
+            status.map_read(sent, self.ttl_s);
+        }
         let states = [
             NodeState::Up,
             NodeState::Down,
@@ -348,6 +520,28 @@ impl Control {
             warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
         }
         Ok(())
+    }
+
+    /// Another node takes groups over from this one under map `epoch`:
+    /// reads the map unless the shards have one at least as new, then lets
+    /// this node lead under none older than the newest they have (shards
+    /// still on an older map lead nothing until they take it, within a
+    /// shard's map poll). The asking shard sees `lead_epoch` reach `epoch`.
+    fn release(&mut self, status: &ClusterStatus, epoch: u64) {
+        if self.feed.sent_epoch() < epoch {
+            let tick = catch_unwind(AssertUnwindSafe(|| self.check_map(status)));
+            if !matches!(tick, Ok(Ok(()))) {
+                status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    epoch,
+                    "cluster: cannot read the map to release groups; the taking node waits"
+                );
+                return;
+            }
+        }
+        status
+            .lead_epoch
+            .fetch_max(self.feed.sent_epoch(), Ordering::AcqRel);
     }
 
     /// Marks this node synced (it caught up under map `epoch`), if the map
@@ -405,7 +599,8 @@ impl Control {
                     return;
                 }
                 self.held = Some(held);
-                self.feed.publish(m);
+                let wait = takeover_wait_ms(self.ttl_s.saturating_mul(1000));
+                self.feed.publish(m, mono_ms(), wait);
             }
             Err(e) => error!(error = %e, "cluster: cannot build the shards' map"),
         }

@@ -39,7 +39,16 @@
 //! GET  /_percore/fetch?bucket=B&key=K  answer: x-percore-state and the bytes
 //! POST /_percore/digest {"epoch":E,"pgs":[..]|null,"after":[b,k]|null,"limit":N}
 //!      answer: {"items":[[bucket,key,stamp,etag|null]],"next":[b,k]|null}
+//! POST /_percore/release {"epoch":E}
+//!      answer (once the receiver leads under no map older than E):
+//!      {"released":E}; 503 if it cannot say so within RELEASE_WAIT
 //! ```
+//!
+//! **Releases.** A node that takes a group over from a node that is still
+//! up and no longer holds the group waits before it leads it
+//! (`ShardMap::set_takeovers`, `control::may_lead`), unless that node
+//! releases it first: shard 0 asks it (`start_releases`), and its answer
+//! means it reads the map and serves under none older than E.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -54,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
-use super::shardmap::{MapNode, ShardMap};
+use super::shardmap::{MapNode, Report, ShardMap};
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
@@ -518,6 +527,11 @@ pub async fn replicate(
             // A node catching up read this key's shard under a newer map:
             // copy again under that map (it names the new replica).
             let fence = shard.key_fence(bucket, key, 0).await;
+            if let Err(why) = super::control::may_lead(&map, Some(pg)) {
+                // Cut off from etcd while copying: another node may lead
+                // the key by now (and see no such write): not acknowledged.
+                return Err(why.into());
+            }
             if fence <= map.epoch {
                 crate::metrics::ShardMetrics::add(&metrics.cluster_replicated, 1);
                 return Ok(());
@@ -611,6 +625,9 @@ fn leads_for(map: &ShardMap, epoch: u64, pgs: &[u32]) -> Result<(), String> {
     if !map.node(map.node_id).is_some_and(|n| n.synced) {
         return Err("this node is not synced; retry".into());
     }
+    for &pg in pgs {
+        super::control::may_lead(map, Some(pg))?;
+    }
     if let Some(pg) = pgs.iter().find(|&&pg| map.primary_of_pg(pg) != map.node_id) {
         return Err(format!("this node does not lead group {pg}; retry"));
     }
@@ -698,7 +715,7 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "cluster: caught up"
                     );
-                    if map.synced_tx.send(map.epoch).is_ok() {
+                    if map.synced_tx.send(Report::Synced(map.epoch)).is_ok() {
                         reported = (map.epoch, Instant::now());
                     }
                 }
@@ -749,6 +766,9 @@ async fn catch_up(
         }
     }
     let (mut taken, mut dropped) = (0, 0);
+    let pace = Pace::new();
+    let mut groups_left = sources.values().map(|pgs| pgs.len() as u64).sum::<u64>();
+    set_groups_left(groups_left);
     let steps = sources.into_iter().flat_map(|(from, pgs)| {
         pgs.chunks(GROUPS_PER_PASS)
             .map(|c| (from, c.to_vec()))
@@ -775,7 +795,12 @@ async fn catch_up(
                     Some((s, e)) if mirror => *s != stamp || *e != etag,
                     Some((s, _)) => *s < stamp,
                 };
-                let from = Source { node, addr, mirror };
+                let from = Source {
+                    node,
+                    addr,
+                    mirror,
+                    pace: &pace,
+                };
                 if wanted && take_from(shard, ckey, map, &from, &b, &k, mine.map(|m| m.0)).await? {
                     taken += 1;
                 }
@@ -787,10 +812,66 @@ async fn catch_up(
             }
         }
         if mirror {
-            dropped += drop_unknown(shard, ckey, map, node, addr, &pgs, &theirs).await?;
+            let from = Source {
+                node,
+                addr,
+                mirror,
+                pace: &pace,
+            };
+            dropped += drop_unknown(shard, ckey, map, &from, &pgs, &theirs).await?;
         }
+        groups_left = groups_left.saturating_sub(pgs.len() as u64);
+        set_groups_left(groups_left);
     }
     Ok((taken, dropped))
+}
+
+/// `percore_cluster_backfill_groups_left` (shard 0 catches up).
+fn set_groups_left(n: u64) {
+    if let Some(s) = super::control::STATUS.get() {
+        s.backfill_groups_left
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Paces a catch-up's fetched bytes to the node's backfill rate
+/// (`cluster_backfill_mib_s`; 0: not bounded): a token bucket holding at
+/// most one second of the rate, on the catching-up shard alone.
+struct Pace {
+    tokens: std::cell::Cell<f64>,
+    last: std::cell::Cell<Instant>,
+}
+
+impl Pace {
+    fn new() -> Pace {
+        Pace {
+            tokens: std::cell::Cell::new(0.0),
+            last: std::cell::Cell::new(Instant::now()),
+        }
+    }
+
+    /// `n` bytes were taken: counted, and waited for past the rate.
+    async fn took(&self, n: usize) {
+        let Some(s) = super::control::STATUS.get() else {
+            return;
+        };
+        s.backfill_bytes
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        let rate = s
+            .backfill_bytes_s
+            .load(std::sync::atomic::Ordering::Relaxed) as f64;
+        if rate <= 0.0 {
+            return;
+        }
+        let now = Instant::now();
+        let refill = now.duration_since(self.last.get()).as_secs_f64() * rate;
+        self.last.set(now);
+        let tokens = (self.tokens.get() + refill).min(rate) - n as f64;
+        self.tokens.set(tokens);
+        if tokens < 0.0 {
+            glommio::timer::sleep(Duration::from_secs_f64(-tokens / rate)).await;
+        }
+    }
 }
 
 /// Where a catch-up takes keys from: a synced primary (`mirror`: its
@@ -799,6 +880,7 @@ struct Source<'a> {
     node: &'a MapNode,
     addr: SocketAddr,
     mirror: bool,
+    pace: &'a Pace,
 }
 
 /// Versions here, in `pgs`, that the primary's digest did not hold
@@ -810,16 +892,10 @@ async fn drop_unknown(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
-    node: &MapNode,
-    addr: SocketAddr,
+    from: &Source<'_>,
     pgs: &[u32],
     theirs: &HashSet<(String, String)>,
 ) -> Result<u64, String> {
-    let from = Source {
-        node,
-        addr,
-        mirror: true,
-    };
     let mut dropped = 0;
     let mut after = None;
     loop {
@@ -831,7 +907,7 @@ async fn drop_unknown(
             if i.etag.is_none() || theirs.contains(&(i.bucket.clone(), i.key.clone())) {
                 continue;
             }
-            if take_from(shard, ckey, map, &from, &i.bucket, &i.key, Some(i.stamp)).await? {
+            if take_from(shard, ckey, map, from, &i.bucket, &i.key, Some(i.stamp)).await? {
                 dropped += 1;
             }
         }
@@ -939,9 +1015,135 @@ async fn take_from(
             .feed(Bytes::copy_from_slice(&buf[..n]))
             .await
             .map_err(|e| fail(format!("{e:?}")))?;
+        from.pace.took(n).await;
     }
     let done = applier.finish().await.map_err(|e| fail(format!("{e:?}")))?;
     Ok(done == Applied::Installed)
+}
+
+/// How long a node asked to release groups waits for its own map to
+/// reach the asker's before it answers 503.
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
+/// How often shard 0 asks a node for groups it still waits for.
+const RELEASE_AGAIN: Duration = Duration::from_millis(500);
+
+/// Answers `POST /_percore/release` (`{"epoch":E}`): this node's control
+/// thread reads the map (unless its shards hold E or newer) and lets it
+/// lead under no map older than the newest; answered once that is at
+/// least E. Err: 503's message (or a bad request's).
+pub async fn answer_release(map: &ShardMap, body: &[u8]) -> Result<Value, String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Req {
+        epoch: u64,
+    }
+    let req: Req = serde_json::from_slice(body).map_err(|e| format!("bad release: {e}"))?;
+    if req.epoch > map.epoch.saturating_add(EPOCH_AHEAD_MAX) {
+        return Err(format!(
+            "epoch {} is too far ahead of this node's map {}",
+            req.epoch, map.epoch
+        ));
+    }
+    let Some(status) = super::control::STATUS.get() else {
+        return Err("this node has no control thread".into());
+    };
+    let reached = || status.lead_epoch.load(std::sync::atomic::Ordering::Acquire) >= req.epoch;
+    if !reached() {
+        map.synced_tx
+            .send(Report::Release(req.epoch))
+            .map_err(|_| "this node's control thread stopped".to_string())?;
+        let deadline = Instant::now() + RELEASE_WAIT;
+        while !reached() {
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "this node could not read a map as new as {} in time",
+                    req.epoch
+                ));
+            }
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    Ok(json!({ "released": req.epoch }))
+}
+
+/// On shard 0 of every cluster node: while the map makes this node wait to
+/// take groups over from nodes that are still up, asks each of them to
+/// release its groups (`answer_release`); once one answers, the groups it
+/// led are led here at once (`ShardMap::released`). A node that cannot be
+/// reached (cut off) is waited out.
+pub fn start_releases(shard: Rc<Shard>, ckey: [u8; 32]) {
+    glommio::spawn_local(async move {
+        // (epoch, node) -> when it was last asked.
+        let mut asked: BTreeMap<(u64, u32), Instant> = BTreeMap::new();
+        loop {
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+            let Some(map) = shard.cluster_map() else {
+                continue;
+            };
+            let pending = map.pending_takeovers(super::control::mono_ms());
+            asked.retain(|(e, _), _| *e == map.epoch);
+            for (from, pgs) in pending {
+                if asked
+                    .get(&(map.epoch, from))
+                    .is_some_and(|t| t.elapsed() < RELEASE_AGAIN)
+                {
+                    continue;
+                }
+                asked.insert((map.epoch, from), Instant::now());
+                let Some(node) = map.node(from) else {
+                    continue;
+                };
+                match crate::frontend::http::timeout::within(
+                    RELEASE_WAIT + Duration::from_secs(1),
+                    ask_release(&ckey, &map, node),
+                )
+                .await
+                {
+                    Some(Ok(())) => {
+                        map.released(from, &pgs);
+                        tracing::info!(
+                            epoch = map.epoch,
+                            from = %node.name,
+                            groups = pgs.len(),
+                            "cluster: groups released; leading them"
+                        );
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, from = %node.name, "cluster: release refused; waiting");
+                    }
+                    None => {
+                        tracing::debug!(from = %node.name, "cluster: release not answered; waiting");
+                    }
+                }
+            }
+        }
+    })
+    .detach();
+}
+
+async fn ask_release(ckey: &[u8; 32], map: &ShardMap, node: &MapNode) -> Result<(), String> {
+    let addr = node
+        .s3
+        .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
+    let body = serde_json::to_vec(&json!({ "epoch": map.epoch })).expect("serializable");
+    let target = "/_percore/release";
+    let mac = sign(
+        ckey,
+        map,
+        node.id,
+        "POST",
+        target,
+        &peer_http::body_hash(&body),
+    );
+    let (status, answer) = peer_http::call(addr, "POST", target, &mac, &body, 4096)
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    if status == 200 && v["released"].as_u64() == Some(map.epoch) {
+        Ok(())
+    } else {
+        Err(format!("{status} {}", String::from_utf8_lossy(&answer)))
+    }
 }
 
 /// Keeps a synced node's replicas in agreement with it for the groups it
@@ -965,7 +1167,10 @@ pub fn start_repair(shard: Rc<Shard>, ckey: [u8; 32]) {
             let Some(me) = map.node(map.node_id) else {
                 continue;
             };
-            if !me.synced || me.state != NodeState::Up {
+            if !me.synced
+                || me.state != NodeState::Up
+                || super::control::may_lead(&map, None).is_err()
+            {
                 repaired.clear();
                 continue;
             }

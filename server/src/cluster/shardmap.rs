@@ -8,6 +8,8 @@
 //! `ClusterMap` with the same map as JSON, so that clients compute the
 //! same placement (`percore_protocol::placement`) from the same nodes.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -19,6 +21,16 @@ use super::map::View;
 
 /// No primary: no node is eligible for the placement group.
 pub const NO_NODE: u32 = u32::MAX;
+
+/// What the shards tell the control thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// The node caught up under the map of this epoch.
+    Synced(u64),
+    /// Another node takes groups over from this one under the map of this
+    /// epoch: read the map now and lead under no older one.
+    Release(u64),
+}
 
 /// One map, as a shard holds it.
 #[derive(Debug)]
@@ -41,8 +53,24 @@ pub struct ShardMap {
     /// Every node of the map, in id order.
     pub nodes: Vec<MapNode>,
     /// The way back to the control thread: a shard that caught up under
-    /// this map sends its epoch (`replicate::start_catch_up`).
-    pub synced_tx: mpsc::Sender<u64>,
+    /// this map sends its epoch (`replicate::start_catch_up`), one asked
+    /// to release groups the epoch (`replicate::answer_release`).
+    pub synced_tx: mpsc::Sender<Report>,
+    /// Per group this node leads: not before this time (`control::mono_ms`;
+    /// 0: at once). Set by `MapFeed::publish` where this node takes a
+    /// group over from a node that is still up and no longer holds it:
+    /// that node may go on serving it under its older map until its own
+    /// map read is due (`control::may_lead`), and the writes this node
+    /// takes meanwhile are not copied to it.
+    /// Atomics: a release (`released`) ends a wait early, seen by every
+    /// shard holding this map.
+    lead_after: Vec<AtomicU64>,
+    /// The latest of `lead_after`.
+    lead_after_max: AtomicU64,
+    /// Per group this node waits for: the node it takes it over from, if
+    /// known (it may be asked to release it: `replicate::start_releases`),
+    /// else `NO_NODE`.
+    takeover_from: Vec<u32>,
 }
 
 /// A node as the S3 door needs it (forwarding, fan-out).
@@ -105,7 +133,7 @@ impl ShardMap {
         json: String,
         node_id: u32,
         view: &View,
-        synced_tx: mpsc::Sender<u64>,
+        synced_tx: mpsc::Sender<Report>,
     ) -> Result<ShardMap, String> {
         let seed = view.config.seed()?;
         let pgs = view.config.pgs;
@@ -141,7 +169,116 @@ impl ShardMap {
                 })
                 .collect(),
             synced_tx,
+            lead_after: Vec::new(),
+            lead_after_max: AtomicU64::new(0),
+            takeover_from: Vec::new(),
         })
+    }
+
+    /// When this node may start to lead group `pg` (`control::mono_ms`;
+    /// 0: at once), or every group it leads (`None`).
+    #[must_use]
+    pub fn lead_after(&self, pg: Option<u32>) -> u64 {
+        match pg {
+            Some(pg) => self
+                .lead_after
+                .get(pg as usize)
+                .map_or(0, |a| a.load(Ordering::Acquire)),
+            None => self.lead_after_max.load(Ordering::Acquire),
+        }
+    }
+
+    /// The groups still waiting at `now` to be taken over from a known
+    /// node, by that node.
+    #[must_use]
+    pub fn pending_takeovers(&self, now: u64) -> BTreeMap<u32, Vec<u32>> {
+        let mut by_node: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        if self.lead_after(None) <= now {
+            return by_node;
+        }
+        for (pg, &from) in (0u32..).zip(&self.takeover_from) {
+            if from != NO_NODE && self.lead_after(Some(pg)) > now {
+                by_node.entry(from).or_default().push(pg);
+            }
+        }
+        by_node
+    }
+
+    /// Node `from` released `pgs` (it leads under no map older than this
+    /// one now): this node leads them at once.
+    pub fn released(&self, from: u32, pgs: &[u32]) {
+        for &pg in pgs {
+            if self.takeover_from.get(pg as usize) == Some(&from) {
+                self.lead_after[pg as usize].store(0, Ordering::Release);
+            }
+        }
+        let max = self
+            .lead_after
+            .iter()
+            .map(|a| a.load(Ordering::Acquire))
+            .max()
+            .unwrap_or(0);
+        self.lead_after_max.store(max, Ordering::Release);
+    }
+
+    /// Sets `lead_after`, given the map this node's shards held before
+    /// (`prev`), the time now and how long a node may serve under a map
+    /// older than the newest (`stale_ms`). A group this node leads waits
+    /// unless it led it already (and carries its wait on), or `prev` is the
+    /// map just before this one and the group's previous acting primary
+    /// is no longer up (its lease expired: it stopped leading before
+    /// etcd let it be marked down) or still holds the group (every write
+    /// this node acknowledges is on it). After a gap in epochs, or with no
+    /// previous map, it waits: a node this one never saw lead may have.
+    fn set_takeovers(&mut self, prev: Option<&ShardMap>, now: u64, stale_ms: u64) {
+        let prev = prev.filter(|p| p.pgs == self.pgs && p.node_id == self.node_id);
+        let next_epoch = prev.is_some_and(|p| p.epoch.checked_add(1) == Some(self.epoch));
+        let mut after = vec![0u64; self.pgs as usize];
+        let mut from = vec![NO_NODE; self.pgs as usize];
+        for pg in 0..self.pgs {
+            if self.primary_of_pg(pg) != self.node_id {
+                continue;
+            }
+            let carried = prev.map_or(0, |p| p.lead_after(Some(pg)));
+            let old = prev.map(|p| p.primary_of_pg(pg));
+            let up = |o: u32| {
+                self.node(o).is_some_and(|n| {
+                    matches!(
+                        n.state,
+                        placement::NodeState::Up | placement::NodeState::Draining
+                    )
+                })
+            };
+            // (wait?, the node waited for if known)
+            let (wait, whom) = match old {
+                Some(o) if o == self.node_id => (false, NO_NODE),
+                Some(o) if next_epoch => {
+                    let safe = o == NO_NODE || self.replicas_of_pg(pg).any(|r| r == o) || !up(o);
+                    (!safe, if safe { NO_NODE } else { o })
+                }
+                _ => (true, NO_NODE),
+            };
+            let mut at = if wait {
+                now.saturating_add(stale_ms)
+            } else {
+                0
+            };
+            let mut whom = whom;
+            if carried > now && carried >= at {
+                // A wait carried over: for whom it waited.
+                at = carried;
+                whom = prev
+                    .and_then(|p| p.takeover_from.get(pg as usize).copied())
+                    .unwrap_or(NO_NODE);
+            }
+            if at > now {
+                after[pg as usize] = at;
+                from[pg as usize] = whom;
+            }
+        }
+        *self.lead_after_max.get_mut() = after.iter().copied().max().unwrap_or(0);
+        self.lead_after = after.into_iter().map(AtomicU64::new).collect();
+        self.takeover_from = from;
     }
 
     #[must_use]
@@ -226,11 +363,13 @@ impl ShardMap {
 pub struct MapFeed {
     senders: Vec<mpsc::Sender<Arc<ShardMap>>>,
     /// Epochs a node caught up under, from its shards.
-    pub synced_rx: mpsc::Receiver<u64>,
-    pub synced_tx: mpsc::Sender<u64>,
+    pub synced_rx: mpsc::Receiver<Report>,
+    pub synced_tx: mpsc::Sender<Report>,
     /// The epoch last sent (0: none yet).
     sent_epoch: u64,
     sent_json: String,
+    /// The map last sent.
+    last: Option<Arc<ShardMap>>,
 }
 
 /// One channel per shard: the feed, and each shard's receiver (index =
@@ -246,12 +385,19 @@ pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
             synced_tx,
             sent_epoch: 0,
             sent_json: String::new(),
+            last: None,
         },
         receivers,
     )
 }
 
 impl MapFeed {
+    /// The epoch of the map sent last (0: none yet).
+    #[must_use]
+    pub fn sent_epoch(&self) -> u64 {
+        self.sent_epoch
+    }
+
     /// Whether `json` (`ShardMap::client_json`) is the map sent last.
     #[must_use]
     pub fn is_current(&self, json: &str) -> bool {
@@ -260,14 +406,18 @@ impl MapFeed {
 
     /// Sends `map` to every shard unless it is the map sent last. A map
     /// is sent only when it changed, so a channel holds at most the few
-    /// maps of changes made within one shard poll.
-    pub fn publish(&mut self, map: ShardMap) {
+    /// maps of changes made within one shard poll. Groups it makes this
+    /// node take over from another node that may still serve them wait
+    /// `stale_ms` (`ShardMap::set_takeovers`).
+    pub fn publish(&mut self, mut map: ShardMap, now: u64, stale_ms: u64) {
         if map.epoch == self.sent_epoch && map.json == self.sent_json {
             return;
         }
+        map.set_takeovers(self.last.as_deref(), now, stale_ms);
         self.sent_epoch = map.epoch;
         self.sent_json.clone_from(&map.json);
         let map = Arc::new(map);
+        self.last = Some(map.clone());
         for s in &self.senders {
             // A shard that stopped has dropped its receiver: nothing to do.
             let _ = s.send(map.clone());
@@ -354,6 +504,106 @@ mod tests {
         assert_eq!(held, [1, 2, 4].into_iter().collect());
     }
 
+    fn view(epoch: u64, states: &[&str]) -> View {
+        View {
+            config: ClusterConfig {
+                pgs: 128,
+                replicas: 2,
+                seed: "0x0000000000c0ffee".into(),
+                down_out_s: 60,
+                created_ms: 1,
+            },
+            epoch,
+            nodes: states
+                .iter()
+                .enumerate()
+                .map(|(i, st)| {
+                    let id = u32::try_from(i).unwrap() + 1;
+                    record(id, &format!("z{id}"), st, 1)
+                })
+                .collect(),
+            alive: Default::default(),
+            downs: Default::default(),
+            unreadable: Vec::new(),
+            epoch_revision: 0,
+        }
+    }
+
+    /// A node waits before it leads a group taken from a node that is
+    /// still up and no longer holds it (drained), not one taken from a
+    /// down node or one that stays a replica; it carries a wait over to
+    /// the next map, and after a gap in epochs it waits for every group it
+    /// did not lead.
+    #[test]
+    fn takeovers_wait_only_for_nodes_that_may_still_serve() {
+        let me = 1;
+        let all_up = ["up", "up", "up", "up"];
+        let mut prev = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
+        prev.set_takeovers(None, 1000, 500);
+        // The first map: every group this node leads waits.
+        let led: Vec<u32> = (0..128)
+            .filter(|&pg| prev.primary_of_pg(pg) == me)
+            .collect();
+        assert!(!led.is_empty());
+        assert!(led.iter().all(|&pg| prev.lead_after(Some(pg)) == 1500));
+        assert_eq!(prev.lead_after(None), 1500);
+        let prev_at = |m: &ShardMap, pg: u32| m.primary_of_pg(pg);
+        // Node 2 drained (up, holds nothing) or down (its lease expired).
+        for (state, waits) in [("draining", true), ("down", false)] {
+            let mut next = ShardMap::build("c", me, &view(6, &["up", state, "up", "up"])).unwrap();
+            next.set_takeovers(Some(&prev), 1200, 500);
+            let mut taken = 0;
+            for pg in 0..128 {
+                if next.primary_of_pg(pg) != me {
+                    assert_eq!(next.lead_after(Some(pg)), 0);
+                    continue;
+                }
+                let old = prev_at(&prev, pg);
+                let expect = if old == me {
+                    1500 // carried over
+                } else if old == 2 && waits && !next.replicas_of_pg(pg).any(|r| r == 2) {
+                    taken += 1;
+                    1700
+                } else {
+                    0
+                };
+                assert_eq!(
+                    next.lead_after(Some(pg)),
+                    expect,
+                    "{state} pg {pg} from {old}"
+                );
+            }
+            assert_eq!(taken > 0, waits, "{state}");
+            // Node 2 is asked to release the groups taken from it; once
+            // it did, they are led at once (carried waits stay).
+            let pending = next.pending_takeovers(1200);
+            if waits {
+                let pgs = pending[&2].clone();
+                assert_eq!(pending.len(), 1);
+                assert_eq!(pgs.len(), taken);
+                next.released(3, &pgs);
+                assert!(pgs.iter().all(|&pg| next.lead_after(Some(pg)) == 1700));
+                next.released(2, &pgs);
+                assert!(pgs.iter().all(|&pg| next.lead_after(Some(pg)) == 0));
+                assert_eq!(next.lead_after(None), 1500);
+                assert!(next.pending_takeovers(1200).is_empty());
+            } else {
+                assert!(pending.is_empty());
+            }
+            // A gap in epochs: every group taken from another node waits.
+            let mut gap = ShardMap::build("c", me, &view(8, &["up", state, "up", "up"])).unwrap();
+            gap.set_takeovers(Some(&prev), 1200, 500);
+            for pg in (0..128).filter(|&pg| gap.primary_of_pg(pg) == me) {
+                let expect = if prev_at(&prev, pg) == me { 1500 } else { 1700 };
+                assert_eq!(gap.lead_after(Some(pg)), expect);
+            }
+        }
+        // Past the wait: nothing carried.
+        let mut later = ShardMap::build("c", me, &view(6, &all_up)).unwrap();
+        later.set_takeovers(Some(&prev), 2000, 500);
+        assert_eq!(later.lead_after(None), 0);
+    }
+
     #[test]
     fn feed_sends_only_changes() {
         let (mut feed, rx) = feed(2);
@@ -368,10 +618,13 @@ mod tests {
             json: json.into(),
             nodes: Vec::new(),
             synced_tx: mpsc::channel().0,
+            lead_after: Vec::new(),
+            lead_after_max: AtomicU64::new(0),
+            takeover_from: Vec::new(),
         };
-        feed.publish(map(1, "a"));
-        feed.publish(map(1, "a"));
-        feed.publish(map(2, "b"));
+        feed.publish(map(1, "a"), 0, 0);
+        feed.publish(map(1, "a"), 0, 0);
+        feed.publish(map(2, "b"), 0, 0);
         for r in &rx {
             assert_eq!(r.try_iter().map(|m| m.epoch).collect::<Vec<_>>(), [1, 2]);
         }

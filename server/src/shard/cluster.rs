@@ -25,6 +25,9 @@ pub enum Ownership {
     Elsewhere { epoch: u64 },
     /// A cluster node that has no map yet.
     NoMap,
+    /// This node leads the key's group in its map but may not serve it
+    /// now (`control::may_lead`): why.
+    Lapsed(&'static str),
 }
 
 impl Shard {
@@ -51,8 +54,7 @@ impl Shard {
     }
 
     /// Whether this node serves `(bucket, key)`: its placement group's
-    /// primary must be this node (no replication yet, so the primary holds
-    /// the only copy).
+    /// acting primary must be this node, and it must be allowed to lead.
     pub fn ownership(&self, bucket: &str, key: &str) -> Ownership {
         if !self.is_cluster() {
             return Ownership::Mine;
@@ -60,8 +62,12 @@ impl Shard {
         let Some(map) = self.map.borrow().clone() else {
             return Ownership::NoMap;
         };
-        if map.primary_of(bucket, key) == map.node_id {
-            Ownership::Mine
+        let pg = map.pg_of(bucket, key);
+        if map.primary_of_pg(pg) == map.node_id {
+            match crate::cluster::control::may_lead(&map, Some(pg)) {
+                Ok(()) => Ownership::Mine,
+                Err(why) => Ownership::Lapsed(why),
+            }
         } else {
             Ownership::Elsewhere { epoch: map.epoch }
         }

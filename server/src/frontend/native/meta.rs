@@ -75,6 +75,12 @@ impl NativeFront {
         if !self.shard.bucket_exists(&l.bucket) {
             return shard_error_reply(&ShardError::NoSuchBucket);
         }
+        // A cluster node lists the keys it leads: not while it may not.
+        if let Some(map) = self.shard.cluster_map() {
+            if let Err(why) = crate::cluster::control::may_lead(&map, None) {
+                return Reply::error(Status::Busy, why);
+            }
+        }
         let limit = match l.limit {
             0 => 1000,
             n => n.min(proto::LIST_LIMIT_MAX),

@@ -323,6 +323,7 @@ impl NativeFront {
                         "this cluster node has no map yet; retry shortly",
                     ))
                 }
+                Ownership::Lapsed(why) => return Some(Reply::error(Status::Busy, why)),
                 Ownership::Elsewhere { epoch } => {
                     return Some(Reply {
                         map_epoch: epoch,

@@ -92,6 +92,14 @@ fn slow_down(message: impl Into<String>) -> S3Error {
     S3Error::new(503, "SlowDown", message)
 }
 
+/// Refuses (503) what only the acting primary of group `pg` (`None`:
+/// of every group this node leads) may serve, its data or its part of a
+/// listing, while this node may not lead it (`control::may_lead`: its
+/// lease or map is not confirmed, or it is taking the group over).
+fn lead_check(map: &ShardMap, pg: Option<u32>) -> Result<(), S3Error> {
+    crate::cluster::control::may_lead(map, pg).map_err(unavailable)
+}
+
 fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
     let addr = n.s3.ok_or_else(|| {
         unavailable(format!(
@@ -234,6 +242,15 @@ impl S3Front {
             ));
         }
         if req.key.is_empty() {
+            if matches!(
+                req.op,
+                S3Op::DeleteObjects
+                    | S3Op::ListObjects
+                    | S3Op::ListObjectsV2
+                    | S3Op::ListObjectVersions
+            ) {
+                lead_check(&map, None)?;
+            }
             if claim.is_none() && is_bucket_change(req.op) {
                 let mut to = Vec::new();
                 if let Some(me) = map.node(map.node_id) {
@@ -248,6 +265,7 @@ impl S3Front {
         }
         let primary = map.primary_of(&req.bucket, &req.key);
         if primary == map.node_id {
+            lead_check(&map, Some(map.pg_of(&req.bucket, &req.key)))?;
             self.check_copy_source(req, &map)?;
             return Ok(Plan::Here);
         }
@@ -577,6 +595,7 @@ impl S3Front {
         for n in map.listing_peers() {
             peers.push(peer_of(n)?);
         }
+        lead_check(&map, None)?;
         let calls = peers.iter().map(|peer| self.peer_list(&map, peer, &target));
         let mut pages = vec![(own_items(&map, bucket, local.0), local.1)];
         for got in futures::future::join_all(calls).await {
@@ -752,7 +771,11 @@ impl S3Front {
             ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
                 .await
                 .map_err(S3Error::invalid_argument)?,
+            ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
+                .await
+                .map_err(slow_down)?,
             ("GET", "/_percore/list") => {
+                lead_check(&map, None)?;
                 let max: usize = q("max")
                     .parse()
                     .map_err(|_| S3Error::invalid_argument("bad max"))?;
@@ -785,6 +808,7 @@ impl S3Front {
                 if items.len() > 1000 {
                     return Err(S3Error::invalid_argument("more than 1000 deletes"));
                 }
+                lead_check(&map, None)?;
                 self.delete_owned(&map, &q("bucket"), &items).await
             }
             _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
