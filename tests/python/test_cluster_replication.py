@@ -80,6 +80,7 @@ from conftest import ServerFactory, unique_bucket_name
 from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
     LEASE_TTL_S,
     Node,
+    cluster_gauges,
     etcd,
     loopback_ok,
     percore as percore_cli,
@@ -848,6 +849,65 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     problems = check_reads(load_client(n2), bucket, possible, "n2")
     assert not problems, ("n2's door differs from the acknowledged state (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+
+def test_catch_up_is_paced(cluster):
+    """A node that returns takes what it missed at most
+    cluster_backfill_mib_s a second: n3 is killed, marked down, 8 MiB are
+    written without it, and it is restarted with a bound of 2 MiB/s. Its
+    `percore_cluster_backfill_bytes_total` grows to at least the missed
+    bytes, never faster than the bound (plus the one second the token
+    bucket holds and one read chunk, per window sampled), so it syncs no
+    sooner than the bound allows; then the replicas agree."""
+    n1, _, n3 = cluster.nodes
+    bucket = unique_bucket_name("repl-pace")
+    s3 = n1.client()
+    s3.create_bucket(Bucket=bucket)
+    n3.kill9()
+    wait_for(cluster.urls, "n3", "down", timeout=LEASE_TTL_S * 4)
+    settle(cluster, [n1, cluster.nodes[1]])
+    missed = 32 * 256 * KiB
+    for i in range(32):
+        s3.put_object(Bucket=bucket, Key=f"paced/{i:02d}", Body=os.urandom(256 * KiB))
+    rate = 2 * MiB
+    n3.env["PERCORE_CLUSTER_BACKFILL_MIB_S"] = str(rate // MiB)
+    start = time.monotonic()
+    n3.start(timeout=SYNC_TIMEOUT_S)
+    samples: list[tuple[float, int]] = []
+    deadline = start + SYNC_TIMEOUT_S
+    while True:
+        g = cluster_gauges(n3)
+        samples.append((time.monotonic(), g["percore_cluster_backfill_bytes_total"]))
+        nodes, _ = status(cluster.urls)
+        if nodes["n3"]["sync"] == "yes":
+            break
+        assert time.monotonic() < deadline, f"n3 never synced: {nodes}"
+        time.sleep(0.2)
+    synced_s = time.monotonic() - start
+    taken = samples[-1][1]
+    print(f"\npaced catch-up: n3 took {taken / MiB:.1f} MiB at most {rate // MiB} MiB/s, "
+          f"synced {synced_s:.1f} s after its start")
+    assert g["percore_cluster_backfill_limit_bytes_per_second"] == rate, g
+    assert taken >= missed, f"n3 took {taken} bytes, it missed {missed}"
+    # The bound: bytes between any two samples <= rate * dt + a second's
+    # burst + one 256 KiB read (+ a quarter second's worth for the time a
+    # /metrics answer takes).
+    worst = max(((b2 - b1) - rate * (t2 - t1), t1 - start)
+                for i, (t1, b1) in enumerate(samples) for (t2, b2) in samples[i + 1:])
+    assert worst[0] <= rate + 256 * KiB + rate // 4, (
+        f"n3 took {worst[0] / MiB:.2f} MiB more than the bound allows in a window "
+        f"{worst[1]:.1f} s after its start: {samples}")
+    assert synced_s >= (missed - rate) / rate, f"n3 synced after {synced_s:.1f} s: not paced"
+    assert cluster_gauges(n3)["percore_cluster_backfill_groups_left"] == 0
+    settle(cluster, cluster.nodes)
+    deadline = time.monotonic() + REPAIR_S
+    while True:
+        digests = {n.node_name: digest(n) for n in cluster.nodes}
+        problems = compare_digests(digests)
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not problems, "replicas differ after the paced catch-up:\n" + "\n".join(problems[:30])
 
 
 def test_add_a_fourth_node_under_load(cluster):
