@@ -815,6 +815,14 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     assert not late_gets, (f"GETs failed more than {MAP_LAG_S:.1f} s after writes resumed: "
                            f"{show_ops(late_gets[:10], kill_t)}")
 
+    # With n2 down every group has 2 of its 3 replicas up (degraded), none
+    # is unavailable, and the survivors lead every group between them.
+    groups = {n.node_name: {k.split('"')[1]: v for k, v in cluster_gauges(n).items()
+                            if k.startswith("percore_cluster_groups{")} for n in (n1, n3)}
+    for name, g in groups.items():
+        assert g["degraded"] == PGS and g["unavailable"] == 0 and g["held"] == PGS, (name, g)
+    assert sum(g["led"] for g in groups.values()) == PGS, groups
+
     # After the load, with n2 still down: both survivors serve every key as
     # acknowledged, and list them.
     for node in (n1, n3):
@@ -844,6 +852,11 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
             break
         time.sleep(0.5)
     print(f"  replicas agree {time.monotonic() - restart_t:.1f} s after n2's restart")
+    groups = {n.node_name: {k.split('"')[1]: v for k, v in cluster_gauges(n).items()
+                            if k.startswith("percore_cluster_groups{")} for n in cluster.nodes}
+    for name, g in groups.items():
+        assert g["degraded"] == 0 and g["unavailable"] == 0 and g["waiting"] == 0, (name, g)
+    assert sum(g["led"] for g in groups.values()) == PGS, groups
     assert not problems, ("replicas differ after n2 synced (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
     problems = check_reads(load_client(n2), bucket, possible, "n2")

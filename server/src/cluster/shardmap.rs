@@ -188,6 +188,45 @@ impl ShardMap {
         }
     }
 
+    /// Placement groups by health, as this node's map has them (the
+    /// `percore_cluster_groups` gauge): held here, led here, led here but
+    /// still in a takeover wait at `now`, with fewer than R replicas up
+    /// (cluster-wide), and with no replica up (cluster-wide).
+    #[must_use]
+    pub fn group_counts(&self, now: u64) -> [(&'static str, u64); 5] {
+        let (mut held, mut led, mut waiting, mut degraded, mut dark) = (0, 0, 0, 0, 0);
+        for pg in 0..self.pgs {
+            if self.holds_pg(pg) {
+                held += 1;
+            }
+            if self.primary_of_pg(pg) == self.node_id {
+                led += 1;
+                if self.lead_after(Some(pg)) > now {
+                    waiting += 1;
+                }
+            }
+            let up = self
+                .replicas_of_pg(pg)
+                .filter(|&n| {
+                    self.node(n)
+                        .is_some_and(|n| n.state == placement::NodeState::Up)
+                })
+                .count();
+            if up == 0 {
+                dark += 1;
+            } else if up < self.replica_count {
+                degraded += 1;
+            }
+        }
+        [
+            ("held", held),
+            ("led", led),
+            ("waiting", waiting),
+            ("degraded", degraded),
+            ("unavailable", dark),
+        ]
+    }
+
     /// The groups still waiting at `now` to be taken over from a known
     /// node, by that node.
     #[must_use]
