@@ -268,6 +268,12 @@ def cluster(etcd):  # noqa: F811
         c.close()
 
 
+def group_gauges(node: Node) -> dict[str, int]:
+    """`percore_cluster_groups{kind=...}` of a node's /metrics, by kind."""
+    return {k.split('"')[1]: v for k, v in cluster_gauges(node).items()
+            if k.startswith("percore_cluster_groups{")}
+
+
 def etag_md5(etag: str | None) -> str | None:
     return None if etag is None else etag.strip('"')
 
@@ -817,8 +823,7 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
 
     # With n2 down every group has 2 of its 3 replicas up (degraded), none
     # is unavailable, and the survivors lead every group between them.
-    groups = {n.node_name: {k.split('"')[1]: v for k, v in cluster_gauges(n).items()
-                            if k.startswith("percore_cluster_groups{")} for n in (n1, n3)}
+    groups = {n.node_name: group_gauges(n) for n in (n1, n3)}
     for name, g in groups.items():
         assert g["degraded"] == PGS and g["unavailable"] == 0 and g["held"] == PGS, (name, g)
     assert sum(g["led"] for g in groups.values()) == PGS, groups
@@ -852,8 +857,7 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
             break
         time.sleep(0.5)
     print(f"  replicas agree {time.monotonic() - restart_t:.1f} s after n2's restart")
-    groups = {n.node_name: {k.split('"')[1]: v for k, v in cluster_gauges(n).items()
-                            if k.startswith("percore_cluster_groups{")} for n in cluster.nodes}
+    groups = {n.node_name: group_gauges(n) for n in cluster.nodes}
     for name, g in groups.items():
         assert g["degraded"] == 0 and g["unavailable"] == 0 and g["waiting"] == 0, (name, g)
     assert sum(g["led"] for g in groups.values()) == PGS, groups

@@ -1121,12 +1121,20 @@ pub fn start_releases(shard: Rc<Shard>, ckey: [u8; 32]) {
     .detach();
 }
 
-async fn ask_release(ckey: &[u8; 32], map: &ShardMap, node: &MapNode) -> Result<(), String> {
+/// A node-authenticated `POST target` of a JSON `body` to `node`: its
+/// status and answer (at most `answer_max` bytes).
+async fn post_signed(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &MapNode,
+    target: &str,
+    body: &Value,
+    answer_max: usize,
+) -> Result<(u16, Vec<u8>), String> {
     let addr = node
         .s3
         .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
-    let body = serde_json::to_vec(&json!({ "epoch": map.epoch })).expect("serializable");
-    let target = "/_percore/release";
+    let body = serde_json::to_vec(body).expect("serializable");
     let mac = sign(
         ckey,
         map,
@@ -1135,9 +1143,14 @@ async fn ask_release(ckey: &[u8; 32], map: &ShardMap, node: &MapNode) -> Result<
         target,
         &peer_http::body_hash(&body),
     );
-    let (status, answer) = peer_http::call(addr, "POST", target, &mac, &body, 4096)
+    peer_http::call(addr, "POST", target, &mac, &body, answer_max)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+async fn ask_release(ckey: &[u8; 32], map: &ShardMap, node: &MapNode) -> Result<(), String> {
+    let body = json!({ "epoch": map.epoch });
+    let (status, answer) = post_signed(ckey, map, node, "/_percore/release", &body, 4096).await?;
     let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
     if status == 200 && v["released"].as_u64() == Some(map.epoch) {
         Ok(())
@@ -1265,29 +1278,23 @@ async fn remote_digest(
     pgs: &[u32],
     after: Option<(String, String)>,
 ) -> Result<DigestPage, String> {
-    let addr = node
-        .s3
-        .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
-    let body = serde_json::to_vec(&json!({
+    let body = json!({
         "epoch": map.epoch,
         "pgs": pgs,
         "after": after.as_ref().map(|(b, k)| json!([b, k])),
         "limit": DIGEST_PAGE,
         "mirror": mirror,
-    }))
-    .expect("serializable");
-    let target = "/_percore/digest";
-    let mac = sign(
+    });
+    let (status, answer) = post_signed(
         ckey,
         map,
-        node.id,
-        "POST",
-        target,
-        &peer_http::body_hash(&body),
-    );
-    let (status, answer) = peer_http::call(addr, "POST", target, &mac, &body, DIGEST_ANSWER_MAX)
-        .await
-        .map_err(|e| format!("digest from node {}: {e}", node.name))?;
+        node,
+        "/_percore/digest",
+        &body,
+        DIGEST_ANSWER_MAX,
+    )
+    .await
+    .map_err(|e| format!("digest from node {}: {e}", node.name))?;
     if status != 200 {
         return Err(format!(
             "digest from node {}: {status} {}",
