@@ -541,6 +541,20 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     h = node_header("GET", target, me, digest="-")
     st, body = internal(nodes[0], "GET", target, header=h)
     assert st == 403 and b"names its body" in body
+    # Releases: a malformed one is a bad request, an unsigned one is
+    # refused, and one for the node's own epoch is answered at once.
+    epoch = int(cluster_gauges(nodes[0])["percore_cluster_epoch"])
+    for bad_body in [b"", b"{", b'{"epoch":"x"}', b'{"epoch":1,"more":2}']:
+        st, body = internal(nodes[0], "POST", "/_percore/release", body=bad_body)
+        assert st == 400 and b"bad release request" in body, (bad_body, st, body)
+    release = json.dumps({"epoch": epoch}).encode()
+    h = node_header("POST", "/_percore/release", me, body=release, secret="wrong")
+    assert internal(nodes[0], "POST", "/_percore/release", body=release, header=h)[0] == 403
+    st, body = internal(nodes[0], "POST", "/_percore/release", body=release)
+    assert st == 200 and json.loads(body) == {"released": epoch}, (st, body)
+    st, body = internal(nodes[0], "POST", "/_percore/release",
+                        body=json.dumps({"epoch": epoch + 10_000}).encode())
+    assert st == 503 and b"too far ahead" in body, (st, body)
     # Everything still there.
     left = set(data) - set(gone)
     assert {o["Key"] for o in s3[0].list_objects_v2(Bucket="anynode", Prefix="obj/")

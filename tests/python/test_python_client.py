@@ -162,7 +162,11 @@ def test_pickled_client_keeps_its_settings(srv, bkt, client):
     """A client pickles as its settings, keys included (spawned workers)."""
     import pickle
 
-    c = percore.Client(srv.native_endpoint, "percore", "percore-secret", timeout=7.5)
+    c = percore.Client(srv.native_endpoint, "percore", "percore-secret", timeout=7.5,
+                       busy_for=2.5)
+    for bad in (-1.0, float("nan"), 1e9):
+        with pytest.raises(ValueError, match="busy_for"):
+            percore.Client(srv.native_endpoint, "percore", "percore-secret", busy_for=bad)
     c.put(bkt, "p", b"pickled")
     c2 = pickle.loads(pickle.dumps(c))
     assert c2.get(bkt, "p") == b"pickled" and c2.endpoint == c.endpoint

@@ -99,6 +99,9 @@ fn map_fresh_ms(ttl_ms: u64) -> u64 {
     ttl_ms * 2 / 3
 }
 
+/// The least time between map reads made to answer releases.
+const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
+
 /// How long a node that takes a group over from a node still up waits:
 /// longer than that node may go on leading under the older map.
 fn takeover_wait_ms(ttl_ms: u64) -> u64 {
@@ -261,6 +264,15 @@ struct Control {
     /// The placement groups this node held under the map last handed to
     /// the shards (None: none handed yet), sorted.
     held: Option<Vec<u32>>,
+    /// Its lease expired and it has not yet joined again and handed the
+    /// map read after that join to its shards: it leads nothing until it
+    /// has (`renew`).
+    rejoining: bool,
+    /// The newest epoch another node asked this one to release at, not
+    /// yet answered (0: none): the next map read answers it (`release`).
+    release_wanted: u64,
+    /// When the last map read was sent (None: none yet).
+    read_sent: Option<Instant>,
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -347,6 +359,9 @@ pub fn start(
         cluster: settings.cluster.clone(),
         feed,
         held: None,
+        rejoining: false,
+        release_wanted: 0,
+        read_sent: None,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -392,12 +407,19 @@ impl Control {
                         // The map changed: read it soon.
                         read_at = read_at.min(Instant::now() + Duration::from_millis(100));
                     }
-                    Ok(Report::Release(epoch)) => self.release(status, epoch),
+                    Ok(Report::Release(epoch)) => {
+                        if let Some(at) = self.release(status, epoch) {
+                            read_at = read_at.min(at);
+                        }
+                    }
                     Err(_) => {}
                 }
                 continue;
             }
             let renewing = renew_at <= read_at;
+            // Scheduled from when each call was sent: a slow etcd does not
+            // stretch the time between confirmations.
+            let started = Instant::now();
             let tick = catch_unwind(AssertUnwindSafe(|| {
                 if renewing {
                     self.renew(status)
@@ -408,9 +430,9 @@ impl Control {
             match tick {
                 Ok(Ok(())) if renewing => {
                     status.leased.store(true, Ordering::Relaxed);
-                    renew_at = Instant::now() + period;
+                    renew_at = started + period;
                 }
-                Ok(Ok(())) => read_at = Instant::now() + period,
+                Ok(Ok(())) => read_at = started + period,
                 Ok(Err(JoinError::Removed)) => {
                     status.leased.store(false, Ordering::Relaxed);
                     status.removed.store(true, Ordering::Relaxed);
@@ -449,21 +471,28 @@ impl Control {
     /// under the map read after that join (which says it is not synced:
     /// others may have taken writes meanwhile).
     fn renew(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
-        let sent = mono_ms();
-        let ttl = self.etcd.lease_keepalive(self.lease)?;
-        if ttl > 0 {
-            let ttl_s = u64::try_from(ttl).unwrap_or(0).min(self.ttl_s);
-            status.lead(0, sent, ttl_s);
-            return Ok(());
+        if !self.rejoining {
+            let sent = mono_ms();
+            let ttl = self.etcd.lease_keepalive(self.lease)?;
+            if ttl > 0 {
+                let ttl_s = u64::try_from(ttl).unwrap_or(0).min(self.ttl_s);
+                status.lead(0, sent, ttl_s);
+                return Ok(());
+            }
+            status.lead_until_ms.store(0, Ordering::Release);
+            warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
+            // Until the join and the map read after it both succeed (each
+            // try takes a new lease): a keepalive of a lease granted by a
+            // failed try must not let the node lead under its old map.
+            self.rejoining = true;
         }
-        status.lead_until_ms.store(0, Ordering::Release);
-        warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
         let sent = mono_ms();
         self.lease = self
             .etcd
             .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
         self.rejoin()?;
         let read = mono_ms();
+        self.read_sent = Some(Instant::now());
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
@@ -471,6 +500,7 @@ impl Control {
             status.map_read(read, self.ttl_s);
         }
         status.lead(view.epoch, sent, self.ttl_s);
+        self.rejoining = false;
         Ok(())
     }
 
@@ -490,6 +520,7 @@ impl Control {
     /// marks failed nodes.
     fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
         let sent = mono_ms();
+        self.read_sent = Some(Instant::now());
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
@@ -497,6 +528,13 @@ impl Control {
         // groups is held back until etcd says it is not synced).
         if self.feed.sent_epoch() >= view.epoch {
             status.map_read(sent, self.ttl_s);
+        }
+        if self.release_wanted > 0 && !self.rejoining {
+            // Answers every release asked since the last read at once.
+            status
+                .lead_epoch
+                .fetch_max(self.feed.sent_epoch(), Ordering::AcqRel);
+            self.release_wanted = 0;
         }
         let states = [
             NodeState::Up,
@@ -522,26 +560,27 @@ impl Control {
         Ok(())
     }
 
-    /// Another node takes groups over from this one under map `epoch`:
-    /// reads the map unless the shards have one at least as new, then lets
-    /// this node lead under none older than the newest they have (shards
-    /// still on an older map lead nothing until they take it, within a
-    /// shard's map poll). The asking shard sees `lead_epoch` reach `epoch`.
-    fn release(&mut self, status: &ClusterStatus, epoch: u64) {
-        if self.feed.sent_epoch() < epoch {
-            let tick = catch_unwind(AssertUnwindSafe(|| self.check_map(status)));
-            if !matches!(tick, Ok(Ok(()))) {
-                status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    epoch,
-                    "cluster: cannot read the map to release groups; the taking node waits"
-                );
-                return;
-            }
+    /// Another node leads groups this one may have led, under map
+    /// `epoch`: lets this node lead under none older than the newest its
+    /// shards have (shards still on an older map lead nothing until they
+    /// take it, within a shard's map poll) once that is at least `epoch`.
+    /// The asking shard sees `lead_epoch` reach `epoch`. If the shards'
+    /// map is older, the release waits for the next map read: when to read
+    /// (soon, but no more than one read per `RELEASE_READ_GAP` however
+    /// many nodes ask).
+    fn release(&mut self, status: &ClusterStatus, epoch: u64) -> Option<Instant> {
+        if self.feed.sent_epoch() >= epoch {
+            status
+                .lead_epoch
+                .fetch_max(self.feed.sent_epoch(), Ordering::AcqRel);
+            return None;
         }
-        status
-            .lead_epoch
-            .fetch_max(self.feed.sent_epoch(), Ordering::AcqRel);
+        self.release_wanted = self.release_wanted.max(epoch);
+        let now = Instant::now();
+        Some(
+            self.read_sent
+                .map_or(now, |t| (t + RELEASE_READ_GAP).max(now)),
+        )
     }
 
     /// Marks this node synced (it caught up under map `epoch`), if the map

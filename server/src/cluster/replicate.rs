@@ -44,11 +44,12 @@
 //!      {"released":E}; 503 if it cannot say so within RELEASE_WAIT
 //! ```
 //!
-//! **Releases.** A node that takes a group over from a node that is still
-//! up and no longer holds the group waits before it leads it
-//! (`ShardMap::set_takeovers`, `control::may_lead`), unless that node
-//! releases it first: shard 0 asks it (`start_releases`), and its answer
-//! means it reads the map and serves under none older than E.
+//! **Releases.** A node that leads a group another node may still lead
+//! under an older map (that node is still up and does not hold the group
+//! now) waits before it leads it (`ShardMap::set_takeovers`,
+//! `control::may_lead`), unless that node releases first: shard 0 asks it
+//! (`start_releases`), and its answer means it has read the map and leads
+//! under none older than E.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -1027,38 +1028,50 @@ const RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// How often shard 0 asks a node for groups it still waits for.
 const RELEASE_AGAIN: Duration = Duration::from_millis(500);
 
+/// Why a release was not answered.
+#[derive(Debug)]
+pub enum ReleaseRefused {
+    /// The request is malformed (400).
+    Bad(String),
+    /// Not now: retry (503).
+    Busy(String),
+}
+
 /// Answers `POST /_percore/release` (`{"epoch":E}`): this node's control
 /// thread reads the map (unless its shards hold E or newer) and lets it
 /// lead under no map older than the newest; answered once that is at
-/// least E. Err: 503's message (or a bad request's).
-pub async fn answer_release(map: &ShardMap, body: &[u8]) -> Result<Value, String> {
+/// least E.
+pub async fn answer_release(map: &ShardMap, body: &[u8]) -> Result<Value, ReleaseRefused> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Req {
         epoch: u64,
     }
-    let req: Req = serde_json::from_slice(body).map_err(|e| format!("bad release: {e}"))?;
+    let req: Req = serde_json::from_slice(body)
+        .map_err(|e| ReleaseRefused::Bad(format!("bad release request: {e}")))?;
     if req.epoch > map.epoch.saturating_add(EPOCH_AHEAD_MAX) {
-        return Err(format!(
+        return Err(ReleaseRefused::Busy(format!(
             "epoch {} is too far ahead of this node's map {}",
             req.epoch, map.epoch
-        ));
+        )));
     }
     let Some(status) = super::control::STATUS.get() else {
-        return Err("this node has no control thread".into());
+        return Err(ReleaseRefused::Busy(
+            "this node has no control thread".into(),
+        ));
     };
     let reached = || status.lead_epoch.load(std::sync::atomic::Ordering::Acquire) >= req.epoch;
     if !reached() {
         map.synced_tx
             .send(Report::Release(req.epoch))
-            .map_err(|_| "this node's control thread stopped".to_string())?;
+            .map_err(|_| ReleaseRefused::Busy("this node's control thread stopped".into()))?;
         let deadline = Instant::now() + RELEASE_WAIT;
         while !reached() {
             if Instant::now() >= deadline {
-                return Err(format!(
+                return Err(ReleaseRefused::Busy(format!(
                     "this node could not read a map as new as {} in time",
                     req.epoch
-                ));
+                )));
             }
             glommio::timer::sleep(Duration::from_millis(5)).await;
         }
@@ -1066,55 +1079,73 @@ pub async fn answer_release(map: &ShardMap, body: &[u8]) -> Result<Value, String
     Ok(json!({ "released": req.epoch }))
 }
 
+/// How many release requests shard 0 has in flight at most.
+const RELEASES_IN_FLIGHT: usize = 32;
+
 /// On shard 0 of every cluster node: while the map makes this node wait to
-/// take groups over from nodes that are still up, asks each of them to
-/// release its groups (`answer_release`); once one answers, the groups it
-/// led are led here at once (`ShardMap::released`). A node that cannot be
-/// reached (cut off) is waited out.
+/// lead groups that other nodes, still up, may lead under an older map,
+/// asks each of them to release (`answer_release`), all at once; once one
+/// answers, the waits for it end (`ShardMap::released`). A node that cannot
+/// be reached (cut off) is waited out, without holding up the others.
 pub fn start_releases(shard: Rc<Shard>, ckey: [u8; 32]) {
     glommio::spawn_local(async move {
-        // (epoch, node) -> when it was last asked.
-        let mut asked: BTreeMap<(u64, u32), Instant> = BTreeMap::new();
+        // (epoch, node) -> when it last answered (None: asked, no answer yet).
+        type Asked = BTreeMap<(u64, u32), Option<Instant>>;
+        let asked: Rc<std::cell::RefCell<Asked>> = Rc::default();
+        let in_flight = Rc::new(std::cell::Cell::new(0usize));
         loop {
             glommio::timer::sleep(Duration::from_millis(20)).await;
             let Some(map) = shard.cluster_map() else {
                 continue;
             };
             let pending = map.pending_takeovers(super::control::mono_ms());
-            asked.retain(|(e, _), _| *e == map.epoch);
-            for (from, pgs) in pending {
+            asked.borrow_mut().retain(|(e, _), _| *e == map.epoch);
+            for from in pending {
+                if in_flight.get() >= RELEASES_IN_FLIGHT {
+                    break;
+                }
                 if asked
+                    .borrow()
                     .get(&(map.epoch, from))
-                    .is_some_and(|t| t.elapsed() < RELEASE_AGAIN)
+                    .is_some_and(|t| t.is_none_or(|t| t.elapsed() < RELEASE_AGAIN))
                 {
                     continue;
                 }
-                asked.insert((map.epoch, from), Instant::now());
-                let Some(node) = map.node(from) else {
+                asked.borrow_mut().insert((map.epoch, from), None);
+                if map.node(from).is_none() {
                     continue;
-                };
-                match crate::frontend::http::timeout::within(
-                    RELEASE_WAIT + Duration::from_secs(1),
-                    ask_release(&ckey, &map, node),
-                )
-                .await
-                {
-                    Some(Ok(())) => {
-                        map.released(from, &pgs);
-                        tracing::info!(
-                            epoch = map.epoch,
-                            from = %node.name,
-                            groups = pgs.len(),
-                            "cluster: groups released; leading them"
-                        );
-                    }
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, from = %node.name, "cluster: release refused; waiting");
-                    }
-                    None => {
-                        tracing::debug!(from = %node.name, "cluster: release not answered; waiting");
-                    }
                 }
+                in_flight.set(in_flight.get() + 1);
+                let (map, asked, in_flight) = (map.clone(), asked.clone(), in_flight.clone());
+                glommio::spawn_local(async move {
+                    let node = map.node(from).expect("checked above");
+                    let answer = crate::frontend::http::timeout::within(
+                        RELEASE_WAIT + Duration::from_secs(1),
+                        ask_release(&ckey, &map, node),
+                    )
+                    .await;
+                    in_flight.set(in_flight.get() - 1);
+                    if let Some(t) = asked.borrow_mut().get_mut(&(map.epoch, from)) {
+                        *t = Some(Instant::now());
+                    }
+                    match answer {
+                        Some(Ok(())) => {
+                            map.released(from, map.epoch);
+                            tracing::info!(
+                                epoch = map.epoch,
+                                from = %node.name,
+                                "cluster: node released; leading the groups it held up"
+                            );
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, from = %node.name, "cluster: release refused; waiting");
+                        }
+                        None => {
+                            tracing::debug!(from = %node.name, "cluster: release not answered; waiting");
+                        }
+                    }
+                })
+                .detach();
             }
         }
     })

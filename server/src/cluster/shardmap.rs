@@ -8,7 +8,6 @@
 //! `ClusterMap` with the same map as JSON, so that clients compute the
 //! same placement (`percore_protocol::placement`) from the same nodes.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -56,21 +55,60 @@ pub struct ShardMap {
     /// this map sends its epoch (`replicate::start_catch_up`), one asked
     /// to release groups the epoch (`replicate::answer_release`).
     pub synced_tx: mpsc::Sender<Report>,
+    /// Per group: the nodes that led it under a map this node held and may
+    /// still lead it under that map (until their own map read is due:
+    /// `control::may_lead`). Kept across maps until they expire or release.
+    stale: Vec<Vec<Stale>>,
+    /// Nodes that may still lead any group under a map this node never
+    /// held: every other node up when this node took its first map, or a
+    /// map after a gap in epochs.
+    stale_any: Vec<Stale>,
     /// Per group this node leads: not before this time (`control::mono_ms`;
-    /// 0: at once). Set by `MapFeed::publish` where this node takes a
-    /// group over from a node that is still up and no longer holds it:
-    /// that node may go on serving it under its older map until its own
-    /// map read is due (`control::may_lead`), and the writes this node
-    /// takes meanwhile are not copied to it.
-    /// Atomics: a release (`released`) ends a wait early, seen by every
-    /// shard holding this map.
+    /// 0: at once): the latest `until` of the nodes in `stale` and
+    /// `stale_any` that are still up (a node whose lease expired stopped
+    /// leading before etcd let it be marked down) and do not hold the
+    /// group now (a node that holds it gets every write this node
+    /// acknowledges). Set by `MapFeed::publish`; atomics: a release
+    /// (`released`) ends a wait early, seen by every shard holding this
+    /// map.
     lead_after: Vec<AtomicU64>,
     /// The latest of `lead_after`.
     lead_after_max: AtomicU64,
-    /// Per group this node waits for: the node it takes it over from, if
-    /// known (it may be asked to release it: `replicate::start_releases`),
-    /// else `NO_NODE`.
-    takeover_from: Vec<u32>,
+}
+
+/// A node that may still lead a group under a map older than epoch
+/// `need`, until `until` (`control::mono_ms`; 0 once it released).
+#[derive(Debug)]
+struct Stale {
+    node: u32,
+    need: u64,
+    until: AtomicU64,
+}
+
+/// Adds `node` (may lead under maps older than `need` until `until`) to
+/// `list`, merged with its entry there if any.
+fn add_stale(list: &mut Vec<Stale>, node: u32, need: u64, until: u64) {
+    if let Some(s) = list.iter_mut().find(|s| s.node == node) {
+        s.need = s.need.max(need);
+        let u = s.until.get_mut();
+        *u = (*u).max(until);
+    } else {
+        list.push(Stale {
+            node,
+            need,
+            until: AtomicU64::new(until),
+        });
+    }
+}
+
+/// The entries of `list` still in force at `now`, added to `out`.
+fn carry_stale(list: &[Stale], now: u64, out: &mut Vec<Stale>) {
+    for s in list {
+        let until = s.until.load(Ordering::Acquire);
+        if until > now {
+            add_stale(out, s.node, s.need, until);
+        }
+    }
 }
 
 /// A node as the S3 door needs it (forwarding, fan-out).
@@ -169,9 +207,10 @@ impl ShardMap {
                 })
                 .collect(),
             synced_tx,
+            stale: Vec::new(),
+            stale_any: Vec::new(),
             lead_after: Vec::new(),
             lead_after_max: AtomicU64::new(0),
-            takeover_from: Vec::new(),
         })
     }
 
@@ -227,97 +266,131 @@ impl ShardMap {
         ]
     }
 
-    /// The groups still waiting at `now` to be taken over from a known
-    /// node, by that node.
+    /// The ids of the nodes this node still waits for at `now`: each may
+    /// go on leading, under an older map, a group this node leads now.
     #[must_use]
-    pub fn pending_takeovers(&self, now: u64) -> BTreeMap<u32, Vec<u32>> {
-        let mut by_node: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    pub fn pending_takeovers(&self, now: u64) -> Vec<u32> {
+        let mut nodes = Vec::new();
         if self.lead_after(None) <= now {
-            return by_node;
+            return nodes;
         }
-        for (pg, &from) in (0u32..).zip(&self.takeover_from) {
-            if from != NO_NODE && self.lead_after(Some(pg)) > now {
-                by_node.entry(from).or_default().push(pg);
-            }
-        }
-        by_node
-    }
-
-    /// Node `from` released `pgs` (it leads under no map older than this
-    /// one now): this node leads them at once.
-    pub fn released(&self, from: u32, pgs: &[u32]) {
-        for &pg in pgs {
-            if self.takeover_from.get(pg as usize) == Some(&from) {
-                self.lead_after[pg as usize].store(0, Ordering::Release);
-            }
-        }
-        let max = self
-            .lead_after
-            .iter()
-            .map(|a| a.load(Ordering::Acquire))
-            .max()
-            .unwrap_or(0);
-        self.lead_after_max.store(max, Ordering::Release);
-    }
-
-    /// Sets `lead_after`, given the map this node's shards held before
-    /// (`prev`), the time now and how long a node may serve under a map
-    /// older than the newest (`stale_ms`). A group this node leads waits
-    /// unless it led it already (and carries its wait on), or `prev` is the
-    /// map just before this one and the group's previous acting primary
-    /// is no longer up (its lease expired: it stopped leading before
-    /// etcd let it be marked down) or still holds the group (every write
-    /// this node acknowledges is on it). After a gap in epochs, or with no
-    /// previous map, it waits: a node this one never saw lead may have.
-    fn set_takeovers(&mut self, prev: Option<&ShardMap>, now: u64, stale_ms: u64) {
-        let prev = prev.filter(|p| p.pgs == self.pgs && p.node_id == self.node_id);
-        let next_epoch = prev.is_some_and(|p| p.epoch.checked_add(1) == Some(self.epoch));
-        let mut after = vec![0u64; self.pgs as usize];
-        let mut from = vec![NO_NODE; self.pgs as usize];
+        let up = self.up_ids();
         for pg in 0..self.pgs {
-            if self.primary_of_pg(pg) != self.node_id {
+            if self.lead_after(Some(pg)) <= now {
                 continue;
             }
-            let carried = prev.map_or(0, |p| p.lead_after(Some(pg)));
-            let old = prev.map(|p| p.primary_of_pg(pg));
-            let up = |o: u32| {
-                self.node(o).is_some_and(|n| {
-                    matches!(
-                        n.state,
-                        placement::NodeState::Up | placement::NodeState::Draining
-                    )
-                })
-            };
-            // (wait?, the node waited for if known)
-            let (wait, whom) = match old {
-                Some(o) if o == self.node_id => (false, NO_NODE),
-                Some(o) if next_epoch => {
-                    let safe = o == NO_NODE || self.replicas_of_pg(pg).any(|r| r == o) || !up(o);
-                    (!safe, if safe { NO_NODE } else { o })
+            for s in self.waits_of(pg, &up) {
+                if s.until.load(Ordering::Acquire) > now && !nodes.contains(&s.node) {
+                    nodes.push(s.node);
                 }
-                _ => (true, NO_NODE),
-            };
-            let mut at = if wait {
-                now.saturating_add(stale_ms)
+            }
+        }
+        nodes.sort_unstable();
+        nodes
+    }
+
+    /// Node `from` released at `epoch` (it leads under no map older than
+    /// that): it no longer holds up any group that waits for it to see a
+    /// map no newer than `epoch`.
+    pub fn released(&self, from: u32, epoch: u64) {
+        for s in self.stale.iter().flatten().chain(&self.stale_any) {
+            if s.node == from && s.need <= epoch {
+                s.until.store(0, Ordering::Release);
+            }
+        }
+        self.refresh_waits();
+    }
+
+    /// The ids of the nodes that may lead: up or draining (sorted).
+    fn up_ids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.state,
+                    placement::NodeState::Up | placement::NodeState::Draining
+                )
+            })
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// The entries that hold up group `pg` (led here): nodes other than
+    /// this one, up (`up`: `up_ids`), that do not hold the group now.
+    fn waits_of<'a>(&'a self, pg: u32, up: &'a [u32]) -> impl Iterator<Item = &'a Stale> + 'a {
+        self.stale
+            .get(pg as usize)
+            .into_iter()
+            .flatten()
+            .chain(&self.stale_any)
+            .filter(move |s| {
+                s.node != self.node_id
+                    && up.binary_search(&s.node).is_ok()
+                    && !self.replicas_of_pg(pg).any(|r| r == s.node)
+            })
+    }
+
+    /// Sets `lead_after` from `stale` and `stale_any`.
+    fn refresh_waits(&self) {
+        let up = self.up_ids();
+        let mut max = 0;
+        for (pg, after) in (0u32..).zip(&self.lead_after) {
+            let at = if self.primary_of_pg(pg) == self.node_id {
+                self.waits_of(pg, &up)
+                    .map(|s| s.until.load(Ordering::Acquire))
+                    .max()
+                    .unwrap_or(0)
             } else {
                 0
             };
-            let mut whom = whom;
-            if carried > now && carried >= at {
-                // A wait carried over: for whom it waited.
-                at = carried;
-                whom = prev
-                    .and_then(|p| p.takeover_from.get(pg as usize).copied())
-                    .unwrap_or(NO_NODE);
-            }
-            if at > now {
-                after[pg as usize] = at;
-                from[pg as usize] = whom;
+            after.store(at, Ordering::Release);
+            max = max.max(at);
+        }
+        self.lead_after_max.store(max, Ordering::Release);
+    }
+
+    /// Sets the takeover waits, given the map this node's shards held
+    /// before (`prev`), the time now and how long a node may lead under a
+    /// map older than the newest (`stale_ms`). A group's acting primary in
+    /// `prev`, if this map is the next epoch and gives the group another
+    /// primary, may lead it under `prev` for `stale_ms` more; so may any
+    /// other up node, under a map this node never held, after a gap in
+    /// epochs or with no previous map. These entries carry over to later
+    /// maps while they last, so a chain of takeovers (a drained node, then
+    /// its successor unsynced) waits for every node that may still lead.
+    fn set_takeovers(&mut self, prev: Option<&ShardMap>, now: u64, stale_ms: u64) {
+        let prev = prev.filter(|p| p.pgs == self.pgs && p.node_id == self.node_id);
+        let next_epoch = prev.is_some_and(|p| p.epoch.checked_add(1) == Some(self.epoch));
+        let until = now.saturating_add(stale_ms);
+        let mut any = Vec::new();
+        if let Some(p) = prev {
+            carry_stale(&p.stale_any, now, &mut any);
+        }
+        if !next_epoch {
+            for id in self.up_ids() {
+                if id != self.node_id {
+                    add_stale(&mut any, id, self.epoch, until);
+                }
             }
         }
-        *self.lead_after_max.get_mut() = after.iter().copied().max().unwrap_or(0);
-        self.lead_after = after.into_iter().map(AtomicU64::new).collect();
-        self.takeover_from = from;
+        let mut stale = Vec::with_capacity(self.pgs as usize);
+        for pg in 0..self.pgs {
+            let mut list = Vec::new();
+            if let Some(p) = prev {
+                if let Some(old) = p.stale.get(pg as usize) {
+                    carry_stale(old, now, &mut list);
+                }
+                let o = p.primary_of_pg(pg);
+                if next_epoch && o != NO_NODE && o != self.node_id && o != self.primary_of_pg(pg) {
+                    add_stale(&mut list, o, self.epoch, until);
+                }
+            }
+            stale.push(list);
+        }
+        self.stale = stale;
+        self.stale_any = any;
+        self.lead_after = (0..self.pgs).map(|_| AtomicU64::new(0)).collect();
+        self.refresh_waits();
     }
 
     #[must_use]
@@ -568,79 +641,157 @@ mod tests {
         }
     }
 
-    /// A node waits before it leads a group taken from a node that is
-    /// still up and no longer holds it (drained), not one taken from a
-    /// down node or one that stays a replica; it carries a wait over to
-    /// the next map, and after a gap in epochs it waits for every group it
-    /// did not lead.
+    /// The groups `m`'s node leads.
+    fn led(m: &ShardMap) -> Vec<u32> {
+        (0..m.pgs)
+            .filter(|&pg| m.primary_of_pg(pg) == m.node_id)
+            .collect()
+    }
+
+    /// Releases every wait of `m` (as if every node answered).
+    fn release_all(m: &ShardMap) {
+        for n in m.pending_takeovers(0) {
+            m.released(n, m.epoch);
+        }
+        assert_eq!(m.lead_after(None), 0);
+    }
+
+    /// A node waits before it leads a group that another node may still
+    /// lead under an older map: on its first map, every other up node
+    /// that does not hold the group now; on the next epoch, the group's
+    /// previous primary if it is still up and no longer holds it (drained),
+    /// not if it is down; after a gap in epochs, every such node again,
+    /// groups it led before included. Waits carry over to later maps, so
+    /// a chain of takeovers waits for the first node too; a release clears
+    /// only the waits of the node that released, for maps it has seen.
     #[test]
-    fn takeovers_wait_only_for_nodes_that_may_still_serve() {
+    fn takeovers_wait_for_every_node_that_may_still_lead() {
         let me = 1;
         let all_up = ["up", "up", "up", "up"];
-        let mut prev = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
-        prev.set_takeovers(None, 1000, 500);
-        // The first map: every group this node leads waits.
-        let led: Vec<u32> = (0..128)
-            .filter(|&pg| prev.primary_of_pg(pg) == me)
-            .collect();
-        assert!(!led.is_empty());
-        assert!(led.iter().all(|&pg| prev.lead_after(Some(pg)) == 1500));
-        assert_eq!(prev.lead_after(None), 1500);
-        let prev_at = |m: &ShardMap, pg: u32| m.primary_of_pg(pg);
+        // The first map: with 4 nodes and 2 replicas, every group this node
+        // leads has an up node that does not hold it: all wait.
+        let mut first = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
+        first.set_takeovers(None, 1000, 500);
+        assert!(!led(&first).is_empty());
+        assert!(led(&first)
+            .iter()
+            .all(|&pg| first.lead_after(Some(pg)) == 1500));
+        assert!((0..128)
+            .filter(|&pg| first.primary_of_pg(pg) != me)
+            .all(|pg| first.lead_after(Some(pg)) == 0));
+        assert_eq!(first.pending_takeovers(1000), [2, 3, 4]);
+        // A release for an older map clears nothing; one node's release
+        // clears only the groups no other node holds up.
+        first.released(2, 4);
+        assert_eq!(first.lead_after(None), 1500);
+        first.released(2, 5);
+        assert_eq!(first.pending_takeovers(1000), [3, 4]);
+        for pg in led(&first) {
+            let others = [3, 4]
+                .iter()
+                .any(|&n| !first.replicas_of_pg(pg).any(|r| r == n));
+            assert_eq!(first.lead_after(Some(pg)), if others { 1500 } else { 0 });
+        }
+        release_all(&first);
+        // Past the wait: nothing carried.
+        let mut later = ShardMap::build("c", me, &view(6, &all_up)).unwrap();
+        later.set_takeovers(Some(&first), 2000, 500);
+        assert_eq!(later.lead_after(None), 0);
+
+        // Every node holds every group (R = node count): nothing to wait for.
+        let mut small = ShardMap::build("c", me, &view(5, &["up", "up"])).unwrap();
+        small.set_takeovers(None, 1000, 500);
+        assert_eq!(small.lead_after(None), 0);
+        assert!(small.pending_takeovers(1000).is_empty());
+
+        let mut base = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
+        base.set_takeovers(None, 1000, 500);
+        release_all(&base);
         // Node 2 drained (up, holds nothing) or down (its lease expired).
         for (state, waits) in [("draining", true), ("down", false)] {
             let mut next = ShardMap::build("c", me, &view(6, &["up", state, "up", "up"])).unwrap();
-            next.set_takeovers(Some(&prev), 1200, 500);
+            next.set_takeovers(Some(&base), 1200, 500);
             let mut taken = 0;
             for pg in 0..128 {
-                if next.primary_of_pg(pg) != me {
-                    assert_eq!(next.lead_after(Some(pg)), 0);
-                    continue;
-                }
-                let old = prev_at(&prev, pg);
-                let expect = if old == me {
-                    1500 // carried over
-                } else if old == 2 && waits && !next.replicas_of_pg(pg).any(|r| r == 2) {
+                let expect = if next.primary_of_pg(pg) == me && base.primary_of_pg(pg) == 2 && waits
+                {
                     taken += 1;
                     1700
                 } else {
                     0
                 };
-                assert_eq!(
-                    next.lead_after(Some(pg)),
-                    expect,
-                    "{state} pg {pg} from {old}"
-                );
+                assert_eq!(next.lead_after(Some(pg)), expect, "{state} pg {pg}");
             }
             assert_eq!(taken > 0, waits, "{state}");
-            // Node 2 is asked to release the groups taken from it; once
-            // it did, they are led at once (carried waits stay).
-            let pending = next.pending_takeovers(1200);
             if waits {
-                let pgs = pending[&2].clone();
-                assert_eq!(pending.len(), 1);
-                assert_eq!(pgs.len(), taken);
-                next.released(3, &pgs);
-                assert!(pgs.iter().all(|&pg| next.lead_after(Some(pg)) == 1700));
-                next.released(2, &pgs);
-                assert!(pgs.iter().all(|&pg| next.lead_after(Some(pg)) == 0));
-                assert_eq!(next.lead_after(None), 1500);
-                assert!(next.pending_takeovers(1200).is_empty());
+                assert_eq!(next.pending_takeovers(1200), [2]);
+                next.released(3, 6);
+                next.released(2, 5);
+                assert_eq!(next.lead_after(None), 1700);
+                next.released(2, 6);
+                assert_eq!(next.lead_after(None), 0);
             } else {
-                assert!(pending.is_empty());
+                assert!(next.pending_takeovers(1200).is_empty());
             }
-            // A gap in epochs: every group taken from another node waits.
+            // A gap in epochs: every group this node leads waits for the up
+            // nodes that do not hold it, those it led before included.
             let mut gap = ShardMap::build("c", me, &view(8, &["up", state, "up", "up"])).unwrap();
-            gap.set_takeovers(Some(&prev), 1200, 500);
-            for pg in (0..128).filter(|&pg| gap.primary_of_pg(pg) == me) {
-                let expect = if prev_at(&prev, pg) == me { 1500 } else { 1700 };
-                assert_eq!(gap.lead_after(Some(pg)), expect);
+            gap.set_takeovers(Some(&base), 1200, 500);
+            let up_others: &[u32] = if waits { &[2, 3, 4] } else { &[3, 4] };
+            for pg in led(&gap) {
+                let others = up_others
+                    .iter()
+                    .any(|&n| !gap.replicas_of_pg(pg).any(|r| r == n));
+                assert_eq!(
+                    gap.lead_after(Some(pg)),
+                    if others { 1700 } else { 0 },
+                    "pg {pg}"
+                );
             }
+            assert!(led(&gap)
+                .iter()
+                .any(|&pg| base.primary_of_pg(pg) == me && gap.lead_after(Some(pg)) == 1700));
         }
-        // Past the wait: nothing carried.
-        let mut later = ShardMap::build("c", me, &view(6, &all_up)).unwrap();
-        later.set_takeovers(Some(&prev), 2000, 500);
-        assert_eq!(later.lead_after(None), 0);
+    }
+
+    /// A chain: node 2 drains (its groups go to others, unreleased), then
+    /// node 3 too: a group 2 led at epoch 5 and this node leads at epoch 7
+    /// waits for 2 as well as for 3; 2's release leaves only the waits for 3.
+    #[test]
+    fn chained_takeovers_wait_for_every_earlier_primary() {
+        let me = 1;
+        let mut base = ShardMap::build("c", me, &view(5, &["up", "up", "up", "up"])).unwrap();
+        base.set_takeovers(None, 1000, 500);
+        release_all(&base);
+        let mut six = ShardMap::build("c", me, &view(6, &["up", "draining", "up", "up"])).unwrap();
+        six.set_takeovers(Some(&base), 1200, 500);
+        let mut seven =
+            ShardMap::build("c", me, &view(7, &["up", "draining", "draining", "up"])).unwrap();
+        seven.set_takeovers(Some(&six), 1300, 500);
+        let mut chained = 0;
+        for pg in led(&seven) {
+            let from2 = base.primary_of_pg(pg) == 2;
+            let from3 = six.primary_of_pg(pg) == 3;
+            if from2 && six.primary_of_pg(pg) != me {
+                chained += 1;
+            }
+            let expect = if from3 {
+                1800
+            } else if from2 {
+                1700
+            } else {
+                0
+            };
+            assert_eq!(seven.lead_after(Some(pg)), expect, "pg {pg}");
+        }
+        assert!(chained > 0);
+        // 2 releases: only the waits for 3 remain.
+        seven.released(2, 7);
+        assert_eq!(seven.pending_takeovers(1300), [3]);
+        for pg in led(&seven) {
+            let expect = if six.primary_of_pg(pg) == 3 { 1800 } else { 0 };
+            assert_eq!(seven.lead_after(Some(pg)), expect);
+        }
     }
 
     #[test]
@@ -657,9 +808,10 @@ mod tests {
             json: json.into(),
             nodes: Vec::new(),
             synced_tx: mpsc::channel().0,
+            stale: Vec::new(),
+            stale_any: Vec::new(),
             lead_after: Vec::new(),
             lead_after_max: AtomicU64::new(0),
-            takeover_from: Vec::new(),
         };
         feed.publish(map(1, "a"), 0, 0);
         feed.publish(map(1, "a"), 0, 0);

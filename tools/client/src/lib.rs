@@ -11,7 +11,9 @@
 //!   object becomes visible.
 //! - **Retries and timeouts**: idempotent requests (reads, Stat, List,
 //!   Delete, and PUTs from memory) are retried on connection failures and
-//!   `Busy`, with backoff; every request has a deadline.
+//!   `Busy`, with backoff (`Busy` for up to `Config::busy_for`: a cluster
+//!   answers it while a placement group changes hands); every request has
+//!   a deadline.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), percore_client::Error> {
@@ -114,6 +116,13 @@ pub struct Config {
     pub timeout: Duration,
     /// Attempts of an idempotent request.
     pub attempts: u32,
+    /// How long an idempotent request answered `Busy` is tried again past
+    /// `attempts` (backoff up to `BUSY_BACKOFF_MAX`): a cluster node
+    /// answers Busy while it takes a placement group over from a node that
+    /// may still serve it, or while it cannot confirm its lease with etcd,
+    /// for up to about a lease time after a node fails. Zero: `attempts`
+    /// only.
+    pub busy_for: Duration,
     pub connect_timeout: Duration,
     /// Connect to the shard that owns each key (else everything goes over
     /// the first connection and the server forwards).
@@ -132,6 +141,7 @@ impl Config {
             secret_key: secret_key.into(),
             timeout: Duration::from_secs(30),
             attempts: 3,
+            busy_for: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(5),
             shard_aware: true,
         }
@@ -386,6 +396,7 @@ impl Client {
         let mut delay = Duration::from_millis(20);
         let mut tries = 0;
         let mut wrong_node = 0;
+        let started = tokio::time::Instant::now();
         loop {
             tries += 1;
             let r = match tokio::time::timeout(self.cfg.timeout, attempt()).await {
@@ -403,7 +414,15 @@ impl Client {
                 }
                 Err(e) if idempotent && e.retryable() && tries < self.cfg.attempts.max(1) => {
                     tokio::time::sleep(delay).await;
-                    delay *= 4;
+                    delay = (delay * 4).min(BUSY_BACKOFF_MAX);
+                }
+                Err(e)
+                    if idempotent
+                        && e.status() == Some(Status::Busy)
+                        && started.elapsed() + delay < self.cfg.busy_for =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 4).min(BUSY_BACKOFF_MAX);
                 }
                 r => return r,
             }
@@ -623,6 +642,9 @@ async fn simple_on(conn: &Conn, req: &Request) -> Result<Reply> {
         )),
     }
 }
+
+/// The longest wait between two tries of a request answered Busy.
+pub const BUSY_BACKOFF_MAX: Duration = Duration::from_millis(500);
 
 /// The map of the cluster node at the end of `conn` (retrying Busy: a node
 /// that just started may not have read it yet).

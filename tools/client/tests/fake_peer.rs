@@ -57,6 +57,8 @@ impl Fake {
     fn config(&self) -> Config {
         let mut c = Config::new(format!("127.0.0.1:{}", self.port), ACCESS, SECRET);
         c.timeout = Duration::from_secs(5);
+        // Busy counts against `attempts` only, unless a test says otherwise.
+        c.busy_for = Duration::ZERO;
         c
     }
     fn requests(&self) -> usize {
@@ -293,6 +295,40 @@ async fn busy_past_the_attempts_is_returned() {
         Some(Status::Busy)
     );
     assert_eq!(f.requests() - before, 1);
+}
+
+/// Busy past the attempts goes on for `busy_for` (a cluster taking a
+/// placement group over answers Busy for up to about a lease), with the
+/// backoff capped, and no longer.
+#[tokio::test]
+async fn busy_is_retried_for_busy_for() {
+    let f = fake(Peer::BusyFirst(6)).await;
+    let mut cfg = f.config();
+    cfg.busy_for = Duration::from_secs(5);
+    let c = Client::connect(cfg).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(c.stat("b", "k").await.unwrap().size, 5);
+    assert_eq!(f.requests(), 7);
+    // 20 + 80 + 320 + 500 + 500 + 500 ms.
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1900), "{took:?}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+
+    let f = fake(Peer::BusyFirst(1000)).await;
+    let mut cfg = f.config();
+    cfg.busy_for = Duration::from_millis(1500);
+    let c = Client::connect(cfg).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(
+        c.stat("b", "k").await.unwrap_err().status(),
+        Some(Status::Busy)
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500) + Duration::from_secs(1),
+        "{took:?}"
+    );
+    assert!((4..=7).contains(&f.requests()), "{}", f.requests());
 }
 
 #[tokio::test]

@@ -138,7 +138,9 @@ struct Session {
 /// A client of one percore server (any shard's native address).
 ///
 /// `Client(endpoint=None, access_key=None, secret_key=None, *, timeout=30.0,
-/// attempts=3, threads=2, shard_aware=True)`; unset arguments come from
+/// attempts=3, threads=2, shard_aware=True, busy_for=15.0)`; a request
+/// answered Busy (a cluster moving a placement group) is tried again for up
+/// to `busy_for` seconds; unset arguments come from
 /// `PERCORE_ENDPOINT` (default `127.0.0.1:9100`), `PERCORE_ACCESS_KEY` and
 /// `PERCORE_SECRET_KEY` (default: the server's loopback-only defaults).
 #[pyclass(module = "percore._native", name = "Client", frozen)]
@@ -456,7 +458,7 @@ struct Target {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (endpoint=None, access_key=None, secret_key=None, timeout=30.0, attempts=3, threads=2, shard_aware=true))]
+    #[pyo3(signature = (endpoint=None, access_key=None, secret_key=None, timeout=30.0, attempts=3, threads=2, shard_aware=true, busy_for=15.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -467,11 +469,15 @@ impl Client {
         attempts: u32,
         threads: usize,
         shard_aware: bool,
+        busy_for: f64,
     ) -> PyResult<Client> {
         if !(timeout.is_finite() && timeout > 0.0) {
             return Err(PyValueError::new_err(
                 "timeout must be a positive number of seconds",
             ));
+        }
+        if !(busy_for.is_finite() && (0.0..=3600.0).contains(&busy_for)) {
+            return Err(PyValueError::new_err("busy_for must be 0..=3600 seconds"));
         }
         if threads == 0 || threads > 256 {
             return Err(PyValueError::new_err("threads must be 1..=256"));
@@ -485,6 +491,7 @@ impl Client {
         cfg.timeout = Duration::from_secs_f64(timeout);
         cfg.attempts = attempts.max(1);
         cfg.shard_aware = shard_aware;
+        cfg.busy_for = Duration::from_secs_f64(busy_for);
         let c = Client {
             cfg,
             threads,
@@ -515,6 +522,7 @@ impl Client {
             self.cfg.attempts,
             self.threads,
             self.cfg.shard_aware,
+            self.cfg.busy_for.as_secs_f64(),
         );
         Ok((py.get_type::<Client>(), args)
             .into_pyobject(py)?
