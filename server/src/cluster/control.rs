@@ -79,6 +79,40 @@ pub struct ClusterStatus {
 /// `may_lead` on the shards: plain atomics written by the control thread).
 pub static STATUS: std::sync::OnceLock<Arc<ClusterStatus>> = std::sync::OnceLock::new();
 
+/// A node as placement sees it: id, state, when it took that state.
+type Member = (u32, String, u64);
+
+/// What places groups on nodes, per node: its id, state and when it took
+/// that state (`since_ms` moves on every state change, so a change and
+/// its reversal in maps a node never saw still show). A node's `synced`
+/// flag is not in it: it moves primaries, not replicas.
+fn membership(view: &View) -> Vec<Member> {
+    view.nodes
+        .iter()
+        .map(|(n, _)| (n.id, n.state.clone(), n.since_ms))
+        .collect()
+}
+
+/// Whether maps between `before` and `now` (both of node `me`) may have
+/// taken a group from `me` and given it back. A group leaves a node only
+/// when another node enters its replicas (placed: `up` or `down`), or
+/// when the node itself stops holding (drained, out); to give it back,
+/// that node must leave again. So some node that holds nothing now
+/// (draining, out) changed since `before` (its state or its `since_ms`),
+/// or `me` itself did; a node added and removed unseen needs a lease or
+/// more without a map read (`publish`'s `blind`). A node that returned
+/// (`down` to `up`), or was added and holds groups now, gives nothing
+/// back: no catch-up for those.
+fn may_have_left_and_returned(me: u32, before: &[Member], now: &[Member]) -> bool {
+    now.iter().any(|n| {
+        let placed = matches!(
+            NodeState::from_name(&n.1),
+            Some(NodeState::Up | NodeState::Down)
+        );
+        (n.0 == me || !placed) && !before.contains(n)
+    })
+}
+
 /// How much sooner than etcd a node gives up leading: room for a request
 /// that checked `may_lead` to finish, for clock rate differences and for
 /// a paused process. A quarter of the lease, at least 500 ms.
@@ -264,6 +298,12 @@ struct Control {
     /// The placement groups this node held under the map last handed to
     /// the shards (None: none handed yet), sorted.
     held: Option<Vec<u32>>,
+    /// The epoch of the map last handed to the shards and what moves
+    /// placement groups in it (`membership`): a gap in epochs across
+    /// which it changed may have taken a group away and back.
+    membership: Option<(u64, Vec<Member>)>,
+    /// When `publish` last ran (a map read succeeded).
+    published_at: Option<Instant>,
     /// Its lease expired and it has not yet joined again and handed the
     /// map read after that join to its shards: it leads nothing until it
     /// has (`renew`).
@@ -359,6 +399,8 @@ pub fn start(
         cluster: settings.cluster.clone(),
         feed,
         held: None,
+        membership: None,
+        published_at: None,
         rejoining: false,
         release_wanted: 0,
         read_sent: None,
@@ -603,6 +645,13 @@ impl Control {
 
     /// Hands the map to the shards (when it changed).
     fn publish(&mut self, view: &View) {
+        // A read after a lease or more without one: maps may have come and
+        // gone meanwhile (a node added and removed), unseen.
+        let now = Instant::now();
+        let blind = self
+            .published_at
+            .is_some_and(|t| now.duration_since(t) >= Duration::from_secs(self.ttl_s));
+        self.published_at = Some(now);
         // Placing every group costs up to seconds on a large map: only
         // when the map changed (this thread also renews the lease).
         let built = ShardMap::client_json(&self.cluster, view).and_then(|json| {
@@ -615,10 +664,20 @@ impl Control {
             Ok(None) => {}
             Ok(Some(m)) => {
                 let held: Vec<u32> = (0..m.pgs).filter(|&pg| m.holds_pg(pg)).collect();
-                let gained = self
-                    .held
-                    .as_ref()
-                    .is_some_and(|prev| held.iter().any(|pg| prev.binary_search(pg).is_err()));
+                // Gained: a group held now and not under the last map; or,
+                // across a gap in epochs, any group, if one may have left
+                // this node in maps it never saw and come back, with
+                // writes it never got.
+                let members = membership(view);
+                let gap = self.membership.as_ref().is_some_and(|(epoch, before)| {
+                    m.epoch > epoch.saturating_add(1)
+                        && (blind || may_have_left_and_returned(self.id, before, &members))
+                });
+                let gained = gap
+                    || self
+                        .held
+                        .as_ref()
+                        .is_some_and(|prev| held.iter().any(|pg| prev.binary_search(pg).is_err()));
                 if gained && m.node(m.node_id).is_some_and(|n| n.synced) {
                     // New groups hold nothing here yet: this node must not
                     // lead them (nor repair their replicas from empty)
@@ -638,6 +697,7 @@ impl Control {
                     return;
                 }
                 self.held = Some(held);
+                self.membership = Some((m.epoch, members));
                 let wait = takeover_wait_ms(self.ttl_s.saturating_mul(1000));
                 self.feed.publish(m, mono_ms(), wait);
             }
@@ -646,6 +706,7 @@ impl Control {
     }
 
     /// Marks this node not synced in etcd (it gained placement groups).
+    /// See `membership` for when a missed map may have moved groups.
     fn set_synced(&mut self, synced: bool) -> Result<(), String> {
         map::update_node(&self.etcd, &self.keys, &self.joining.name, &|_, r| {
             Ok(
@@ -678,5 +739,52 @@ impl Control {
                 self.rejoin()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_have_left_and_returned;
+
+    fn m(nodes: &[(u32, &str, u64)]) -> Vec<(u32, String, u64)> {
+        nodes.iter().map(|&(id, s, t)| (id, s.into(), t)).collect()
+    }
+
+    /// Across a gap, a catch-up is needed only when a group may have left
+    /// this node (1) and come back: some node that holds nothing now
+    /// changed, or this node did.
+    #[test]
+    fn a_gap_needs_a_catch_up_only_when_a_group_may_have_come_back() {
+        let before = m(&[(1, "up", 10), (2, "up", 10), (3, "draining", 10)]);
+        // Only synced flags moved (not in the membership), or a node went
+        // down and came back up, or a node was added and holds groups.
+        assert!(!may_have_left_and_returned(1, &before, &before));
+        let returned = m(&[(1, "up", 10), (2, "up", 30), (3, "draining", 10)]);
+        assert!(!may_have_left_and_returned(1, &before, &returned));
+        let added = m(&[
+            (1, "up", 10),
+            (2, "up", 10),
+            (3, "draining", 10),
+            (4, "up", 40),
+        ]);
+        assert!(!may_have_left_and_returned(1, &before, &added));
+        // Node 3 undrained and drained again, node 4 added and drained,
+        // node 2 out and back out, this node drained and undrained.
+        let again = m(&[(1, "up", 10), (2, "up", 10), (3, "draining", 50)]);
+        assert!(may_have_left_and_returned(1, &before, &again));
+        let drained = m(&[
+            (1, "up", 10),
+            (2, "up", 10),
+            (3, "draining", 10),
+            (4, "draining", 60),
+        ]);
+        assert!(may_have_left_and_returned(1, &before, &drained));
+        let out = m(&[(1, "up", 10), (2, "out", 70), (3, "draining", 10)]);
+        assert!(may_have_left_and_returned(1, &before, &out));
+        let me = m(&[(1, "up", 80), (2, "up", 10), (3, "draining", 10)]);
+        assert!(may_have_left_and_returned(1, &before, &me));
+        // Node 2 removed (it held groups: it gives none back).
+        let removed = m(&[(1, "up", 10), (3, "draining", 10)]);
+        assert!(!may_have_left_and_returned(1, &before, &removed));
     }
 }

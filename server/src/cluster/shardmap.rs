@@ -66,9 +66,9 @@ pub struct ShardMap {
     /// Per group this node leads: not before this time (`control::mono_ms`;
     /// 0: at once): the latest `until` of the nodes in `stale` and
     /// `stale_any` that are still up (a node whose lease expired stopped
-    /// leading before etcd let it be marked down) and do not hold the
-    /// group now (a node that holds it gets every write this node
-    /// acknowledges). Set by `MapFeed::publish`; atomics: a release
+    /// leading before etcd let it be marked down), except a `covered`
+    /// one that holds the group now while this node is synced (see
+    /// `Stale::covered`). Set by `MapFeed::publish`; atomics: a release
     /// (`released`) ends a wait early, seen by every shard holding this
     /// map.
     lead_after: Vec<AtomicU64>,
@@ -83,13 +83,23 @@ struct Stale {
     node: u32,
     need: u64,
     until: AtomicU64,
+    /// Known to be harmless while `node` holds the group and this node is
+    /// synced: the map `node` led the group under (the one before `need`)
+    /// made this node an up replica of it, so `node` can acknowledge no
+    /// write without this node's copy, which this node refuses (its map is
+    /// newer); and `node`, a replica now, gets every write this node
+    /// acknowledges, so its reads are not stale either. Never set for a
+    /// map this node did not hold (`stale_any`): a node that joined a
+    /// group in it may lead it with writes this node never got.
+    covered: bool,
 }
 
 /// Adds `node` (may lead under maps older than `need` until `until`) to
-/// `list`, merged with its entry there if any.
-fn add_stale(list: &mut Vec<Stale>, node: u32, need: u64, until: u64) {
+/// `list`, merged with its entry there if any (covered only if both are).
+fn add_stale(list: &mut Vec<Stale>, node: u32, need: u64, until: u64, covered: bool) {
     if let Some(s) = list.iter_mut().find(|s| s.node == node) {
         s.need = s.need.max(need);
+        s.covered &= covered;
         let u = s.until.get_mut();
         *u = (*u).max(until);
     } else {
@@ -97,6 +107,7 @@ fn add_stale(list: &mut Vec<Stale>, node: u32, need: u64, until: u64) {
             node,
             need,
             until: AtomicU64::new(until),
+            covered,
         });
     }
 }
@@ -106,7 +117,7 @@ fn carry_stale(list: &[Stale], now: u64, out: &mut Vec<Stale>) {
     for s in list {
         let until = s.until.load(Ordering::Acquire);
         if until > now {
-            add_stale(out, s.node, s.need, until);
+            add_stale(out, s.node, s.need, until, s.covered);
         }
     }
 }
@@ -316,8 +327,10 @@ impl ShardMap {
     }
 
     /// The entries that hold up group `pg` (led here): nodes other than
-    /// this one, up (`up`: `up_ids`), that do not hold the group now.
+    /// this one, up (`up`: `up_ids`), unless covered (`Stale::covered`),
+    /// holding the group now, while this node is synced.
     fn waits_of<'a>(&'a self, pg: u32, up: &'a [u32]) -> impl Iterator<Item = &'a Stale> + 'a {
+        let synced = self.node(self.node_id).is_some_and(|n| n.synced);
         self.stale
             .get(pg as usize)
             .into_iter()
@@ -326,7 +339,7 @@ impl ShardMap {
             .filter(move |s| {
                 s.node != self.node_id
                     && up.binary_search(&s.node).is_ok()
-                    && !self.replicas_of_pg(pg).any(|r| r == s.node)
+                    && !(s.covered && synced && self.replicas_of_pg(pg).any(|r| r == s.node))
             })
     }
 
@@ -353,7 +366,8 @@ impl ShardMap {
     /// before (`prev`), the time now and how long a node may lead under a
     /// map older than the newest (`stale_ms`). A group's acting primary in
     /// `prev`, if this map is the next epoch and gives the group another
-    /// primary, may lead it under `prev` for `stale_ms` more; so may any
+    /// primary, may lead it under `prev` for `stale_ms` more (`covered`
+    /// when `prev` made this node an up replica of the group); so may any
     /// other up node, under a map this node never held, after a gap in
     /// epochs or with no previous map. These entries carry over to later
     /// maps while they last, so a chain of takeovers (a drained node, then
@@ -369,7 +383,7 @@ impl ShardMap {
         if !next_epoch {
             for id in self.up_ids() {
                 if id != self.node_id {
-                    add_stale(&mut any, id, self.epoch, until);
+                    add_stale(&mut any, id, self.epoch, until, false);
                 }
             }
         }
@@ -382,7 +396,10 @@ impl ShardMap {
                 }
                 let o = p.primary_of_pg(pg);
                 if next_epoch && o != NO_NODE && o != self.node_id && o != self.primary_of_pg(pg) {
-                    add_stale(&mut list, o, self.epoch, until);
+                    let covered = p.replicas_of_pg(pg).any(|r| r == self.node_id)
+                        && p.node(self.node_id)
+                            .is_some_and(|n| n.state == placement::NodeState::Up);
+                    add_stale(&mut list, o, self.epoch, until, covered);
                 }
             }
             stale.push(list);
@@ -686,23 +703,26 @@ mod tests {
         assert_eq!(first.lead_after(None), 1500);
         first.released(2, 5);
         assert_eq!(first.pending_takeovers(1000), [3, 4]);
-        for pg in led(&first) {
-            let others = [3, 4]
-                .iter()
-                .any(|&n| !first.replicas_of_pg(pg).any(|r| r == n));
-            assert_eq!(first.lead_after(Some(pg)), if others { 1500 } else { 0 });
-        }
+        // Nodes 3 and 4 may have led any group under a map this node never
+        // held (holding it now proves nothing): every group still waits.
+        assert!(led(&first)
+            .iter()
+            .all(|&pg| first.lead_after(Some(pg)) == 1500));
         release_all(&first);
         // Past the wait: nothing carried.
         let mut later = ShardMap::build("c", me, &view(6, &all_up)).unwrap();
         later.set_takeovers(Some(&first), 2000, 500);
         assert_eq!(later.lead_after(None), 0);
 
-        // Every node holds every group (R = node count): nothing to wait for.
+        // Every node holds every group (R = node count): a first map waits
+        // all the same (the other may have led under a map in which this
+        // node held nothing, with writes it never got).
         let mut small = ShardMap::build("c", me, &view(5, &["up", "up"])).unwrap();
         small.set_takeovers(None, 1000, 500);
-        assert_eq!(small.lead_after(None), 0);
-        assert!(small.pending_takeovers(1000).is_empty());
+        assert!(led(&small)
+            .iter()
+            .all(|&pg| small.lead_after(Some(pg)) == 1500));
+        assert_eq!(small.pending_takeovers(1000), [2]);
 
         let mut base = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
         base.set_takeovers(None, 1000, 500);
@@ -733,24 +753,75 @@ mod tests {
             } else {
                 assert!(next.pending_takeovers(1200).is_empty());
             }
-            // A gap in epochs: every group this node leads waits for the up
-            // nodes that do not hold it, those it led before included.
+            // A gap in epochs: every group this node leads waits for every
+            // other up node, those it led before included.
             let mut gap = ShardMap::build("c", me, &view(8, &["up", state, "up", "up"])).unwrap();
             gap.set_takeovers(Some(&base), 1200, 500);
             let up_others: &[u32] = if waits { &[2, 3, 4] } else { &[3, 4] };
-            for pg in led(&gap) {
-                let others = up_others
-                    .iter()
-                    .any(|&n| !gap.replicas_of_pg(pg).any(|r| r == n));
-                assert_eq!(
-                    gap.lead_after(Some(pg)),
-                    if others { 1700 } else { 0 },
-                    "pg {pg}"
-                );
-            }
-            assert!(led(&gap)
-                .iter()
-                .any(|&pg| base.primary_of_pg(pg) == me && gap.lead_after(Some(pg)) == 1700));
+            assert_eq!(gap.pending_takeovers(1200), up_others);
+            assert!(led(&gap).iter().all(|&pg| gap.lead_after(Some(pg)) == 1700));
+        }
+    }
+
+    /// The old primary still holds the group: not waited for when this node
+    /// was an up replica of it in the map the old primary led under (that
+    /// one cannot acknowledge without this node's copy) and is synced;
+    /// waited for when this node was not (it was down in that map), and
+    /// when this node is not synced.
+    #[test]
+    fn a_holder_waits_unless_it_could_not_write_without_this_node() {
+        let me = 1;
+        let all_up = ["up", "up", "up", "up"];
+        let mut base = ShardMap::build("c", me, &view(5, &all_up)).unwrap();
+        base.set_takeovers(None, 1000, 500);
+        release_all(&base);
+        // Node 2 turns unsynced (it still holds its groups): the groups it
+        // led go to their next replica, this node for some.
+        let mut v = view(6, &all_up);
+        v.nodes[1].0.synced = false;
+        let mut next = ShardMap::build("c", me, &v).unwrap();
+        next.set_takeovers(Some(&base), 1200, 500);
+        let moved: Vec<u32> = led(&next)
+            .into_iter()
+            .filter(|&pg| base.primary_of_pg(pg) == 2)
+            .collect();
+        assert!(!moved.is_empty());
+        for &pg in &moved {
+            assert!(next.replicas_of_pg(pg).any(|r| r == 2));
+            assert_eq!(next.lead_after(Some(pg)), 0, "pg {pg}");
+        }
+        // This node was down in the map node 2 led under: it waits.
+        let mut was_down = ShardMap::build("c", me, &view(5, &["down", "up", "up", "up"])).unwrap();
+        was_down.set_takeovers(None, 1000, 500);
+        let mut back = ShardMap::build("c", me, &view(6, &all_up)).unwrap();
+        back.set_takeovers(Some(&was_down), 1200, 500);
+        let taken: Vec<u32> = led(&back)
+            .into_iter()
+            .filter(|&pg| was_down.primary_of_pg(pg) != me)
+            .collect();
+        assert!(!taken.is_empty());
+        assert!(taken.iter().all(|&pg| back.lead_after(Some(pg)) == 1700));
+        // This node unsynced (an up replica all the same): node 2 turns
+        // unsynced too, so groups with no synced replica fall to their
+        // first up replica, this node for some: they wait.
+        let mut v = view(5, &all_up);
+        v.nodes[0].0.synced = false;
+        let mut unsynced = ShardMap::build("c", me, &v).unwrap();
+        unsynced.set_takeovers(None, 1000, 500);
+        release_all(&unsynced);
+        let mut v = view(6, &all_up);
+        v.nodes[0].0.synced = false;
+        v.nodes[1].0.synced = false;
+        let mut both = ShardMap::build("c", me, &v).unwrap();
+        both.set_takeovers(Some(&unsynced), 1200, 500);
+        let moved: Vec<u32> = led(&both)
+            .into_iter()
+            .filter(|&pg| unsynced.primary_of_pg(pg) == 2)
+            .collect();
+        assert!(!moved.is_empty());
+        for &pg in &moved {
+            assert!(both.replicas_of_pg(pg).any(|r| r == 2));
+            assert_eq!(both.lead_after(Some(pg)), 1700, "pg {pg}");
         }
     }
 

@@ -413,7 +413,7 @@ impl Client {
                     tries -= 1;
                 }
                 Err(e) if idempotent && e.retryable() && tries < self.cfg.attempts.max(1) => {
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(jittered(delay)).await;
                     delay = (delay * 4).min(BUSY_BACKOFF_MAX);
                 }
                 Err(e)
@@ -421,7 +421,7 @@ impl Client {
                         && e.status() == Some(Status::Busy)
                         && started.elapsed() + delay < self.cfg.busy_for =>
                 {
-                    tokio::time::sleep(delay).await;
+                    tokio::time::sleep(jittered(delay)).await;
                     delay = (delay * 4).min(BUSY_BACKOFF_MAX);
                 }
                 r => return r,
@@ -679,6 +679,13 @@ fn resolve(endpoint: &str) -> Result<SocketAddr> {
         })?
         .next()
         .ok_or_else(|| Error::Protocol(format!("'{endpoint}' resolves to no address")))
+}
+
+/// A backoff between half of `d` and `d`, at random: clients refused at
+/// once (a takeover, an overloaded node) do not all come back at once.
+fn jittered(d: Duration) -> Duration {
+    let half = d / 2;
+    half + half.mul_f64(rand::random::<f64>())
 }
 
 #[cfg(test)]

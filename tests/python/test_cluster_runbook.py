@@ -1,0 +1,292 @@
+"""The operator runbook's failures and procedures (issue 18; docs/cluster.md,
+"Operator runbook"): etcd loses its quorum, then gets it back; a node's
+disk is replaced.
+
+etcd loses its quorum:
+
+Three etcd members on 127.0.0.1 and three percore nodes (R = 3, leases of
+LEASE_TTL_S seconds) on 127.0.0.2-4. Two of the three etcd members are
+killed: the one left accepts connections but can answer nothing (no
+leader), so every lease renewal and map read of every node fails, by
+timeout or by error. The contract (docs/cluster.md):
+
+* Without etcd no node can confirm its lease, so after at most a lease
+  every node stops serving keys: no write through any door that started
+  more than LEASE_TTL_S after the loss is acknowledged, and no GET is
+  served then either (another node may have been marked down and taken
+  over under a map this node cannot read: serving would risk a stale
+  read). They answer 503 with a message that names etcd, and each node's
+  `percore_cluster_leased` gauge is 0.
+* The nodes keep running; once the two members return (with their data:
+  etcd's leader extends every lease on election, so no node lost its
+  lease), writes and reads through every door work again within
+  RECOVER_LIMIT_S, every node is up with sync=yes, and every acknowledged
+  write reads back through every door and agrees on all three replicas.
+
+Printed with `-s`: when each door first refused after the loss, how many
+writes were acknowledged in the lease after it, and how long after the
+members' return each door took writes again.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from test_cluster_membership import ETCD, LEASE_TTL_S, Etcd, cluster_gauges, etcd  # noqa: F401
+from test_cluster_membership import percore as percore_cli
+from test_cluster_membership import wait_for as wait_for_state
+from test_cluster_replication import (
+    PGS,
+    REPAIR_S,
+    REPLICAS,
+    SEED,
+    Blob,
+    Cluster,
+    answer_of,
+    cluster,  # noqa: F401 - a fixture
+    compare_digests,
+    describe_all,
+    fetch,
+    load_client,
+    settle,
+)
+from test_cluster_routing import digest, wait_synced
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+OUTAGE_S = 3 * LEASE_TTL_S    # etcd has no quorum this long
+REFUSE_LIMIT_S = LEASE_TTL_S  # a request started later than this after the loss is refused
+RECOVER_LIMIT_S = 30          # after the members' return, every door takes writes within
+PRELOAD_KEYS = 24
+
+
+def put(client, bucket: str, key: str, body: bytes) -> str:
+    """"200" when acknowledged with the body's ETag, else what it got."""
+    try:
+        resp = client.put_object(Bucket=bucket, Key=key, Body=body)
+    except Exception as e:  # noqa: BLE001 - a 503 or no answer
+        return answer_of(e)
+    return "200" if resp.get("ETag") == f'"{Blob.of(body).md5}"' else f"200 ETag {resp.get('ETag')}"
+
+
+def refusal_message(client, bucket: str, key: str) -> str:
+    try:
+        client.get_object(Bucket=bucket, Key=key)
+    except Exception as e:  # noqa: BLE001
+        return str(getattr(e, "response", {}).get("Error", {}).get("Message", e))
+    return "served"
+
+
+def restart_member(e: Etcd, i: int) -> None:
+    """Starts member `i` again on its data directory (the flags that
+    created it are ignored then)."""
+    e.procs[i] = subprocess.Popen(e.commands[i], stdout=e.logs[i], stderr=subprocess.STDOUT)
+
+
+def test_etcd_quorum_lost_and_back(tmp_path):
+    if ETCD is None:
+        pytest.skip("etcd is not installed (tools/install-test-deps.sh installs etcd-server)")
+    e = Etcd(tmp_path, members=3)
+    cluster = None
+    try:
+        out = percore_cli("cluster", "init", "--cluster", e.urls, "--replicas", str(REPLICAS),
+                          "--pgs", str(PGS)).stdout
+        seed = re.search(r"seed (0x[0-9a-f]+)", out)
+        assert seed, out
+        cluster = Cluster(e.urls, int(seed.group(1), 16))
+        for n in cluster.nodes:
+            n.start()
+        wait_synced(cluster.urls, ["n1", "n2", "n3"])
+        settle(cluster, cluster.nodes)
+        run(e, cluster)
+    finally:
+        if cluster is not None:
+            cluster.close()
+        e.close()
+
+
+def run(e: Etcd, cluster: Cluster) -> None:
+    rng = random.Random(SEED + 7)
+    nodes = cluster.nodes
+    doors = {n.node_name: load_client(n) for n in nodes}
+    bucket = "quorum"
+    nodes[0].client().create_bucket(Bucket=bucket)
+    # key -> the contents it may hold: the last acknowledged one, and any
+    # whose write failed after it (a write without an answer may land).
+    possible: dict[str, set] = {}
+    for i in range(PRELOAD_KEYS):
+        key, body = f"pre/{i:02d}", rng.randbytes(rng.randint(100, 5000))
+        answer = put(doors[nodes[i % 3].node_name], bucket, key, body)
+        assert answer == "200", f"PUT {key} before the loss: {answer}"
+        possible[key] = {Blob.of(body)}
+
+    # -- the loss -----------------------------------------------------------
+    e.kill(1)
+    e.kill(2)
+    lost = time.monotonic()
+    tries = []   # (door, kind, start s after the loss, answer)
+    i = 0
+    while time.monotonic() < lost + OUTAGE_S:
+        for name, client in doors.items():
+            key = f"out/{name}/{i:03d}"
+            body = rng.randbytes(rng.randint(100, 3000))
+            start = time.monotonic() - lost
+            answer = put(client, bucket, key, body)
+            tries.append((name, "put", round(start, 2), answer))
+            blob = Blob.of(body)
+            possible[key] = {blob} if answer == "200" else possible.get(key, {None}) | {blob}
+            pre = f"pre/{rng.randrange(PRELOAD_KEYS):02d}"
+            start = time.monotonic() - lost
+            try:
+                got = fetch(client, bucket, pre)
+                answer = "served" if got in possible[pre] else f"served {got}"
+            except Exception as ex:  # noqa: BLE001
+                answer = answer_of(ex)
+            tries.append((name, "get", round(start, 2), answer))
+        i += 1
+        time.sleep(0.1)
+    leased = {n.node_name: cluster_gauges(n).get("percore_cluster_leased") for n in nodes}
+    message = refusal_message(doors["n1"], bucket, "pre/00")
+
+    # -- the return ---------------------------------------------------------
+    restart_member(e, 1)
+    restart_member(e, 2)
+    back = time.monotonic()
+    recovered: dict[str, float] = {}
+    after: dict[str, list[str]] = {}
+    j = 0
+    while len(recovered) < len(doors) and time.monotonic() < back + RECOVER_LIMIT_S:
+        for name, client in doors.items():
+            if name in recovered:
+                continue
+            key, body = f"back/{name}/{j:03d}", rng.randbytes(500)
+            answer = put(client, bucket, key, body)
+            blob = Blob.of(body)
+            if answer == "200":
+                recovered[name] = time.monotonic() - back
+                possible[key] = {blob}
+            else:
+                after.setdefault(name, []).append(answer)
+                possible[key] = possible.get(key, {None}) | {blob}
+        j += 1
+        time.sleep(0.2)
+
+    late_acks = [t for t in tries if t[2] > REFUSE_LIMIT_S
+                 and (t[3].startswith("200") or t[3].startswith("served"))]
+    wrong = [t for t in tries if t[3].startswith("served ") or t[3].startswith("200 ETag")]
+    first_refusal = {name: next((t[2] for t in tries if t[0] == name and t[3].startswith("503")),
+                                None) for name in doors}
+    early_acks = sum(1 for t in tries if t[1] == "put" and t[3] == "200")
+    print(f"\netcd quorum lost for {OUTAGE_S} s (lease {LEASE_TTL_S} s): each door's first 503 "
+          f"(s after the loss): {first_refusal}; PUTs acknowledged in the lease after the loss: "
+          f"{early_acks} of {sum(1 for t in tries if t[1] == 'put')}; answers "
+          f"{sorted({t[3][:50] for t in tries})}")
+    print(f"  quorum back: each door took a write again after (s): "
+          f"{ {k: round(v, 2) for k, v in recovered.items()} }; "
+          f"refusals before that: { {k: len(v) for k, v in after.items()} }")
+
+    assert not late_acks, (
+        f"requests started more than {REFUSE_LIMIT_S} s after etcd lost its quorum were "
+        f"served (door, kind, s after the loss, answer): {late_acks[:20]}")
+    assert not wrong, f"wrong answers during the outage: {wrong[:20]}"
+    assert all(v == 0 for v in leased.values()), (
+        f"percore_cluster_leased after {OUTAGE_S} s without etcd: {leased}")
+    assert "etcd" in message, f"a refusal without etcd should say so: {message!r}"
+    assert len(recovered) == len(doors), (
+        f"doors that took no write within {RECOVER_LIMIT_S} s of etcd's return: "
+        f"{sorted(set(doors) - set(recovered))}; their answers: "
+        f"{ {k: sorted(set(v))[:5] for k, v in after.items() if k not in recovered} }")
+
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    for n in nodes:
+        assert cluster_gauges(n).get("percore_cluster_leased") == 1, n.node_name
+    problems = []
+    for name, client in doors.items():
+        for key, states in sorted(possible.items()):
+            try:
+                got = fetch(client, bucket, key)
+            except Exception as ex:  # noqa: BLE001
+                problems.append(f"GET {key} via {name}: {answer_of(ex)}")
+                continue
+            if got not in states:
+                problems.append(f"GET {key} via {name}: {describe_all({got})}, "
+                                f"acknowledged {describe_all(states)}")
+    assert not problems, f"after etcd's return: {problems[:20]}"
+    # The replicas agree (a write without an answer is repaired).
+    deadline = time.monotonic() + REPAIR_S
+    while True:
+        digests = {n.node_name: {k: v for k, v in digest(n).items() if k[0] == bucket}
+                   for n in nodes}
+        disagree = compare_digests(digests)
+        if not disagree:
+            break
+        assert time.monotonic() < deadline, f"replicas disagree {REPAIR_S} s after: {disagree[:10]}"
+        time.sleep(1)
+
+
+def replace_n2(cluster: Cluster, buckets: tuple[str, str], rng) -> dict[str, bytes]:
+    """Through n1: both buckets created, `tags` on the first, 60 keys in
+    it. Then n2 killed, marked down, its data directory emptied (a new
+    disk) and started again under its name, until all are synced and run
+    the latest map. Returns the keys' contents."""
+    n1, n2, _ = cluster.nodes
+    s3 = n1.client()
+    for b in buckets:
+        s3.create_bucket(Bucket=b)
+    s3.put_bucket_tagging(Bucket=buckets[0], Tagging=TAGS)
+    bodies = {f"k/{i:03d}": rng.randbytes(rng.randint(1, 20000)) for i in range(60)}
+    for key, body in bodies.items():
+        s3.put_object(Bucket=buckets[0], Key=key, Body=body)
+    n2.kill9()
+    wait_for_state(cluster.urls, "n2", "down")
+    shutil.rmtree(n2.data_dir)
+    n2.data_dir.mkdir()
+    n2.start()
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    settle(cluster, cluster.nodes)
+    return bodies
+
+
+TAGS = {"TagSet": [{"Key": "team", "Value": "data"}]}
+
+
+def test_replace_a_node_with_an_empty_disk(cluster):  # noqa: F811
+    """Runbook "replace a node's machine or disk": n2 killed, its data
+    directory emptied (a new disk), started again under its name. It
+    catches up from the primaries, turns sync=yes, and then its door serves
+    every key (in listings too), and the three replicas agree."""
+    full = "replace-full"
+    bodies = replace_n2(cluster, (full, "replace-empty"), random.Random(SEED + 8))
+    door = cluster.nodes[1].client()
+    listed = [o["Key"] for p in door.get_paginator("list_objects_v2").paginate(Bucket=full)
+              for o in p.get("Contents", [])]
+    assert listed == sorted(bodies), f"listing through n2: {len(listed)} of {len(bodies)} keys"
+    bad = [k for k, body in bodies.items() if fetch(door, full, k) != Blob.of(body)]
+    assert not bad, f"keys served wrong through the replaced node: {bad[:10]}"
+    digests = {n.node_name: {k: v for k, v in digest(n).items() if k[0] == full}
+               for n in cluster.nodes}
+    assert all(len(d) == len(bodies) for d in digests.values()), {
+        k: len(d) for k, d in digests.items()}
+    assert not compare_digests(digests)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not built (issue 18): a node that joins with an empty disk gets the "
+    "buckets its copies name (owned by the root principal, without their "
+    "configuration), not the empty ones nor the configuration documents"))
+def test_replaced_node_has_every_bucket_and_its_configuration(cluster):  # noqa: F811
+    """After the same replacement, n2's door lists both buckets, serves
+    the first one's tagging and takes a write into the empty one."""
+    full, empty = "replace-full", "replace-empty"
+    replace_n2(cluster, (full, empty), random.Random(SEED + 9))
+    door = cluster.nodes[1].client()
+    names = {b["Name"] for b in door.list_buckets()["Buckets"]}
+    assert {full, empty} <= names, f"buckets through the replaced node: {sorted(names)}"
+    assert door.get_bucket_tagging(Bucket=full)["TagSet"] == TAGS["TagSet"]
+    door.put_object(Bucket=empty, Key="first", Body=b"x")
