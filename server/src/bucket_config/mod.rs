@@ -156,6 +156,13 @@ impl BucketConfig {
     /// arrive out of order). Returns whether it was applied. A document
     /// that no longer parses (written by another version) is logged and
     /// treated as absent.
+    /// Whether a document of `kind` was ever applied here (set or
+    /// removed) since the node started, or stored before it.
+    #[must_use]
+    pub fn is_set(&self, kind: ConfigKind) -> bool {
+        self.seqs[kind.index()] > 0
+    }
+
     pub fn apply(&mut self, bucket: &str, kind: ConfigKind, seq: u64, doc: Option<&[u8]>) -> bool {
         if seq <= self.seqs[kind.index()] {
             return false;

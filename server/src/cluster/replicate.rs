@@ -65,6 +65,7 @@ use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
 use super::shardmap::{MapNode, Report, ShardMap};
+use crate::bucket_config::ConfigKind;
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
@@ -681,6 +682,147 @@ pub async fn answer_digest(
     Ok(json!({"items": items, "next": next.map(|(b, k)| json!([b, k]))}))
 }
 
+/// `POST /_percore/buckets` pages: about this many bytes of documents.
+const BUCKET_DOCS_PAGE: usize = 4 << 20;
+/// The largest answer taken: a page, one bucket's documents more (seven
+/// of at most 256 KiB), in base64, with room.
+const BUCKETS_ANSWER_MAX: usize = 16 << 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketsRequest {
+    after: Option<String>,
+}
+
+/// Answers `POST /_percore/buckets {"after": NAME|null}`: this node's
+/// buckets after `after`, by name, each with its configuration documents
+/// (owner, policy, ACL, tagging, CORS, lifecycle, versioning; base64), a
+/// page of about `BUCKET_DOCS_PAGE` bytes, and whether more follow.
+pub async fn answer_buckets(shard: &Rc<Shard>, body: &[u8]) -> Result<Value, String> {
+    let req: BucketsRequest =
+        serde_json::from_slice(body).map_err(|e| format!("bad buckets request: {e}"))?;
+    let (buckets, more) = shard
+        .bucket_docs(req.after, BUCKET_DOCS_PAGE)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let buckets: Vec<Value> = buckets
+        .into_iter()
+        .map(|b| {
+            let docs: serde_json::Map<String, Value> = b
+                .docs
+                .iter()
+                .map(|(k, d)| (k.name().to_string(), Value::String(b64.encode(d))))
+                .collect();
+            json!({"name": b.name, "docs": docs})
+        })
+        .collect();
+    Ok(json!({"buckets": buckets, "more": more}))
+}
+
+/// One bucket of a `POST /_percore/buckets` answer: its name and
+/// documents (an unknown kind, from a newer peer, is skipped).
+fn bucket_of(b: &Value) -> Result<(String, Vec<(ConfigKind, Bytes)>), String> {
+    let name = b["name"]
+        .as_str()
+        .filter(|n| crate::frontend::common::valid_bucket_name(n))
+        .ok_or("a bucket without a valid name")?;
+    let mut docs = Vec::new();
+    for (kind, doc) in b["docs"].as_object().ok_or("a bucket without documents")? {
+        let Some(kind) = ConfigKind::from_name(kind) else {
+            continue;
+        };
+        let doc = doc
+            .as_str()
+            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+            .ok_or("a document that is not base64")?;
+        docs.push((kind, Bytes::from(doc)));
+    }
+    Ok((name.to_string(), docs))
+}
+
+/// Before a catch-up pass: every bucket a synced peer holds is made here
+/// too, with its owner, and each configuration document this node never
+/// had is taken (`Shard::fill_bucket_config`: one that reached this node
+/// since, by a bucket change sent to every node, wins). A node that joins
+/// with an empty disk (replaced, or added) so has every bucket, empty ones
+/// too, and its configuration, before it serves any. Nothing is removed:
+/// a bucket or document this node has and the peer has not stays.
+/// Returns (buckets created, documents taken).
+async fn sync_buckets(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+) -> Result<(u64, u64), String> {
+    let Some(node) = map
+        .nodes
+        .iter()
+        .find(|n| n.id != map.node_id && n.state == NodeState::Up && n.synced && n.s3.is_some())
+    else {
+        // No synced peer (a new cluster, or one restarted whole): every
+        // node kept its own buckets.
+        return Ok((0, 0));
+    };
+    let fail = |e: String| format!("buckets from node {}: {e}", node.name);
+    let (mut created, mut taken) = (0, 0);
+    let mut after: Option<String> = None;
+    loop {
+        let body = json!({ "after": after });
+        let (status, answer) = post_signed(
+            ckey,
+            map,
+            node,
+            "/_percore/buckets",
+            &body,
+            BUCKETS_ANSWER_MAX,
+        )
+        .await
+        .map_err(fail)?;
+        if status != 200 {
+            return Err(fail(format!(
+                "{status} {}",
+                String::from_utf8_lossy(&answer)
+            )));
+        }
+        let v: Value = serde_json::from_slice(&answer).map_err(|e| fail(e.to_string()))?;
+        let buckets = v["buckets"]
+            .as_array()
+            .ok_or_else(|| fail("no bucket list".into()))?;
+        for b in buckets {
+            let (name, docs) = bucket_of(b).map_err(|e| fail(e.to_string()))?;
+            if after.as_ref().is_some_and(|a| name <= *a) {
+                return Err(fail("the bucket list does not move on".into()));
+            }
+            let owner = docs
+                .iter()
+                .find(|(k, _)| *k == ConfigKind::Owner)
+                .and_then(|(_, d)| std::str::from_utf8(d).ok());
+            let made = shard
+                .create_bucket(&name, owner)
+                .await
+                .map_err(|e| fail(format!("{e:?}")))?;
+            created += u64::from(made);
+            for (kind, doc) in docs {
+                // A bucket made just now has its owner.
+                if !(made && kind == ConfigKind::Owner) {
+                    shard
+                        .fill_bucket_config(&name, kind, doc)
+                        .await
+                        .map_err(|e| fail(format!("{e:?}")))?;
+                    taken += 1;
+                }
+            }
+            after = Some(name);
+        }
+        if !v["more"].as_bool().unwrap_or(false) {
+            return Ok((created, taken));
+        }
+        if buckets.is_empty() {
+            return Err(fail("an empty page with more to follow".into()));
+        }
+    }
+}
+
 /// Keeps a node that is not synced (it joined, or came back) catching up
 /// until it is: on shard 0 of every cluster node. Each pass takes every
 /// placement group this node holds from the group's acting primary, then
@@ -740,6 +882,14 @@ async fn catch_up(
     ckey: &[u8; 32],
     map: &ShardMap,
 ) -> Result<(u64, u64), String> {
+    let (created, taken) = sync_buckets(shard, ckey, map).await?;
+    if created + taken > 0 {
+        tracing::info!(
+            created,
+            documents_offered = taken,
+            "cluster: buckets taken from a synced node"
+        );
+    }
     // (source node, mirror) -> groups.
     let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
     for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {

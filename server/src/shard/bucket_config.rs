@@ -91,13 +91,54 @@ impl Shard {
         kind: ConfigKind,
         doc: Option<Bytes>,
     ) -> Result<(), ShardError> {
+        self.config_set_op(bucket, kind, doc, false).await
+    }
+
+    /// Stores the `kind` configuration of `bucket` only if none was ever
+    /// applied to it here (a joining node filling its buckets from a
+    /// peer's: a change that reached this node meanwhile wins).
+    pub async fn fill_bucket_config(
+        self: &Rc<Self>,
+        bucket: &str,
+        kind: ConfigKind,
+        doc: Bytes,
+    ) -> Result<(), ShardError> {
+        self.config_set_op(bucket, kind, Some(doc), true).await
+    }
+
+    async fn config_set_op(
+        self: &Rc<Self>,
+        bucket: &str,
+        kind: ConfigKind,
+        doc: Option<Bytes>,
+        fill: bool,
+    ) -> Result<(), ShardError> {
         let op = Op::BucketConfigSet {
             name: bucket.into(),
             kind,
             doc,
+            fill,
         };
         match self.call(BUCKET_OWNER_SHARD, op).await {
             Reply::Ok => Ok(()),
+            Reply::Err(e) => Err(e),
+            other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    /// The buckets after `after` with their documents, about `budget`
+    /// bytes of documents a page (`Op::BucketDocs`); and whether more
+    /// follow.
+    pub async fn bucket_docs(
+        self: &Rc<Self>,
+        after: Option<String>,
+        budget: usize,
+    ) -> Result<(Vec<super::msg::BucketDocs>, bool), ShardError> {
+        match self
+            .call(BUCKET_OWNER_SHARD, Op::BucketDocs { after, budget })
+            .await
+        {
+            Reply::BucketDocs(docs, more) => Ok((docs, more)),
             Reply::Err(e) => Err(e),
             other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
         }
@@ -109,12 +150,24 @@ impl Shard {
         name: String,
         kind: ConfigKind,
         doc: Option<Bytes>,
+        fill: bool,
     ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         let _serial = self.config_writes.lock().await;
         let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
+        // Writes of configurations are serialized here: what this shard's
+        // view shows is every write before this one.
+        if fill
+            && self
+                .buckets
+                .borrow()
+                .get(&name)
+                .is_some_and(|b| b.config.is_set(kind))
+        {
+            return Reply::Ok;
+        }
         let seq = match self
             .store
             .bucket_config_set(&name, created_ms, kind.name(), doc.clone())
@@ -133,6 +186,37 @@ impl Shard {
             })
             .await;
         all_applied(&applied)
+    }
+
+    /// BucketDocs, on the bucket-owner shard: live buckets in name order,
+    /// each with its stored documents of its current creation time.
+    pub(super) async fn bucket_docs_here(&self, after: Option<String>, budget: usize) -> Reply {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        let mut names: Vec<(String, u64)> = self
+            .bucket_list()
+            .into_iter()
+            .filter(|(n, _)| after.as_ref().is_none_or(|a| n > a))
+            .collect();
+        names.sort_unstable();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (name, created_ms) in names {
+            if !out.is_empty() && bytes >= budget {
+                return Reply::BucketDocs(out, true);
+            }
+            let stored = match self.store.bucket_configs_of(&name).await {
+                Ok(docs) => docs,
+                Err(e) => return Reply::Err(store_error(e)),
+            };
+            let docs: Vec<(ConfigKind, Bytes)> = stored
+                .into_iter()
+                .filter(|d| d.bucket == name && d.bucket_created_ms == created_ms)
+                .filter_map(|d| ConfigKind::from_name(&d.kind).map(|k| (k, d.doc)))
+                .collect();
+            bytes += docs.iter().map(|(_, d)| d.len()).sum::<usize>() + name.len();
+            out.push(super::msg::BucketDocs { name, docs });
+        }
+        Reply::BucketDocs(out, false)
     }
 
     /// BucketConfigApply, on every shard.

@@ -276,9 +276,13 @@ impl Shard {
             }
             Op::BucketLock { name } => self.bucket_lock(name),
             Op::BucketUnlock { name } => self.bucket_unlock(name),
-            Op::BucketConfigSet { name, kind, doc } => {
-                self.bucket_config_set(name, kind, doc).await
-            }
+            Op::BucketConfigSet {
+                name,
+                kind,
+                doc,
+                fill,
+            } => self.bucket_config_set(name, kind, doc, fill).await,
+            Op::BucketDocs { after, budget } => self.bucket_docs_here(after, budget).await,
             Op::BucketConfigApply {
                 name,
                 created_ms,

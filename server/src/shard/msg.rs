@@ -152,6 +152,16 @@ pub enum Op {
         name: String,
         kind: crate::bucket_config::ConfigKind,
         doc: Option<Bytes>,
+        /// Only if no document of `kind` was ever applied to the bucket
+        /// here (a joining node filling its buckets from a peer's).
+        fill: bool,
+    },
+    /// To the bucket-owner shard: the buckets after `after` (by name), each
+    /// with its owner and stored documents, until about `budget` bytes of
+    /// documents (at least one bucket); `Reply::BucketDocs`.
+    BucketDocs {
+        after: Option<String>,
+        budget: usize,
     },
     /// From the bucket-owner shard: the document written at `seq` for the
     /// bucket created at `created_ms`.
@@ -213,6 +223,7 @@ impl Op {
                 | Op::BucketUnlock { .. }
                 | Op::BucketConfigSet { .. }
                 | Op::BucketConfigApply { .. }
+                | Op::BucketDocs { .. }
                 | Op::UserSet { .. }
                 | Op::UserApply { .. }
         )
@@ -252,6 +263,16 @@ pub enum Reply {
     KeyState(Option<(u64, Option<String>)>),
     /// Digest items and where to resume (None: this shard is done).
     Digest(Vec<crate::store::DigestItem>, Option<(String, String)>),
+    /// Buckets with their documents ((kind, document) pairs), and whether
+    /// more follow.
+    BucketDocs(Vec<BucketDocs>, bool),
+}
+
+/// A bucket and its configuration documents, as a joining node copies them.
+#[derive(Debug, Clone)]
+pub struct BucketDocs {
+    pub name: String,
+    pub docs: Vec<(crate::bucket_config::ConfigKind, Bytes)>,
 }
 
 /// Errors that cross shards; mapped to S3 errors by the front door.

@@ -93,8 +93,18 @@ impl Store {
 
     /// Every stored document, read and checked.
     pub async fn bucket_configs(&self) -> Result<Vec<ConfigDoc>> {
+        self.configs_under("").await
+    }
+
+    /// The stored documents of `bucket` (of any creation time: callers
+    /// compare `bucket_created_ms`), read and checked.
+    pub async fn bucket_configs_of(&self, bucket: &str) -> Result<Vec<ConfigDoc>> {
+        self.configs_under(&format!("{bucket}/")).await
+    }
+
+    async fn configs_under(&self, prefix: &str) -> Result<Vec<ConfigDoc>> {
         let mut docs = Vec::new();
-        let items = self.list(CONFIG_NAMESPACE, "", "", None, usize::MAX);
+        let items = self.list(CONFIG_NAMESPACE, prefix, "", None, usize::MAX);
         for item in items {
             let ListItem::Object { key, .. } = item else {
                 continue;

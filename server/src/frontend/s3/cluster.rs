@@ -772,6 +772,9 @@ impl S3Front {
                 ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
                     .await
                     .map_err(S3Error::invalid_argument)?,
+                ("POST", "/_percore/buckets") => replicate::answer_buckets(&self.shard, &body)
+                    .await
+                    .map_err(S3Error::invalid_argument)?,
                 ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
                     .await
                     .map_err(|e| match e {
