@@ -21,7 +21,7 @@ The contract checked (docs/cluster.md, "Replication", Guarantees):
   started while it was cut off is acknowledged (a split-brain probe PUTs
   one of n1's keys through n1 again and again; the load's writes through
   n1 are checked too). Cut from etcd alone, n1 may lead until the lease it
-  last renewed runs out (LEASE_TTL_S after the cut), and the load's writes
+  last renewed runs out (at most the lease less its margin after the cut), and the load's writes
   of keys others lead, which n1 forwards to them, are rightly acknowledged.
 * The others take over: once n1's lease expired and it was marked down,
   the next replica leads n1's groups; a PUT of one of n1's keys through
@@ -51,6 +51,7 @@ timing is not, so the numbers vary from run to run, the verdicts must not.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import random
@@ -118,6 +119,7 @@ NODE_OCTETS = {"n1": 2, "n2": 3, "n3": 4}
 LAB_ACCESS_KEY = "partition-lab"
 LAB_SECRET_KEY = "partition-lab-secret-" + os.urandom(6).hex()
 ETCD_OCTET = 10
+LAB_LOCK = "/tmp/percore-netlab.lock"
 
 
 # ---------------------------------------------------------------------------
@@ -168,6 +170,7 @@ class NetLab:
         self.veths: list[str] = []         # root-side ends
         self.bridge_made = False
         self.cuts: dict[str, list[str]] = {}
+        self.lock = None
 
     @property
     def client_ip(self) -> str:
@@ -177,8 +180,22 @@ class NetLab:
     def sweep() -> None:
         """Removes what a killed run (SIGKILL: no fixture teardown) left:
         namespaces `pcpart-<4 hex>-<role>` with no process in them, and
-        bridges `pcb<4 hex>` with no port left. A namespace that still runs
-        something belongs to a run in progress and is left alone."""
+        bridges `pcb<4 hex>` with no port left. Only when no other lab is
+        alive on this machine: each holds LAB_LOCK shared while it runs (a
+        killed run's lock goes with its process), and the sweep needs it
+        exclusive."""
+        with open(LAB_LOCK, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return
+            try:
+                NetLab._sweep()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _sweep() -> None:
         for line in ip_cmd("netns", "list", check=False).stdout.splitlines():
             name = line.split()[0] if line.split() else ""
             if not re.fullmatch(r"pcpart-[0-9a-f]{4}-[a-z0-9]+", name):
@@ -195,6 +212,9 @@ class NetLab:
 
     def start(self) -> None:
         self.sweep()
+        # Held shared until close: another run's sweep leaves this lab be.
+        self.lock = open(LAB_LOCK, "a+")
+        fcntl.flock(self.lock, fcntl.LOCK_SH)
         roles = {"etcd": ETCD_OCTET, **NODE_OCTETS}
         # The first namespace tells whether this machine lets us make them.
         first = f"pcpart-{self.tag}-etcd"
@@ -269,6 +289,8 @@ class NetLab:
             r = ip_cmd("link", "del", self.bridge, check=False)
             if r.returncode != 0:
                 left.append(f"bridge {self.bridge}: {r.stderr.strip()}")
+        if self.lock is not None:
+            self.lock.close()
         return left
 
 
@@ -449,8 +471,8 @@ def test_partitioned_primary_stops_serving(netcluster, cut):
     # A write through n1 that started this soon after the cut may land: the
     # moment its peers' connections break (full), or its lease's remainder
     # (etcd: it still reaches its replicas, so it may lead until the lease
-    # it last renewed runs out).
-    grace = SPLIT_GRACE_S if cut == "full" else LEASE_TTL_S
+    # it last renewed runs out, less the margin: docs/cluster.md).
+    grace = SPLIT_GRACE_S if cut == "full" else LEASE_TTL_S - max(LEASE_TTL_S / 4, 0.5)
 
     # Probe keys outside the load's pool; the ones n1 leads (with three
     # nodes and R = 3 every node holds every key, and a key's acting

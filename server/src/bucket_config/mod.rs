@@ -151,18 +151,19 @@ pub struct BucketConfig {
 }
 
 impl BucketConfig {
-    /// Applies the stored document of `kind` (None: removed) written at
-    /// `seq`; a write older than the one applied is ignored (applies may
-    /// arrive out of order). Returns whether it was applied. A document
-    /// that no longer parses (written by another version) is logged and
-    /// treated as absent.
-    /// Whether a document of `kind` was ever applied here (set or
-    /// removed) since the node started, or stored before it.
+    /// Whether a document of `kind` was applied here (set or removed)
+    /// since the node started, or stored before it (a removal before the
+    /// start leaves no trace: it counts as never set).
     #[must_use]
     pub fn is_set(&self, kind: ConfigKind) -> bool {
         self.seqs[kind.index()] > 0
     }
 
+    /// Applies the stored document of `kind` (None: removed) written at
+    /// `seq`; a write older than the one applied is ignored (applies may
+    /// arrive out of order). Returns whether it was applied. A document
+    /// that no longer parses (written by another version) is logged and
+    /// treated as absent.
     pub fn apply(&mut self, bucket: &str, kind: ConfigKind, seq: u64, doc: Option<&[u8]>) -> bool {
         if seq <= self.seqs[kind.index()] {
             return false;

@@ -79,8 +79,8 @@ pub struct ClusterStatus {
 /// `may_lead` on the shards: plain atomics written by the control thread).
 pub static STATUS: std::sync::OnceLock<Arc<ClusterStatus>> = std::sync::OnceLock::new();
 
-/// A node as placement sees it: id, state, when it took that state.
-type Member = (u32, String, u64);
+/// A node as placement sees it: id, state, when it took that state, zone.
+type Member = (u32, String, u64, String);
 
 /// What places groups on nodes, per node: its id, state and when it took
 /// that state (`since_ms` moves on every state change, so a change and
@@ -89,7 +89,7 @@ type Member = (u32, String, u64);
 fn membership(view: &View) -> Vec<Member> {
     view.nodes
         .iter()
-        .map(|(n, _)| (n.id, n.state.clone(), n.since_ms))
+        .map(|(n, _)| (n.id, n.state.clone(), n.since_ms, n.zone.clone()))
         .collect()
 }
 
@@ -98,19 +98,24 @@ fn membership(view: &View) -> Vec<Member> {
 /// when another node enters its replicas (placed: `up` or `down`), or
 /// when the node itself stops holding (drained, out); to give it back,
 /// that node must leave again. So some node that holds nothing now
-/// (draining, out) changed since `before` (its state or its `since_ms`),
-/// or `me` itself did; a node added and removed unseen needs a lease or
-/// more without a map read (`publish`'s `blind`). A node that returned
-/// (`down` to `up`), or was added and holds groups now, gives nothing
-/// back: no catch-up for those.
+/// (draining, out) changed since `before` (its state or `since_ms`), or
+/// any node moved to another zone, or one was removed, or `me` itself
+/// changed; a node added and
+/// removed unseen needs half a lease or more without a map read
+/// (`publish`'s `blind`). A node that returned (`down` to `up`), or was
+/// added and holds groups now, gives nothing back: no catch-up for
+/// those.
 fn may_have_left_and_returned(me: u32, before: &[Member], now: &[Member]) -> bool {
-    now.iter().any(|n| {
-        let placed = matches!(
-            NodeState::from_name(&n.1),
-            Some(NodeState::Up | NodeState::Down)
-        );
-        (n.0 == me || !placed) && !before.contains(n)
-    })
+    let removed = before.iter().any(|b| !now.iter().any(|n| n.0 == b.0));
+    removed
+        || now.iter().any(|n| {
+            let placed = matches!(
+                NodeState::from_name(&n.1),
+                Some(NodeState::Up | NodeState::Down)
+            );
+            let rezoned = before.iter().any(|b| b.0 == n.0 && b.3 != n.3);
+            rezoned || ((n.0 == me || !placed) && !before.contains(n))
+        })
 }
 
 /// How much sooner than etcd a node gives up leading: room for a request
@@ -645,12 +650,13 @@ impl Control {
 
     /// Hands the map to the shards (when it changed).
     fn publish(&mut self, view: &View) {
-        // A read after a lease or more without one: maps may have come and
-        // gone meanwhile (a node added and removed), unseen.
+        // A read after half a lease or more without one: maps may have
+        // come and gone meanwhile (a node added, stopped and removed; its
+        // lease had to expire first), unseen.
         let now = Instant::now();
-        let blind = self
-            .published_at
-            .is_some_and(|t| now.duration_since(t) >= Duration::from_secs(self.ttl_s));
+        let blind = self.published_at.is_some_and(|t| {
+            now.duration_since(t) >= Duration::from_millis(self.ttl_s.saturating_mul(500))
+        });
         self.published_at = Some(now);
         // Placing every group costs up to seconds on a large map: only
         // when the map changed (this thread also renews the lease).
@@ -746,8 +752,11 @@ impl Control {
 mod tests {
     use super::may_have_left_and_returned;
 
-    fn m(nodes: &[(u32, &str, u64)]) -> Vec<(u32, String, u64)> {
-        nodes.iter().map(|&(id, s, t)| (id, s.into(), t)).collect()
+    fn m(nodes: &[(u32, &str, u64)]) -> Vec<super::Member> {
+        nodes
+            .iter()
+            .map(|&(id, s, t)| (id, s.into(), t, format!("z{id}")))
+            .collect()
     }
 
     /// Across a gap, a catch-up is needed only when a group may have left
@@ -783,8 +792,13 @@ mod tests {
         assert!(may_have_left_and_returned(1, &before, &out));
         let me = m(&[(1, "up", 80), (2, "up", 10), (3, "draining", 10)]);
         assert!(may_have_left_and_returned(1, &before, &me));
-        // Node 2 removed (it held groups: it gives none back).
+        // Node 2 removed: it may have been undrained (taking groups) and
+        // removed in between (giving them back).
         let removed = m(&[(1, "up", 10), (3, "draining", 10)]);
-        assert!(!may_have_left_and_returned(1, &before, &removed));
+        assert!(may_have_left_and_returned(1, &before, &removed));
+        // Node 2 moved to another zone (its groups may move).
+        let mut moved = before.clone();
+        moved[1].3 = "z9".into();
+        assert!(may_have_left_and_returned(1, &before, &moved));
     }
 }

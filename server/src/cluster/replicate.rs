@@ -270,9 +270,10 @@ impl Applier {
         .await;
         if matches!(opened, Err(ShardError::NoSuchBucket)) {
             // Buckets are cluster-wide: a node that joined with new data
-            // (or missed a creation while down) takes the primary's. Its
-            // configuration documents are not copied (docs/cluster.md).
-            shard.create_bucket(bucket, None).await?;
+            // (or missed a creation while down) takes the primary's; its
+            // owner and configuration come with the next bucket copy
+            // (`sync_buckets`), which this create does not hold off.
+            shard.create_bucket_for_copy(bucket).await?;
             opened = ObjectSink::open_part(shard, bucket, key, meta, None, Some(condition)).await;
         }
         match opened {
@@ -684,9 +685,18 @@ pub async fn answer_digest(
 
 /// `POST /_percore/buckets` pages: about this many bytes of documents.
 const BUCKET_DOCS_PAGE: usize = 4 << 20;
+/// A catch-up that keeps failing copies the buckets again this often.
+const BUCKETS_AGAIN: Duration = Duration::from_secs(30);
 /// The largest answer taken: a page, one bucket's documents more (seven
 /// of at most 256 KiB), in base64, with room.
 const BUCKETS_ANSWER_MAX: usize = 16 << 20;
+/// A bucket change asked of this node this long before a bucket copy
+/// began (or since) may be newer than the peer's answer: its bucket is
+/// left to it. Longer than a bucket change's fan-out may take to reach
+/// another node (its connect and I/O timeouts; one that takes longer
+/// fails, and the change is not in force).
+pub const BUCKET_TOUCH_MARGIN: Duration =
+    Duration::from_secs(peer_http::CONNECT_TIMEOUT.as_secs() + peer_http::IO_TIMEOUT.as_secs() + 5);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -698,9 +708,17 @@ struct BucketsRequest {
 /// buckets after `after`, by name, each with its configuration documents
 /// (owner, policy, ACL, tagging, CORS, lifecycle, versioning; base64), a
 /// page of about `BUCKET_DOCS_PAGE` bytes, and whether more follow.
-pub async fn answer_buckets(shard: &Rc<Shard>, body: &[u8]) -> Result<Value, String> {
+pub async fn answer_buckets(
+    shard: &Rc<Shard>,
+    map: &ShardMap,
+    body: &[u8],
+) -> Result<Value, String> {
     let req: BucketsRequest =
         serde_json::from_slice(body).map_err(|e| format!("bad buckets request: {e}"))?;
+    // The asker picked a synced node by its map; this one's may be newer.
+    if !map.node(map.node_id).is_some_and(|n| n.synced) {
+        return Err("this node is catching up itself; ask another".into());
+    }
     let (buckets, more) = shard
         .bucket_docs(req.after, BUCKET_DOCS_PAGE)
         .await
@@ -743,28 +761,60 @@ fn bucket_of(b: &Value) -> Result<(String, Vec<(ConfigKind, Bytes)>), String> {
 
 /// Before a catch-up pass: every bucket a synced peer holds is made here
 /// too, with its owner, and each configuration document this node never
-/// had is taken (`Shard::fill_bucket_config`: one that reached this node
-/// since, by a bucket change sent to every node, wins). A node that joins
-/// with an empty disk (replaced, or added) so has every bucket, empty ones
-/// too, and its configuration, before it serves any. Nothing is removed:
-/// a bucket or document this node has and the peer has not stays.
-/// Returns (buckets created, documents taken).
+/// had is taken (`Shard::fill_bucket_config`). A name that had a create,
+/// delete or configuration change asked of it here since
+/// `BUCKET_TOUCH_MARGIN` before the copy began is left alone (the peer's
+/// answer may be older than that change: a bucket deleted meanwhile must
+/// not come back); if such a name is missing here the pass fails, to be
+/// run again once the change has settled. A node that joins with an empty
+/// disk (replaced, or added) so has every bucket, empty ones too, and its
+/// configuration, before it serves any. Nothing is removed: a bucket or
+/// document this node has and the peer has not stays. Peers are tried in
+/// turn (a peer without the request, an older version, is skipped); a
+/// bad bucket in an answer is logged and skipped. Returns (buckets
+/// created, documents offered).
 async fn sync_buckets(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
 ) -> Result<(u64, u64), String> {
-    let Some(node) = map
+    let peers: Vec<&MapNode> = map
         .nodes
         .iter()
-        .find(|n| n.id != map.node_id && n.state == NodeState::Up && n.synced && n.s3.is_some())
-    else {
+        .filter(|n| n.id != map.node_id && n.state == NodeState::Up && n.synced && n.s3.is_some())
+        .collect();
+    if peers.is_empty() {
         // No synced peer (a new cluster, or one restarted whole): every
         // node kept its own buckets.
         return Ok((0, 0));
-    };
-    let fail = |e: String| format!("buckets from node {}: {e}", node.name);
-    let (mut created, mut taken) = (0, 0);
+    }
+    // Spread the nodes catching up over the peers.
+    let first = map.node_id as usize % peers.len();
+    let mut failed = None;
+    for i in 0..peers.len() {
+        let node = peers[(first + i) % peers.len()];
+        match buckets_from(shard, ckey, map, node).await {
+            Ok(Some(done)) => return Ok(done),
+            Ok(None) => {}
+            Err(e) => failed = Some(format!("buckets from node {}: {e}", node.name)),
+        }
+    }
+    // Every peer is too old to answer: nothing to take.
+    failed.map_or(Ok((0, 0)), Err)
+}
+
+/// `sync_buckets` from one peer: None if it does not answer the request
+/// (an older version).
+async fn buckets_from(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &MapNode,
+) -> Result<Option<(u64, u64)>, String> {
+    let since = Instant::now()
+        .checked_sub(BUCKET_TOUCH_MARGIN)
+        .unwrap_or_else(Instant::now);
+    let (mut created, mut taken, mut unsettled) = (0, 0, 0);
     let mut after: Option<String> = None;
     loop {
         let body = json!({ "after": after });
@@ -776,51 +826,74 @@ async fn sync_buckets(
             &body,
             BUCKETS_ANSWER_MAX,
         )
-        .await
-        .map_err(fail)?;
-        if status != 200 {
-            return Err(fail(format!(
-                "{status} {}",
-                String::from_utf8_lossy(&answer)
-            )));
+        .await?;
+        if status == 404 {
+            return Ok(None);
         }
-        let v: Value = serde_json::from_slice(&answer).map_err(|e| fail(e.to_string()))?;
-        let buckets = v["buckets"]
-            .as_array()
-            .ok_or_else(|| fail("no bucket list".into()))?;
+        if status != 200 {
+            return Err(format!("{status} {}", String::from_utf8_lossy(&answer)));
+        }
+        let v: Value = serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
+        let buckets = v["buckets"].as_array().ok_or("no bucket list")?;
         for b in buckets {
-            let (name, docs) = bucket_of(b).map_err(|e| fail(e.to_string()))?;
-            if after.as_ref().is_some_and(|a| name <= *a) {
-                return Err(fail("the bucket list does not move on".into()));
+            let raw = b["name"].as_str().ok_or("a bucket without a name")?;
+            if after.as_deref().is_some_and(|a| raw <= a) {
+                return Err("the bucket list does not move on".into());
             }
+            after = Some(raw.to_string());
+            let (name, docs) = match bucket_of(b) {
+                Ok(got) => got,
+                Err(e) => {
+                    tracing::warn!(bucket = raw, error = %e, "cluster: a peer's bucket skipped");
+                    continue;
+                }
+            };
             let owner = docs
                 .iter()
                 .find(|(k, _)| *k == ConfigKind::Owner)
                 .and_then(|(_, d)| std::str::from_utf8(d).ok());
-            let made = shard
-                .create_bucket(&name, owner)
+            let made = match shard
+                .fill_bucket(&name, owner, since)
                 .await
-                .map_err(|e| fail(format!("{e:?}")))?;
+                .map_err(|e| format!("{e:?}"))?
+            {
+                Some(made) => made,
+                None => {
+                    unsettled += u64::from(!shard.bucket_exists(&name));
+                    continue;
+                }
+            };
             created += u64::from(made);
             for (kind, doc) in docs {
                 // A bucket made just now has its owner.
-                if !(made && kind == ConfigKind::Owner) {
-                    shard
-                        .fill_bucket_config(&name, kind, doc)
-                        .await
-                        .map_err(|e| fail(format!("{e:?}")))?;
-                    taken += 1;
+                if made && kind == ConfigKind::Owner {
+                    continue;
+                }
+                match shard.fill_bucket_config(&name, kind, doc, since).await {
+                    Ok(()) => taken += 1,
+                    // Too large, or the bucket went meanwhile: that one.
+                    Err(e) => tracing::warn!(
+                        bucket = %name,
+                        kind = kind.name(),
+                        error = ?e,
+                        "cluster: a peer's bucket configuration skipped"
+                    ),
                 }
             }
-            after = Some(name);
         }
         if !v["more"].as_bool().unwrap_or(false) {
-            return Ok((created, taken));
+            break;
         }
         if buckets.is_empty() {
-            return Err(fail("an empty page with more to follow".into()));
+            return Err("an empty page with more to follow".into());
         }
     }
+    if unsettled > 0 {
+        return Err(format!(
+            "{unsettled} buckets missing here changed while they were copied; copying again"
+        ));
+    }
+    Ok(Some((created, taken)))
 }
 
 /// Keeps a node that is not synced (it joined, or came back) catching up
@@ -831,6 +904,8 @@ async fn sync_buckets(
 pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
     glommio::spawn_local(async move {
         let mut reported = (0, Instant::now());
+        // The last bucket copy that succeeded: (epoch, when).
+        let mut buckets_copied: Option<(u64, Instant)> = None;
         loop {
             glommio::timer::sleep(CATCH_UP_EVERY).await;
             let Some(map) = shard.cluster_map() else {
@@ -849,7 +924,7 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                 continue;
             }
             let started = Instant::now();
-            match catch_up(&shard, &ckey, &map).await {
+            match catch_up(&shard, &ckey, &map, &mut buckets_copied).await {
                 Ok((fetched, dropped)) => {
                     tracing::info!(
                         epoch = map.epoch,
@@ -881,8 +956,18 @@ async fn catch_up(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
+    buckets_copied: &mut Option<(u64, Instant)>,
 ) -> Result<(u64, u64), String> {
-    let (created, taken) = sync_buckets(shard, ckey, map).await?;
+    // Passes that fail for another reason repeat every half second: the
+    // buckets are copied again only under a new map or after a while.
+    let (created, taken) = match *buckets_copied {
+        Some((epoch, at)) if epoch == map.epoch && at.elapsed() < BUCKETS_AGAIN => (0, 0),
+        _ => {
+            let done = sync_buckets(shard, ckey, map).await?;
+            *buckets_copied = Some((map.epoch, Instant::now()));
+            done
+        }
+    };
     if created + taken > 0 {
         tracing::info!(
             created,

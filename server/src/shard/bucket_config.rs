@@ -91,19 +91,23 @@ impl Shard {
         kind: ConfigKind,
         doc: Option<Bytes>,
     ) -> Result<(), ShardError> {
-        self.config_set_op(bucket, kind, doc, false).await
+        self.config_set_op(bucket, kind, doc, None).await
     }
 
     /// Stores the `kind` configuration of `bucket` only if none was ever
     /// applied to it here (a joining node filling its buckets from a
     /// peer's: a change that reached this node meanwhile wins).
+    /// Also not if the bucket had a create, delete or configuration
+    /// change asked of it since `since` (`fill_bucket`).
     pub async fn fill_bucket_config(
         self: &Rc<Self>,
         bucket: &str,
         kind: ConfigKind,
         doc: Bytes,
+        since: std::time::Instant,
     ) -> Result<(), ShardError> {
-        self.config_set_op(bucket, kind, Some(doc), true).await
+        self.config_set_op(bucket, kind, Some(doc), Some(since))
+            .await
     }
 
     async fn config_set_op(
@@ -111,7 +115,7 @@ impl Shard {
         bucket: &str,
         kind: ConfigKind,
         doc: Option<Bytes>,
-        fill: bool,
+        fill: Option<std::time::Instant>,
     ) -> Result<(), ShardError> {
         let op = Op::BucketConfigSet {
             name: bucket.into(),
@@ -150,23 +154,25 @@ impl Shard {
         name: String,
         kind: ConfigKind,
         doc: Option<Bytes>,
-        fill: bool,
+        fill: Option<std::time::Instant>,
     ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        if fill.is_none() {
+            self.touch_bucket(&name);
+        }
         let _serial = self.config_writes.lock().await;
         let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
         // Writes of configurations are serialized here: what this shard's
         // view shows is every write before this one.
-        if fill
-            && self
-                .buckets
-                .borrow()
-                .get(&name)
-                .is_some_and(|b| b.config.is_set(kind))
-        {
-            return Reply::Ok;
+        if let Some(since) = fill {
+            let set = self.buckets.borrow().get(&name).is_some_and(|b| {
+                b.config.is_set(kind) || (kind == ConfigKind::Owner && b.config.owner.is_some())
+            });
+            if set || self.touched_since(&name, since) {
+                return Reply::Ok;
+            }
         }
         let seq = match self
             .store
@@ -213,7 +219,13 @@ impl Shard {
                 .filter(|d| d.bucket == name && d.bucket_created_ms == created_ms)
                 .filter_map(|d| ConfigKind::from_name(&d.kind).map(|k| (k, d.doc)))
                 .collect();
-            bytes += docs.iter().map(|(_, d)| d.len()).sum::<usize>() + name.len();
+            // As answered: base64, JSON quoting and names.
+            bytes += docs
+                .iter()
+                .map(|(_, d)| d.len() / 3 * 4 + 32)
+                .sum::<usize>()
+                + name.len()
+                + 64;
             out.push(super::msg::BucketDocs { name, docs });
         }
         Reply::BucketDocs(out, false)

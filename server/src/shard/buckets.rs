@@ -8,6 +8,16 @@ use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::ConfigKind;
 
+/// Most bucket names `Shard::bucket_touched` keeps; past it, entries
+/// older than `TOUCHED_KEPT` go (and if that is not enough, all, with
+/// `touched_floor` set so that every name counts as touched).
+const TOUCHED_MAX: usize = 4096;
+/// How long a touch matters: a catching-up node's bucket copy looks back
+/// `replicate::BUCKET_TOUCH_MARGIN` before it began, and a copy lasts
+/// seconds.
+const TOUCHED_KEPT: std::time::Duration =
+    std::time::Duration::from_secs(crate::cluster::replicate::BUCKET_TOUCH_MARGIN.as_secs() + 120);
+
 #[derive(Debug, Clone)]
 pub struct BucketView {
     pub created_ms: u64,
@@ -59,11 +69,77 @@ impl Shard {
         self.publish_users().await;
     }
 
+    /// Notes that `name` had a create, delete or configuration change
+    /// asked of it now (bucket-owner shard).
+    pub(super) fn touch_bucket(&self, name: &str) {
+        let now = std::time::Instant::now();
+        let mut touched = self.bucket_touched.borrow_mut();
+        if touched.len() >= TOUCHED_MAX {
+            touched.retain(|_, t| now.duration_since(*t) < TOUCHED_KEPT);
+            if touched.len() >= TOUCHED_MAX {
+                // Keeping none is safe for the copy only if it then skips
+                // every name: `touched_floor` says so.
+                touched.clear();
+                self.touched_floor.set(Some(now));
+            }
+        }
+        touched.insert(name.to_string(), now);
+    }
+
+    /// Whether `name` had a create, delete or configuration change asked
+    /// of it at or after `since` (bucket-owner shard).
+    pub(super) fn touched_since(&self, name: &str, since: std::time::Instant) -> bool {
+        self.touched_floor.get().is_some_and(|f| f >= since)
+            || self
+                .bucket_touched
+                .borrow()
+                .get(name)
+                .is_some_and(|t| *t >= since)
+    }
+
+    /// A catching-up node's copy of a peer's bucket (on the bucket-owner
+    /// shard, which runs the catch-up): creates `name` owned by `owner`
+    /// unless it exists, or had a create, delete or configuration change
+    /// asked of it since `since` (that change is newer than the peer's
+    /// answer, or may be). Checked and begun without an await between,
+    /// so no bucket change slips in. Ok(None): skipped; Ok(Some(made)).
+    pub async fn fill_bucket(
+        self: &Rc<Self>,
+        name: &str,
+        owner: Option<&str>,
+        since: std::time::Instant,
+    ) -> Result<Option<bool>, ShardError> {
+        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        if self.touched_since(name, since) {
+            return Ok(None);
+        }
+        if self.buckets.borrow().contains_key(name) {
+            return Ok(Some(false));
+        }
+        match self
+            .create_untouched(name.to_string(), owner.map(str::to_string))
+            .await
+        {
+            Reply::Created(made) => Ok(Some(made)),
+            Reply::Err(ShardError::ConditionalConflict) => Ok(None),
+            Reply::Err(e) => Err(e),
+            other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     pub(super) async fn bucket_create(
         self: &Rc<Self>,
         name: String,
         owner: Option<String>,
     ) -> Reply {
+        self.touch_bucket(&name);
+        self.create_untouched(name, owner).await
+    }
+
+    /// A create not noted in `bucket_touched` (a catching-up node's own, or
+    /// one for a replica's copy: the documents copied next must not be
+    /// skipped for it).
+    async fn create_untouched(self: &Rc<Self>, name: String, owner: Option<String>) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         if !self.creating.borrow_mut().insert(name.clone()) {
             return Reply::Err(ShardError::ConditionalConflict);
@@ -115,6 +191,7 @@ impl Shard {
     /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
     pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
+        self.touch_bucket(&name);
         let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
@@ -262,7 +339,13 @@ impl Shard {
     /// The bucket operations of `execute`.
     pub(super) async fn execute_bucket_op(self: &Rc<Self>, op: Op) -> Reply {
         match op {
-            Op::BucketCreate { name, owner } => self.bucket_create(name, owner).await,
+            Op::BucketCreate { name, owner, copy } => {
+                if copy {
+                    self.create_untouched(name, owner).await
+                } else {
+                    self.bucket_create(name, owner).await
+                }
+            }
             Op::BucketDelete { name } => self.bucket_delete(name).await,
             Op::BucketApply {
                 name,

@@ -84,6 +84,15 @@ pub struct Shard {
     /// it): each write reads back its own seq and is applied everywhere
     /// before the next starts, so every shard applies them in one order.
     config_writes: futures::lock::Mutex<()>,
+    /// Bucket-owner shard: when each bucket name last had a create,
+    /// delete or configuration change asked of it (before it awaited
+    /// anything), for a catching-up node's bucket copy
+    /// (`fill_bucket`): names touched during or just before the copy
+    /// are left to those changes. Bounded (`buckets::TOUCHED_MAX`).
+    bucket_touched: RefCell<HashMap<String, std::time::Instant>>,
+    /// Set when `bucket_touched` had to be emptied: every name counts as
+    /// touched at this time.
+    touched_floor: Cell<Option<std::time::Instant>>,
     /// PUTs in progress per bucket on this shard (for DeleteBucket).
     puts_in_flight: RefCell<HashMap<String, usize>>,
     sessions: RefCell<HashMap<SessionId, SessionSlot>>,
@@ -139,6 +148,8 @@ impl Shard {
             users: RefCell::new(Default::default()),
             creating: RefCell::new(Default::default()),
             config_writes: futures::lock::Mutex::new(()),
+            bucket_touched: RefCell::new(HashMap::new()),
+            touched_floor: Cell::new(None),
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),

@@ -112,9 +112,12 @@ pub enum Op {
         limit: usize,
     },
     /// To the bucket-owner shard; `owner` None: the root principal.
+    /// `copy`: made for a replica's copy of a key, not asked by a client
+    /// (not noted as a bucket change: `Shard::bucket_touched`).
     BucketCreate {
         name: String,
         owner: Option<String>,
+        copy: bool,
     },
     /// To the bucket-owner shard.
     BucketDelete {
@@ -152,9 +155,11 @@ pub enum Op {
         name: String,
         kind: crate::bucket_config::ConfigKind,
         doc: Option<Bytes>,
-        /// Only if no document of `kind` was ever applied to the bucket
-        /// here (a joining node filling its buckets from a peer's).
-        fill: bool,
+        /// Some(since): only if no document of `kind` was ever applied to
+        /// the bucket here and it had no create, delete or configuration
+        /// change asked of it since then (a joining node filling its
+        /// buckets from a peer's).
+        fill: Option<std::time::Instant>,
     },
     /// To the bucket-owner shard: the buckets after `after` (by name), each
     /// with its owner and stored documents, until about `budget` bytes of

@@ -767,59 +767,60 @@ impl S3Front {
                 )
                 .await;
         }
-        let answer =
-            match (req.head.method.as_str(), req.head.path.as_str()) {
-                ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
-                    .await
-                    .map_err(S3Error::invalid_argument)?,
-                ("POST", "/_percore/buckets") => replicate::answer_buckets(&self.shard, &body)
-                    .await
-                    .map_err(S3Error::invalid_argument)?,
-                ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
+        let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
+            ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
+                .await
+                .map_err(S3Error::invalid_argument)?,
+            ("POST", "/_percore/buckets") => replicate::answer_buckets(&self.shard, &map, &body)
+                .await
+                .map_err(S3Error::invalid_argument)?,
+            ("POST", "/_percore/release") => {
+                replicate::answer_release(&map, &body)
                     .await
                     .map_err(|e| match e {
                         replicate::ReleaseRefused::Bad(m) => S3Error::invalid_argument(m),
                         replicate::ReleaseRefused::Busy(m) => slow_down(m),
-                    })?,
-                ("GET", "/_percore/list") => {
-                    lead_check(&map, None)?;
-                    let max: usize = q("max")
-                        .parse()
-                        .map_err(|_| S3Error::invalid_argument("bad max"))?;
-                    let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
-                    // versions=1: every version and delete marker counts.
-                    let versions = (q("versions") == "1").then_some(None);
-                    let bucket = q("bucket");
-                    let got = self
-                        .shard
-                        .list_merged(
-                            &bucket,
-                            &q("prefix"),
-                            &q("from"),
-                            delimiter,
-                            max.clamp(1, 10_000),
-                            versions,
-                        )
-                        .await;
-                    match got {
-                        Ok((items, truncated)) => {
-                            list_answer(&own_items(&map, &bucket, items), truncated)
-                        }
-                        Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
-                        Err(e) => return Err(e.into()),
+                    })?
+            }
+            ("GET", "/_percore/list") => {
+                lead_check(&map, None)?;
+                let max: usize = q("max")
+                    .parse()
+                    .map_err(|_| S3Error::invalid_argument("bad max"))?;
+                let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
+                // versions=1: every version and delete marker counts.
+                let versions = (q("versions") == "1").then_some(None);
+                let bucket = q("bucket");
+                let got = self
+                    .shard
+                    .list_merged(
+                        &bucket,
+                        &q("prefix"),
+                        &q("from"),
+                        delimiter,
+                        max.clamp(1, 10_000),
+                        versions,
+                    )
+                    .await;
+                match got {
+                    Ok((items, truncated)) => {
+                        list_answer(&own_items(&map, &bucket, items), truncated)
                     }
+                    Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
+                    Err(e) => return Err(e.into()),
                 }
-                ("POST", "/_percore/delete") => {
-                    let items: Vec<Value> = serde_json::from_slice(&body)
-                        .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
-                    if items.len() > 1000 {
-                        return Err(S3Error::invalid_argument("more than 1000 deletes"));
-                    }
-                    lead_check(&map, None)?;
-                    self.delete_owned(&map, &q("bucket"), &items).await
+            }
+            ("POST", "/_percore/delete") => {
+                let items: Vec<Value> = serde_json::from_slice(&body)
+                    .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
+                if items.len() > 1000 {
+                    return Err(S3Error::invalid_argument("more than 1000 deletes"));
                 }
-                _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
-            };
+                lead_check(&map, None)?;
+                self.delete_owned(&map, &q("bucket"), &items).await
+            }
+            _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
+        };
         let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
         let body = answer.to_string();
         conn.write_response(&head, body.len() as u64, true).await?;
