@@ -791,16 +791,30 @@ async fn sync_buckets(
     // Spread the nodes catching up over the peers.
     let first = map.node_id as usize % peers.len();
     let mut failed = None;
+    let mut done = None;
     for i in 0..peers.len() {
         let node = peers[(first + i) % peers.len()];
-        match buckets_from(shard, ckey, map, node).await {
-            Ok(Some(done)) => return Ok(done),
+        let since = Instant::now()
+            .checked_sub(BUCKET_TOUCH_MARGIN)
+            .unwrap_or_else(Instant::now);
+        shard.bucket_copy_since(Some(since));
+        let got = buckets_from(shard, ckey, map, node, since).await;
+        shard.bucket_copy_since(None);
+        match got {
+            Ok(Some(d)) => {
+                done = Some(d);
+                break;
+            }
             Ok(None) => {}
             Err(e) => failed = Some(format!("buckets from node {}: {e}", node.name)),
         }
     }
-    // Every peer is too old to answer: nothing to take.
-    failed.map_or(Ok((0, 0)), Err)
+    match (done, failed) {
+        (Some(d), _) => Ok(d),
+        (None, Some(e)) => Err(e),
+        // Every peer is too old to answer: nothing to take.
+        (None, None) => Ok((0, 0)),
+    }
 }
 
 /// `sync_buckets` from one peer: None if it does not answer the request
@@ -810,10 +824,8 @@ async fn buckets_from(
     ckey: &[u8; 32],
     map: &ShardMap,
     node: &MapNode,
+    since: Instant,
 ) -> Result<Option<(u64, u64)>, String> {
-    let since = Instant::now()
-        .checked_sub(BUCKET_TOUCH_MARGIN)
-        .unwrap_or_else(Instant::now);
     let (mut created, mut taken, mut unsettled) = (0, 0, 0);
     let mut after: Option<String> = None;
     loop {
@@ -902,6 +914,8 @@ async fn buckets_from(
 /// tells the control thread, which marks the node synced in etcd if the
 /// map has not changed since.
 pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
+    // Client creates wait until the buckets were copied from a peer.
+    shard.bucket_copy_pending.set(true);
     glommio::spawn_local(async move {
         let mut reported = (0, Instant::now());
         // The last bucket copy that succeeded: (epoch, when).
@@ -965,6 +979,7 @@ async fn catch_up(
         _ => {
             let done = sync_buckets(shard, ckey, map).await?;
             *buckets_copied = Some((map.epoch, Instant::now()));
+            shard.bucket_copy_pending.set(false);
             done
         }
     };

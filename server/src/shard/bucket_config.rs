@@ -158,9 +158,13 @@ impl Shard {
     ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         if fill.is_none() {
-            self.touch_bucket(&name);
+            self.touch_bucket(&name, Some(kind));
         }
         let _serial = self.config_writes.lock().await;
+        if self.creating.borrow().contains(&name) {
+            // Not visible yet: wait for it (a copy's create, or a client's).
+            return Reply::Err(ShardError::Busy);
+        }
         let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
@@ -170,7 +174,7 @@ impl Shard {
             let set = self.buckets.borrow().get(&name).is_some_and(|b| {
                 b.config.is_set(kind) || (kind == ConfigKind::Owner && b.config.owner.is_some())
             });
-            if set || self.touched_since(&name, since) {
+            if set || self.touched_since(&name, Some(kind), since) {
                 return Reply::Ok;
             }
         }

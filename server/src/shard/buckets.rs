@@ -3,10 +3,38 @@
 //! and the per-bucket count of writes in progress that DeleteBucket checks.
 
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::ConfigKind;
+
+/// When a bucket name last changed (`Shard::bucket_touched`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Touch {
+    /// A delete asked, or a create that made the bucket.
+    bucket: Option<Instant>,
+    /// A configuration change asked, per kind (`ConfigKind::ALL` order).
+    kinds: [Option<Instant>; ConfigKind::ALL.len()],
+}
+
+impl Touch {
+    fn latest(&self) -> Option<Instant> {
+        self.kinds
+            .iter()
+            .flatten()
+            .chain(&self.bucket)
+            .max()
+            .copied()
+    }
+}
+
+fn kind_index(kind: ConfigKind) -> usize {
+    ConfigKind::ALL
+        .iter()
+        .position(|k| *k == kind)
+        .expect("every kind is in ALL")
+}
 
 /// Most bucket names `Shard::bucket_touched` keeps; past it, entries
 /// older than `TOUCHED_KEPT` go (and if that is not enough, all, with
@@ -15,8 +43,8 @@ const TOUCHED_MAX: usize = 4096;
 /// How long a touch matters: a catching-up node's bucket copy looks back
 /// `replicate::BUCKET_TOUCH_MARGIN` before it began, and a copy lasts
 /// seconds.
-const TOUCHED_KEPT: std::time::Duration =
-    std::time::Duration::from_secs(crate::cluster::replicate::BUCKET_TOUCH_MARGIN.as_secs() + 120);
+const TOUCHED_KEPT: Duration =
+    Duration::from_secs(crate::cluster::replicate::BUCKET_TOUCH_MARGIN.as_secs() + 120);
 
 #[derive(Debug, Clone)]
 pub struct BucketView {
@@ -69,13 +97,17 @@ impl Shard {
         self.publish_users().await;
     }
 
-    /// Notes that `name` had a create, delete or configuration change
-    /// asked of it now (bucket-owner shard).
-    pub(super) fn touch_bucket(&self, name: &str) {
-        let now = std::time::Instant::now();
+    /// Notes a change of `name` now (bucket-owner shard): of its `kind`
+    /// of configuration, or (None) of the bucket itself (a delete asked,
+    /// a create that made it).
+    pub(super) fn touch_bucket(&self, name: &str, kind: Option<ConfigKind>) {
+        let now = Instant::now();
         let mut touched = self.bucket_touched.borrow_mut();
-        if touched.len() >= TOUCHED_MAX {
-            touched.retain(|_, t| now.duration_since(*t) < TOUCHED_KEPT);
+        if touched.len() >= TOUCHED_MAX && !touched.contains_key(name) {
+            // Never what a running copy may need (since it began).
+            let keep = now.checked_sub(TOUCHED_KEPT).unwrap_or(now);
+            let keep = self.copy_since.get().map_or(keep, |c| keep.min(c));
+            touched.retain(|_, t| t.latest().is_some_and(|l| l >= keep));
             if touched.len() >= TOUCHED_MAX {
                 // Keeping none is safe for the copy only if it then skips
                 // every name: `touched_floor` says so.
@@ -83,34 +115,51 @@ impl Shard {
                 self.touched_floor.set(Some(now));
             }
         }
-        touched.insert(name.to_string(), now);
+        let t = touched.entry(name.to_string()).or_default();
+        match kind {
+            None => t.bucket = Some(now),
+            Some(k) => t.kinds[kind_index(k)] = Some(now),
+        }
     }
 
-    /// Whether `name` had a create, delete or configuration change asked
-    /// of it at or after `since` (bucket-owner shard).
-    pub(super) fn touched_since(&self, name: &str, since: std::time::Instant) -> bool {
-        self.touched_floor.get().is_some_and(|f| f >= since)
-            || self
-                .bucket_touched
-                .borrow()
-                .get(name)
-                .is_some_and(|t| *t >= since)
+    /// Whether `name` had a change (of the bucket itself, or of its
+    /// `kind` of configuration) at or after `since` (bucket-owner shard).
+    pub(super) fn touched_since(
+        &self,
+        name: &str,
+        kind: Option<ConfigKind>,
+        since: Instant,
+    ) -> bool {
+        if self.touched_floor.get().is_some_and(|f| f >= since) {
+            return true;
+        }
+        self.bucket_touched.borrow().get(name).is_some_and(|t| {
+            t.bucket.is_some_and(|b| b >= since)
+                || kind.is_some_and(|k| t.kinds[kind_index(k)].is_some_and(|at| at >= since))
+        })
+    }
+
+    /// A bucket copy from a peer begins (`Some(since)`: touches from then
+    /// on are kept) or ends (None).
+    pub fn bucket_copy_since(&self, since: Option<Instant>) {
+        self.copy_since.set(since);
     }
 
     /// A catching-up node's copy of a peer's bucket (on the bucket-owner
     /// shard, which runs the catch-up): creates `name` owned by `owner`
-    /// unless it exists, or had a create, delete or configuration change
-    /// asked of it since `since` (that change is newer than the peer's
-    /// answer, or may be). Checked and begun without an await between,
-    /// so no bucket change slips in. Ok(None): skipped; Ok(Some(made)).
+    /// unless it exists, is being created, or was deleted or created
+    /// since `since` (that change is newer than the peer's answer, or may
+    /// be). Client deletes and configuration changes of a name being
+    /// created wait (Busy), so none slips in before it is visible.
+    /// Ok(None): skipped; Ok(Some(made)).
     pub async fn fill_bucket(
         self: &Rc<Self>,
         name: &str,
         owner: Option<&str>,
-        since: std::time::Instant,
+        since: Instant,
     ) -> Result<Option<bool>, ShardError> {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        if self.touched_since(name, since) {
+        if self.creating.borrow().contains(name) || self.touched_since(name, None, since) {
             return Ok(None);
         }
         if self.buckets.borrow().contains_key(name) {
@@ -132,8 +181,17 @@ impl Shard {
         name: String,
         owner: Option<String>,
     ) -> Reply {
-        self.touch_bucket(&name);
-        self.create_untouched(name, owner).await
+        if self.bucket_copy_pending.get() {
+            return Reply::Err(ShardError::Busy);
+        }
+        let reply = self.create_untouched(name.clone(), owner).await;
+        // Only a create that made the bucket changed anything (one of an
+        // existing name must not hold off a copy); one in progress is in
+        // `creating`, which the copy checks.
+        if matches!(reply, Reply::Created(true)) {
+            self.touch_bucket(&name, None);
+        }
+        reply
     }
 
     /// A create not noted in `bucket_touched` (a catching-up node's own, or
@@ -191,7 +249,12 @@ impl Shard {
     /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
     pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        self.touch_bucket(&name);
+        self.touch_bucket(&name, None);
+        if self.creating.borrow().contains(&name) {
+            // Not visible yet: answering NoSuchBucket would let the create
+            // land after the delete was counted done.
+            return Reply::Err(ShardError::Busy);
+        }
         let Some(created_ms) = self.bucket_created_ms(&name) else {
             return Reply::Err(ShardError::NoSuchBucket);
         };
