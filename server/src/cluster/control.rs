@@ -79,8 +79,15 @@ pub struct ClusterStatus {
 /// `may_lead` on the shards: plain atomics written by the control thread).
 pub static STATUS: std::sync::OnceLock<Arc<ClusterStatus>> = std::sync::OnceLock::new();
 
-/// A node as placement sees it: id, state, when it took that state, zone.
-type Member = (u32, String, u64, String);
+/// A node as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Member {
+    id: u32,
+    state: String,
+    /// When it took that state.
+    since_ms: u64,
+    zone: String,
+}
 
 /// What places groups on nodes, per node: its id, state and when it took
 /// that state (`since_ms` moves on every state change, so a change and
@@ -89,7 +96,12 @@ type Member = (u32, String, u64, String);
 fn membership(view: &View) -> Vec<Member> {
     view.nodes
         .iter()
-        .map(|(n, _)| (n.id, n.state.clone(), n.since_ms, n.zone.clone()))
+        .map(|(n, _)| Member {
+            id: n.id,
+            state: n.state.clone(),
+            since_ms: n.since_ms,
+            zone: n.zone.clone(),
+        })
         .collect()
 }
 
@@ -100,21 +112,20 @@ fn membership(view: &View) -> Vec<Member> {
 /// that node must leave again. So some node that holds nothing now
 /// (draining, out) changed since `before` (its state or `since_ms`), or
 /// any node moved to another zone, or one was removed, or `me` itself
-/// changed; a node added and
-/// removed unseen needs half a lease or more without a map read
-/// (`publish`'s `blind`). A node that returned (`down` to `up`), or was
-/// added and holds groups now, gives nothing back: no catch-up for
-/// those.
+/// changed; a node added and removed unseen needs half a lease or more
+/// without a map read (`publish`'s `blind`). A node that returned
+/// (`down` to `up`), or was added and holds groups now, gives nothing
+/// back: no catch-up for those.
 fn may_have_left_and_returned(me: u32, before: &[Member], now: &[Member]) -> bool {
-    let removed = before.iter().any(|b| !now.iter().any(|n| n.0 == b.0));
+    let removed = before.iter().any(|b| !now.iter().any(|n| n.id == b.id));
     removed
         || now.iter().any(|n| {
             let placed = matches!(
-                NodeState::from_name(&n.1),
+                NodeState::from_name(&n.state),
                 Some(NodeState::Up | NodeState::Down)
             );
-            let rezoned = before.iter().any(|b| b.0 == n.0 && b.3 != n.3);
-            rezoned || ((n.0 == me || !placed) && !before.contains(n))
+            let rezoned = before.iter().any(|b| b.id == n.id && b.zone != n.zone);
+            rezoned || ((n.id == me || !placed) && !before.contains(n))
         })
 }
 
@@ -755,7 +766,12 @@ mod tests {
     fn m(nodes: &[(u32, &str, u64)]) -> Vec<super::Member> {
         nodes
             .iter()
-            .map(|&(id, s, t)| (id, s.into(), t, format!("z{id}")))
+            .map(|&(id, state, since_ms)| super::Member {
+                id,
+                state: state.into(),
+                since_ms,
+                zone: format!("z{id}"),
+            })
             .collect()
     }
 
@@ -798,7 +814,7 @@ mod tests {
         assert!(may_have_left_and_returned(1, &before, &removed));
         // Node 2 moved to another zone (its groups may move).
         let mut moved = before.clone();
-        moved[1].3 = "z9".into();
+        moved[1].zone = "z9".into();
         assert!(may_have_left_and_returned(1, &before, &moved));
     }
 }

@@ -791,7 +791,6 @@ async fn sync_buckets(
     // Spread the nodes catching up over the peers.
     let first = map.node_id as usize % peers.len();
     let mut failed = None;
-    let mut done = None;
     for i in 0..peers.len() {
         let node = peers[(first + i) % peers.len()];
         let since = Instant::now()
@@ -801,20 +800,13 @@ async fn sync_buckets(
         let got = buckets_from(shard, ckey, map, node, since).await;
         shard.bucket_copy_since(None);
         match got {
-            Ok(Some(d)) => {
-                done = Some(d);
-                break;
-            }
+            Ok(Some(done)) => return Ok(done),
             Ok(None) => {}
             Err(e) => failed = Some(format!("buckets from node {}: {e}", node.name)),
         }
     }
-    match (done, failed) {
-        (Some(d), _) => Ok(d),
-        (None, Some(e)) => Err(e),
-        // Every peer is too old to answer: nothing to take.
-        (None, None) => Ok((0, 0)),
-    }
+    // Every peer failed, or (None) is too old to answer: nothing to take.
+    failed.map_or(Ok((0, 0)), Err)
 }
 
 /// `sync_buckets` from one peer: None if it does not answer the request
