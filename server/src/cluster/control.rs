@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 
 use super::etcd::Etcd;
 use super::map::{self, JoinError, Joining, Keys, View};
-use super::shardmap::{MapFeed, Report, ShardMap};
+use super::shardmap::{MapFeed, Report, ShardMap, SKIP_DONE, SKIP_FAILED};
 use crate::boot::datadir::ClusterBinding;
 
 /// A node's cluster settings (`serve --cluster URLS --node NAME ...`).
@@ -149,6 +149,11 @@ fn map_fresh_ms(ttl_ms: u64) -> u64 {
     ttl_ms * 2 / 3
 }
 
+/// The least time between two rounds of skips recorded in etcd: under
+/// load with a replica failing, a round per this many writes' worth of
+/// time, not one per write.
+const SKIP_GAP: Duration = Duration::from_millis(50);
+
 /// The least time between map reads made to answer releases.
 const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
 
@@ -162,8 +167,8 @@ fn takeover_wait_ms(ttl_ms: u64) -> u64 {
 /// every group it leads) under `map` now: its lease is known to be alive
 /// at etcd (`ClusterStatus::lead_until_ms`), its last map read is recent
 /// (`map_until_ms`), `map` is not older than its last join, and it is not
-/// waiting to take the group over (`ShardMap::lead_after`). Always Ok on
-/// a single node. Err: why not, for a 503's message.
+/// waiting to take the group over (`ShardMap::lead_after`), and it is
+/// synced. Always Ok on a single node. Err: why not, for a 503's message.
 pub fn may_lead(map: &ShardMap, pg: Option<u32>) -> Result<(), &'static str> {
     let Some(s) = STATUS.get() else {
         return Ok(());
@@ -178,8 +183,18 @@ pub fn may_lead(map: &ShardMap, pg: Option<u32>) -> Result<(), &'static str> {
     if map.lead_after(pg) > now {
         return Err(TAKING_OVER);
     }
+    // The acting primary of a group with no synced replica up is its
+    // first up replica, which may lack writes a majority acknowledged
+    // (it was down, or skipped): it serves the group only once its
+    // catch-up merged it from a majority and it turned synced.
+    if !map.node(map.node_id).is_some_and(|n| n.synced) && (pg.is_some() || map.leads_any()) {
+        return Err(NOT_SYNCED);
+    }
     Ok(())
 }
+
+/// Why `may_lead` refused: this node leads a group unsynced.
+pub const NOT_SYNCED: &str = "no synced replica of the key's placement group is up: this node leads it once it has caught up from a majority of the group's replicas; retry";
 
 /// Why `may_lead` refused: the lease or the map is not confirmed.
 pub const LAPSED: &str = "this node cannot confirm its cluster lease and map with etcd (is etcd reachable from it?): it serves no keys until it does, and another replica takes over its keys once its lease expires; retry";
@@ -329,6 +344,8 @@ struct Control {
     release_wanted: u64,
     /// When the last map read was sent (None: none yet).
     read_sent: Option<Instant>,
+    /// When the last round of skips was recorded (`skip`).
+    skipped_at: Option<Instant>,
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -420,6 +437,7 @@ pub fn start(
         rejoining: false,
         release_wanted: 0,
         read_sent: None,
+        skipped_at: None,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -456,21 +474,10 @@ impl Control {
             if next > now {
                 // A shard that caught up, or was asked to release groups,
                 // wakes this thread early.
-                match self.feed.synced_rx.recv_timeout(next - now) {
-                    Ok(Report::Synced(epoch)) => {
-                        if let Err(e) = self.mark_synced(epoch) {
-                            status.etcd_errors.fetch_add(1, Ordering::Relaxed);
-                            warn!(error = %e, "cluster: cannot mark this node synced; its shards report again");
-                        }
-                        // The map changed: read it soon.
-                        read_at = read_at.min(Instant::now() + Duration::from_millis(100));
+                if let Ok(report) = self.feed.synced_rx.recv_timeout(next - now) {
+                    if let Some(at) = self.on_report(status, report) {
+                        read_at = read_at.min(at);
                     }
-                    Ok(Report::Release(epoch)) => {
-                        if let Some(at) = self.release(status, epoch) {
-                            read_at = read_at.min(at);
-                        }
-                    }
-                    Err(_) => {}
                 }
                 continue;
             }
@@ -641,22 +648,88 @@ impl Control {
         )
     }
 
-    /// Marks this node synced (it caught up under map `epoch`), if the map
-    /// is still at that epoch (else its shards catch up again under the
-    /// newer one).
-    fn mark_synced(&mut self, epoch: u64) -> Result<(), String> {
-        let changed = map::update_node(&self.etcd, &self.keys, &self.joining.name, &|view, r| {
-            Ok(
-                (view.epoch == epoch && !r.synced && r.id == self.id).then(|| map::NodeRecord {
-                    synced: true,
-                    ..r.clone()
-                }),
-            )
-        })?;
-        if changed.is_some() {
-            info!(node = %self.joining.name, epoch, "cluster: caught up; this node is synced");
+    /// Acts on a shard's report; Some: when to read the map next.
+    fn on_report(&mut self, status: &ClusterStatus, report: Report) -> Option<Instant> {
+        match report {
+            Report::Synced { epoch, skipped } => {
+                match map::mark_synced(&self.etcd, &self.keys, self.id, epoch, skipped) {
+                    Ok(true) => {
+                        info!(node = %self.joining.name, epoch, "cluster: caught up; this node is synced");
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(error = %e, "cluster: cannot mark this node synced; its shards report again");
+                    }
+                }
+                // The map changed (or moved on under the catch-up): read
+                // it soon.
+                Some(Instant::now() + Duration::from_millis(100))
+            }
+            Report::Release(epoch) => self.release(status, epoch),
+            Report::Skip { nodes, done } => self.skip(status, nodes, done),
         }
-        Ok(())
+    }
+
+    /// Records in etcd that writes are acknowledged without `nodes`'
+    /// copies (`map::skip`), with every other skip the shards asked for
+    /// meanwhile (at most one round per `SKIP_GAP`); then tells the
+    /// asking shards. Some: when to read the map next (a node was marked
+    /// not synced).
+    fn skip(
+        &mut self,
+        status: &ClusterStatus,
+        nodes: Vec<u32>,
+        done: Arc<std::sync::atomic::AtomicU8>,
+    ) -> Option<Instant> {
+        if let Some(wait) = self
+            .skipped_at
+            .and_then(|t| SKIP_GAP.checked_sub(t.elapsed()))
+        {
+            std::thread::sleep(wait);
+        }
+        let mut asks = vec![(nodes, done)];
+        let mut others = Vec::new();
+        while let Ok(r) = self.feed.synced_rx.try_recv() {
+            match r {
+                Report::Skip { nodes, done } => asks.push((nodes, done)),
+                r => others.push(r),
+            }
+        }
+        let mut ids: Vec<u32> = asks.iter().flat_map(|(n, _)| n.iter().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut failed = Vec::new();
+        let mut read_at = None;
+        for id in ids {
+            match map::skip(&self.etcd, &self.keys, id, self.id) {
+                Ok(true) => {
+                    warn!(node = id, "cluster: a replica missed a write acknowledged without it; marked not synced (it catches up before it leads)");
+                    read_at = Some(Instant::now() + Duration::from_millis(100));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(node = id, error = %e, "cluster: cannot record a write acknowledged without a replica; the write is refused");
+                    failed.push(id);
+                }
+            }
+        }
+        self.skipped_at = Some(Instant::now());
+        for (nodes, done) in asks {
+            let outcome = if nodes.iter().any(|n| failed.contains(n)) {
+                SKIP_FAILED
+            } else {
+                SKIP_DONE
+            };
+            done.store(outcome, Ordering::Release);
+        }
+        for r in others {
+            if let Some(at) = self.on_report(status, r) {
+                read_at = Some(read_at.map_or(at, |a: Instant| a.min(at)));
+            }
+        }
+        read_at
     }
 
     /// Hands the map to the shards (when it changed).
@@ -672,7 +745,10 @@ impl Control {
         // Placing every group costs up to seconds on a large map: only
         // when the map changed (this thread also renews the lease).
         let built = ShardMap::client_json(&self.cluster, view).and_then(|json| {
-            if self.feed.is_current(&json) {
+            if self
+                .feed
+                .is_current(&json, view.skipped.get(&self.id).copied().unwrap_or(0))
+            {
                 return Ok(None);
             }
             ShardMap::build_with(json, self.id, view, self.feed.synced_tx.clone()).map(Some)

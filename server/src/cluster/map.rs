@@ -10,6 +10,9 @@
 //! /percore/<cluster>/alive/<id>    the running process's nonce, on its lease
 //! /percore/<cluster>/down/<id>     on a lease of the grace period, from when the
 //!                                  node was marked down
+//! /percore/<cluster>/skipped/<id>  written (by a primary) each time a write is
+//!                                  acknowledged without the node's copy; its
+//!                                  revision fences the node's catch-up
 //! ```
 //!
 //! Every change to `nodes/` is one transaction that also moves the epoch,
@@ -112,6 +115,10 @@ pub struct View {
     pub alive: HashMap<u32, Alive>,
     /// Nodes in their grace period.
     pub downs: HashSet<u32>,
+    /// The revision of each node's `skipped/<id>` key (absent: never
+    /// skipped): a catch-up that began under a map read at one revision
+    /// marks the node synced only if it has not moved (`mark_synced`).
+    pub skipped: HashMap<u32, i64>,
     /// Records that could not be read (key, error): skipped.
     pub unreadable: Vec<(String, String)>,
     pub epoch_revision: i64,
@@ -214,6 +221,12 @@ impl Keys {
     }
     fn downs(&self) -> Vec<u8> {
         self.key("down/")
+    }
+    fn skipped(&self, id: u32) -> Vec<u8> {
+        self.key(&format!("skipped/{id}"))
+    }
+    fn skips(&self) -> Vec<u8> {
+        self.key("skipped/")
     }
 }
 
@@ -357,12 +370,18 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         .into_iter()
         .map(|(id, _)| id)
         .collect();
+    let (skips, _) = etcd.range(&keys.skips(), Some(&prefix_end(&keys.skips())))?;
+    let skipped = ids(&keys.skips(), &skips)
+        .into_iter()
+        .map(|(id, i)| (id, skips[i].mod_revision))
+        .collect();
     Ok(View {
         config,
         epoch: decimal(&epoch.value)?,
         nodes: records,
         alive,
         downs,
+        skipped,
         unreadable,
         epoch_revision: epoch.mod_revision,
     })
@@ -419,6 +438,107 @@ pub fn update_node(
         };
         if write_node(etcd, keys, &view, &new, seen)? {
             return Ok(Some(new));
+        }
+    }
+    Err("the cluster map kept changing; try again".into())
+}
+
+/// Marks node `id` synced (it caught up under the map of `epoch`, read
+/// when its `skipped/` key had revision `skipped`), if the map is still at
+/// that epoch and no write was acknowledged without its copy since (a
+/// primary that did moved the key: `skip`). Whether it was marked.
+pub fn mark_synced(
+    etcd: &Etcd,
+    keys: &Keys,
+    id: u32,
+    epoch: u64,
+    skipped: i64,
+) -> Result<bool, String> {
+    for _ in 0..CONFLICT_RETRIES {
+        let view = load(etcd, keys)?;
+        let Some((record, seen)) = view.node(id).cloned() else {
+            return Ok(false);
+        };
+        let now = view.skipped.get(&id).copied().unwrap_or(0);
+        if view.epoch != epoch || record.synced || now != skipped {
+            return Ok(false);
+        }
+        let json = serde_json::to_vec(&NodeRecord {
+            synced: true,
+            ..record
+        })
+        .map_err(|e| e.to_string())?;
+        let done = etcd.txn(
+            vec![
+                txn::unchanged(&keys.epoch(), view.epoch_revision),
+                txn::unchanged(&keys.node(id), seen),
+                txn::unchanged(&keys.skipped(id), skipped),
+            ],
+            vec![
+                txn::put(&keys.node(id), &json),
+                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
+            ],
+            vec![],
+        )?;
+        if done {
+            return Ok(true);
+        }
+    }
+    Err("the cluster map kept changing; try again".into())
+}
+
+/// Records that node `by` is about to acknowledge a write without node
+/// `id`'s copy (its copy failed; a majority holds the write): moves
+/// `id`'s `skipped/` key, and if `id` is synced, marks it not synced (a
+/// new epoch) in the same transaction. Once this returns Ok, `id` leads
+/// no group before it caught up again from a synced primary, which holds
+/// the write: a catch-up that began before the key moved cannot mark it
+/// synced (`mark_synced` compares the key), and one that begins after
+/// sees the write. Whether a new epoch was made. A node no longer in the
+/// map needs nothing (ids are never reused).
+pub fn skip(etcd: &Etcd, keys: &Keys, id: u32, by: u32) -> Result<bool, String> {
+    let value = by.to_string();
+    for _ in 0..CONFLICT_RETRIES {
+        let Some(kv) = etcd.get(&keys.node(id))? else {
+            return Ok(false);
+        };
+        let record: NodeRecord = serde_json::from_slice(&kv.value).map_err(|e| e.to_string())?;
+        if !record.synced {
+            // Compared: a node that turned synced since needs the mark.
+            if etcd.txn(
+                vec![txn::unchanged(&keys.node(id), kv.mod_revision)],
+                vec![txn::put(&keys.skipped(id), value.as_bytes())],
+                vec![],
+            )? {
+                return Ok(false);
+            }
+            continue;
+        }
+        let view = load(etcd, keys)?;
+        let Some((record, seen)) = view.node(id).cloned() else {
+            return Ok(false);
+        };
+        if !record.synced {
+            continue;
+        }
+        let json = serde_json::to_vec(&NodeRecord {
+            synced: false,
+            ..record
+        })
+        .map_err(|e| e.to_string())?;
+        if etcd.txn(
+            vec![
+                txn::unchanged(&keys.epoch(), view.epoch_revision),
+                txn::unchanged(&keys.node(id), seen),
+            ],
+            vec![
+                txn::put(&keys.node(id), &json),
+                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
+                txn::put(&keys.skipped(id), value.as_bytes()),
+            ],
+            vec![],
+        )? {
+            return Ok(true);
         }
     }
     Err("the cluster map kept changing; try again".into())
@@ -582,6 +702,7 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
                 txn::delete(&keys.node(record.id)),
                 txn::delete(&keys.name(name)),
                 txn::delete(&keys.down(record.id)),
+                txn::delete(&keys.skipped(record.id)),
                 txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
             ],
             vec![],

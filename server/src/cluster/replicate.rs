@@ -3,7 +3,8 @@
 //! other replicas before the write is acknowledged; a node that joins
 //! (or comes back) catches up from the groups' primaries before it acts
 //! as a primary itself. Everything here runs on a shard (glommio), over
-//! node-to-node HTTP on the S3 port (`peer_http`); nothing waits for etcd.
+//! node-to-node HTTP on the S3 port (`peer_http`); only a write whose copy
+//! failed on a replica waits for etcd (through the control thread).
 //!
 //! **State transfer, not operation shipping.** What crosses is the key's
 //! state after the write: its current version (metadata and bytes) or its
@@ -13,11 +14,21 @@
 //! (`PutCondition::IfNewer`), so copies may arrive in any order, twice, or
 //! late, and every replica ends with the newest.
 //!
-//! **Acknowledgement.** A write is acknowledged when every replica that is
-//! `up` in the primary's map and at least a majority of the group's R
-//! (the primary counting itself) hold its stamp or a newer one. Otherwise
-//! the client gets 503 (the write may be on some replicas: it was not
-//! acknowledged, and a later write or the primary's state wins).
+//! **Acknowledgement.** A write is acknowledged when at least a majority
+//! of the group's R (the primary counting itself) hold its stamp or a
+//! newer one, and every other replica that is `up` in the primary's map
+//! either holds it too or was recorded in etcd as having missed it
+//! (`map::skip`: its `skipped/<id>` key moved, and it was marked not
+//! synced if it was synced). Otherwise the client gets 503 (the write may
+//! be on some replicas: it was not acknowledged, and a later write or the
+//! primary's state wins). A skipped replica (down but not yet marked,
+//! cut off from the primary, a sick disk) leads nothing before it caught
+//! up again under a map read after the skip (`map::mark_synced` compares
+//! the key), from a synced primary that holds the write, and it reports
+//! itself synced only once it reaches every up node it shares a group
+//! with (`reach_peers`). Once a majority holds a write, the other copies
+//! get at least `STRAGGLER_WAIT` (or as long as the majority took) before
+//! they are skipped.
 //!
 //! **Fencing.** A replica refuses a copy from a node that is not the
 //! group's acting primary in its own map (when its map is at least as new
@@ -64,7 +75,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
-use super::shardmap::{MapNode, Report, ShardMap};
+use super::shardmap::{MapNode, Report, ShardMap, SKIP_DONE};
 use crate::bucket_config::ConfigKind;
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
@@ -80,6 +91,10 @@ const COPY_CHUNK_BYTES: u64 = 1 << 20;
 /// How long a write waits for its copies (and for a newer map, when a
 /// replica refused its copy as sent under an older one).
 const REPLICATE_WAIT: Duration = Duration::from_secs(8);
+/// Once a majority holds a write, how long the other replicas get at
+/// least (or as long as the majority took, if longer) before they are
+/// skipped (`push_all`).
+const STRAGGLER_WAIT: Duration = Duration::from_secs(1);
 /// How far ahead of this node's map a peer's may be (maps reach nodes a
 /// third of the lease apart; more is a broken or forged peer).
 const EPOCH_AHEAD_MAX: u64 = 64;
@@ -468,10 +483,113 @@ async fn newer_map(shard: &Rc<Shard>, epoch: u64, deadline: Instant) {
     }
 }
 
+/// Pushes `(bucket, key)` to `others` at once; returns each one's outcome
+/// (same order). A push not done by `deadline` failed; once a majority of
+/// the group holds the write (this node counts), the others get as long
+/// again as that took (at least `STRAGGLER_WAIT`): a replica that stalls
+/// is skipped (`replicate`) rather than holding every write up.
+async fn push_all(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    others: &[&MapNode],
+    (bucket, key): (&str, &str),
+    deadline: Instant,
+) -> Vec<Pushed> {
+    use futures::StreamExt;
+    let started = Instant::now();
+    let left = deadline.saturating_duration_since(started);
+    let mut pending: futures::stream::FuturesUnordered<_> = others
+        .iter()
+        .enumerate()
+        .map(|(i, n)| async move {
+            let r = crate::frontend::http::timeout::within(
+                left,
+                push_one(shard, ckey, map, n, bucket, key),
+            )
+            .await
+            .unwrap_or_else(|| Pushed::Failed(format!("node {} did not answer in time", n.name)));
+            (i, r)
+        })
+        .collect();
+    let mut results: Vec<Option<Pushed>> = others.iter().map(|_| None).collect();
+    let mut applied = 1;
+    let mut cut: Option<Instant> = (applied >= map.majority()).then(|| started + STRAGGLER_WAIT);
+    loop {
+        let next = match cut {
+            None => pending.next().await,
+            Some(at) => {
+                let wait = at.min(deadline).saturating_duration_since(Instant::now());
+                match crate::frontend::http::timeout::within(wait, pending.next()).await {
+                    Some(n) => n,
+                    None => break,
+                }
+            }
+        };
+        let Some((i, r)) = next else {
+            break;
+        };
+        if matches!(r, Pushed::Applied) {
+            applied += 1;
+            if cut.is_none() && applied >= map.majority() {
+                cut = Some(Instant::now() + started.elapsed().max(STRAGGLER_WAIT));
+            }
+        }
+        results[i] = Some(r);
+    }
+    others
+        .iter()
+        .zip(results)
+        .map(|(n, r)| {
+            r.unwrap_or_else(|| {
+                Pushed::Failed(format!(
+                    "node {} did not take the copy in time after a majority held it",
+                    n.name
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Records in etcd (through the control thread: `map::skip`) that a write
+/// is acknowledged without `nodes`' copies; Err if it could not be.
+async fn skip(map: &ShardMap, nodes: Vec<u32>, deadline: Instant) -> Result<(), String> {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let names: Vec<String> = nodes
+        .iter()
+        .map(|&n| {
+            map.node(n)
+                .map_or_else(|| n.to_string(), |m| m.name.clone())
+        })
+        .collect();
+    let done = std::sync::Arc::new(AtomicU8::new(0));
+    map.synced_tx
+        .send(Report::Skip {
+            nodes,
+            done: done.clone(),
+        })
+        .map_err(|_| "this node's control thread is gone".to_string())?;
+    loop {
+        match done.load(Ordering::Acquire) {
+            0 if Instant::now() < deadline => glommio::timer::sleep(Duration::from_millis(2)).await,
+            SKIP_DONE => return Ok(()),
+            _ => {
+                return Err(format!(
+                    "cannot record in etcd that node(s) {} missed the write",
+                    names.join(", ")
+                ))
+            }
+        }
+    }
+}
+
 /// After a write of `(bucket, key)` on its acting primary: copies the
 /// key's state to the group's other replicas, and returns once the write
 /// may be acknowledged (see the module documentation); Err: why not
-/// (answer 503, retryable).
+/// (answer 503, retryable). A write a majority holds is acknowledged
+/// without an up replica whose copy failed (down without its lease
+/// expired yet, cut off, sick) once etcd recorded that (`skip`): that
+/// replica then leads nothing before it caught up again.
 pub async fn replicate(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
@@ -499,22 +617,14 @@ pub async fn replicate(
             .filter_map(|n| map.node(n))
             .filter(|n| n.state == NodeState::Up)
             .collect();
-        let left = deadline.saturating_duration_since(Instant::now());
-        let pushes = others.iter().map(|n| async {
-            crate::frontend::http::timeout::within(
-                left,
-                push_one(shard, ckey, &map, n, bucket, key),
-            )
-            .await
-            .unwrap_or_else(|| Pushed::Failed(format!("node {} did not answer in time", n.name)))
-        });
-        let results = futures::future::join_all(pushes).await;
+        let results = push_all(shard, ckey, &map, &others, (bucket, key), deadline).await;
         let applied = 1 + results
             .iter()
             .filter(|r| matches!(r, Pushed::Applied))
             .count();
         let mut why = Vec::new();
         let mut refused = false;
+        let mut failed = Vec::new();
         for (n, r) in others.iter().zip(&results) {
             match r {
                 Pushed::Applied => {}
@@ -522,11 +632,22 @@ pub async fn replicate(
                     refused = true;
                     why.push(format!("node {} refused the copy: {m}", n.name));
                 }
-                Pushed::Failed(m) => why.push(m.clone()),
+                Pushed::Failed(m) => {
+                    failed.push(n.id);
+                    why.push(m.clone());
+                }
             }
         }
         let metrics = shard.metrics();
-        if why.is_empty() && applied >= map.majority() {
+        if !refused && applied >= map.majority() {
+            if !failed.is_empty() {
+                if let Err(e) = skip(&map, failed, deadline).await {
+                    why.push(e);
+                    crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);
+                    return Err(why.join("; "));
+                }
+                crate::metrics::ShardMetrics::add(&metrics.cluster_replicas_skipped, 1);
+            }
             // A node catching up read this key's shard under a newer map:
             // copy again under that map (it names the new replica).
             let fence = shard.key_fence(bucket, key, 0).await;
@@ -544,9 +665,9 @@ pub async fn replicate(
                 "a node caught up under map {fence}, newer than this node's {}",
                 map.epoch
             ));
-        } else if why.is_empty() {
+        } else if !refused {
             why.push(format!(
-                "{applied} of the group's {} replicas are up (a majority, {}, must hold a write)",
+                "{applied} of the group's {} replicas took the write (a majority, {}, must hold it)",
                 map.replica_count,
                 map.majority()
             ));
@@ -909,7 +1030,8 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
     // Client creates wait until the buckets were copied from a peer.
     shard.bucket_copy_pending.set(true);
     glommio::spawn_local(async move {
-        let mut reported = (0, Instant::now());
+        // (epoch, skipped revision) reported, and when.
+        let mut reported = ((0, 0), Instant::now());
         // The last bucket copy that succeeded: (epoch, when).
         let mut buckets_copied: Option<(u64, Instant)> = None;
         loop {
@@ -925,7 +1047,7 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
             // (an etcd error).
             if me.synced
                 || me.state != NodeState::Up
-                || (reported.0 == map.epoch && reported.1.elapsed() < REPORT_AGAIN)
+                || (reported.0 == (map.epoch, map.skipped) && reported.1.elapsed() < REPORT_AGAIN)
             {
                 continue;
             }
@@ -939,8 +1061,12 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "cluster: caught up"
                     );
-                    if map.synced_tx.send(Report::Synced(map.epoch)).is_ok() {
-                        reported = (map.epoch, Instant::now());
+                    let report = Report::Synced {
+                        epoch: map.epoch,
+                        skipped: map.skipped,
+                    };
+                    if map.synced_tx.send(report).is_ok() {
+                        reported = ((map.epoch, map.skipped), Instant::now());
                     }
                 }
                 Err(e) => tracing::warn!(error = %e, "cluster: catching up failed; retrying"),
@@ -1066,7 +1192,48 @@ async fn catch_up(
         groups_left = groups_left.saturating_sub(pgs.len() as u64);
         set_groups_left(groups_left);
     }
+    reach_peers(map).await?;
     Ok((taken, dropped))
+}
+
+/// Peers probed at once by `reach_peers`.
+const REACH_IN_FLIGHT: usize = 32;
+
+/// Ok if this node can open a connection to every up node it shares a
+/// placement group with. A node does not report itself synced before it
+/// can: cut off from one of them (while both still reach etcd), it would
+/// skip that replica's copies, or be skipped by it, at once again
+/// (`replicate`), and the two would take turns at being marked not
+/// synced. Unsynced until the cut heals, it leads nothing and takes its
+/// copies from the primaries it reaches.
+async fn reach_peers(map: &ShardMap) -> Result<(), String> {
+    let peers: std::collections::BTreeSet<u32> = (0..map.pgs)
+        .filter(|&pg| map.holds_pg(pg))
+        .flat_map(|pg| map.replicas_of_pg(pg))
+        .filter(|&n| n != map.node_id)
+        .collect();
+    let nodes: Vec<&MapNode> = peers
+        .iter()
+        .filter_map(|&n| map.node(n))
+        .filter(|n| n.state == NodeState::Up)
+        .collect();
+    for chunk in nodes.chunks(REACH_IN_FLIGHT) {
+        let tries = chunk.iter().map(|n| async move {
+            let Some(addr) = n.s3 else {
+                return Err(format!("node {} has no usable S3 address", n.name));
+            };
+            peer_http::open(addr).await.map(drop).map_err(|e| {
+                format!(
+                    "cannot reach node {}, a replica of groups this node holds ({e}); it stays unsynced until it can",
+                    n.name
+                )
+            })
+        });
+        for r in futures::future::join_all(tries).await {
+            r?;
+        }
+    }
+    Ok(())
 }
 
 /// `percore_cluster_backfill_groups_left` (shard 0 catches up).

@@ -22,14 +22,27 @@ use super::map::View;
 pub const NO_NODE: u32 = u32::MAX;
 
 /// What the shards tell the control thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Report {
-    /// The node caught up under the map of this epoch.
-    Synced(u64),
+    /// The node caught up under the map of this epoch, read when its
+    /// `skipped/` key had revision `skipped` (`ShardMap::skipped`).
+    Synced { epoch: u64, skipped: i64 },
     /// Another node takes groups over from this one under the map of this
     /// epoch: read the map now and lead under no older one.
     Release(u64),
+    /// A write is to be acknowledged without these nodes' copies (theirs
+    /// failed; a majority holds it): record that in etcd first
+    /// (`map::skip`), then set `done` (`SKIP_DONE` or `SKIP_FAILED`).
+    Skip {
+        nodes: Vec<u32>,
+        done: Arc<std::sync::atomic::AtomicU8>,
+    },
 }
+
+/// `Report::Skip`'s outcome: recorded in etcd.
+pub const SKIP_DONE: u8 = 1;
+/// `Report::Skip`'s outcome: etcd could not be told (not acknowledged).
+pub const SKIP_FAILED: u8 = 2;
 
 /// One map, as a shard holds it.
 #[derive(Debug)]
@@ -74,6 +87,10 @@ pub struct ShardMap {
     lead_after: Vec<AtomicU64>,
     /// The latest of `lead_after`.
     lead_after_max: AtomicU64,
+    /// The revision of this node's `skipped/` key when the map was read
+    /// (0: none): its catch-up under this map counts only if it has not
+    /// moved since (`map::mark_synced`).
+    pub skipped: i64,
 }
 
 /// A node that may still lead a group under a map older than epoch
@@ -222,6 +239,7 @@ impl ShardMap {
             stale_any: Vec::new(),
             lead_after: Vec::new(),
             lead_after_max: AtomicU64::new(0),
+            skipped: view.skipped.get(&node_id).copied().unwrap_or(0),
         })
     }
 
@@ -466,6 +484,12 @@ impl ShardMap {
         self.primaries[pg as usize]
     }
 
+    /// Whether this node is the acting primary of any group.
+    #[must_use]
+    pub fn leads_any(&self) -> bool {
+        self.primaries.contains(&self.node_id)
+    }
+
     /// Group `pg`'s replicas (node ids, placement order).
     pub fn replicas_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
         let r = self.replica_count;
@@ -497,6 +521,8 @@ pub struct MapFeed {
     /// The epoch last sent (0: none yet).
     sent_epoch: u64,
     sent_json: String,
+    /// The `ShardMap::skipped` sent last.
+    sent_skipped: i64,
     /// The map last sent.
     last: Option<Arc<ShardMap>>,
 }
@@ -514,6 +540,7 @@ pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
             synced_tx,
             sent_epoch: 0,
             sent_json: String::new(),
+            sent_skipped: 0,
             last: None,
         },
         receivers,
@@ -527,10 +554,11 @@ impl MapFeed {
         self.sent_epoch
     }
 
-    /// Whether `json` (`ShardMap::client_json`) is the map sent last.
+    /// Whether `json` (`ShardMap::client_json`), with this node's
+    /// `skipped/` revision, is the map sent last.
     #[must_use]
-    pub fn is_current(&self, json: &str) -> bool {
-        self.sent_epoch != 0 && json == self.sent_json
+    pub fn is_current(&self, json: &str, skipped: i64) -> bool {
+        self.sent_epoch != 0 && json == self.sent_json && skipped == self.sent_skipped
     }
 
     /// Sends `map` to every shard unless it is the map sent last. A map
@@ -539,11 +567,15 @@ impl MapFeed {
     /// node take over from another node that may still serve them wait
     /// `stale_ms` (`ShardMap::set_takeovers`).
     pub fn publish(&mut self, mut map: ShardMap, now: u64, stale_ms: u64) {
-        if map.epoch == self.sent_epoch && map.json == self.sent_json {
+        if map.epoch == self.sent_epoch
+            && map.json == self.sent_json
+            && map.skipped == self.sent_skipped
+        {
             return;
         }
         map.set_takeovers(self.last.as_deref(), now, stale_ms);
         self.sent_epoch = map.epoch;
+        self.sent_skipped = map.skipped;
         self.sent_json.clone_from(&map.json);
         let map = Arc::new(map);
         self.last = Some(map.clone());
@@ -603,6 +635,7 @@ mod tests {
             ],
             alive: Default::default(),
             downs: Default::default(),
+            skipped: Default::default(),
             unreadable: Vec::new(),
             epoch_revision: 0,
         };
@@ -653,6 +686,7 @@ mod tests {
                 .collect(),
             alive: Default::default(),
             downs: Default::default(),
+            skipped: Default::default(),
             unreadable: Vec::new(),
             epoch_revision: 0,
         }
@@ -868,7 +902,7 @@ mod tests {
     #[test]
     fn feed_sends_only_changes() {
         let (mut feed, rx) = feed(2);
-        let map = |epoch: u64, json: &str| ShardMap {
+        let map = |epoch: u64, json: &str, skipped: i64| ShardMap {
             epoch,
             node_id: 1,
             pgs: 1,
@@ -883,12 +917,19 @@ mod tests {
             stale_any: Vec::new(),
             lead_after: Vec::new(),
             lead_after_max: AtomicU64::new(0),
+            skipped,
         };
-        feed.publish(map(1, "a"), 0, 0);
-        feed.publish(map(1, "a"), 0, 0);
-        feed.publish(map(2, "b"), 0, 0);
+        feed.publish(map(1, "a", 0), 0, 0);
+        feed.publish(map(1, "a", 0), 0, 0);
+        assert!(feed.is_current("a", 0));
+        // The same map with this node's skipped/ key moved: sent again (a
+        // catch-up under it must run again).
+        assert!(!feed.is_current("a", 7));
+        feed.publish(map(1, "a", 7), 0, 0);
+        feed.publish(map(2, "b", 7), 0, 0);
         for r in &rx {
-            assert_eq!(r.try_iter().map(|m| m.epoch).collect::<Vec<_>>(), [1, 2]);
+            let sent: Vec<_> = r.try_iter().map(|m| (m.epoch, m.skipped)).collect();
+            assert_eq!(sent, [(1, 0), (1, 7), (2, 7)]);
         }
     }
 }

@@ -68,13 +68,18 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
     ),
     (
         "percore_cluster_writes_replicated_total",
-        "Writes this node ordered as a placement group's primary whose copies every up replica and a majority took (acknowledged).",
+        "Writes this node ordered as a placement group's primary that a majority of the group took, and every other up replica too or was recorded in etcd as having missed (acknowledged).",
         |m| m.cluster_replicated.get(),
     ),
     (
         "percore_cluster_writes_unreplicated_total",
-        "Writes this node ordered as a primary that were answered 503 because their copies did not reach every up replica and a majority (not acknowledged; alert on a rate).",
+        "Writes this node ordered as a primary that were answered 503 because their copies did not reach a majority, or a missed copy could not be recorded in etcd (not acknowledged; alert on a rate).",
         |m| m.cluster_replication_failed.get(),
+    ),
+    (
+        "percore_cluster_writes_replica_skipped_total",
+        "Acknowledged writes whose copy failed on an up replica (down but not yet marked, cut off, sick): each was recorded in etcd first, and that replica catches up before it leads (alert on a rate).",
+        |m| m.cluster_replicas_skipped.get(),
     ),
     (
         "percore_cluster_copies_taken_total",

@@ -127,6 +127,7 @@ pub struct ShardMetrics {
     /// copies this node's replicas took from others.
     pub cluster_replicated: Cell<u64>,
     pub cluster_replication_failed: Cell<u64>,
+    pub cluster_replicas_skipped: Cell<u64>,
     pub cluster_copies_taken: Cell<u64>,
     pub cluster_copies_refused: Cell<u64>,
 }
