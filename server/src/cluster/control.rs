@@ -667,20 +667,21 @@ impl Control {
                 Some(Instant::now() + Duration::from_millis(100))
             }
             Report::Release(epoch) => self.release(status, epoch),
-            Report::Skip { nodes, done } => self.skip(status, nodes, done),
+            Report::Skip { pg, nodes, done } => self.skip(status, (pg, nodes, done)),
         }
     }
 
     /// Records in etcd that writes are acknowledged without `nodes`'
     /// copies (`map::skip`), with every other skip the shards asked for
-    /// meanwhile (at most one round per `SKIP_GAP`); then tells the
+    /// meanwhile (at most one round per `SKIP_GAP`, and a round stops
+    /// after an eighth of the lease: what is left is refused, so that the
+    /// lease renewals on this thread keep their time); then tells the
     /// asking shards. Some: when to read the map next (a node was marked
     /// not synced).
     fn skip(
         &mut self,
         status: &ClusterStatus,
-        nodes: Vec<u32>,
-        done: Arc<std::sync::atomic::AtomicU8>,
+        first: (u32, Vec<u32>, Arc<std::sync::atomic::AtomicU8>),
     ) -> Option<Instant> {
         if let Some(wait) = self
             .skipped_at
@@ -688,21 +689,34 @@ impl Control {
         {
             std::thread::sleep(wait);
         }
-        let mut asks = vec![(nodes, done)];
+        let started = Instant::now();
+        let round_max = Duration::from_millis(self.ttl_s.saturating_mul(1000) / 8);
+        let mut asks = vec![first];
         let mut others = Vec::new();
         while let Ok(r) = self.feed.synced_rx.try_recv() {
             match r {
-                Report::Skip { nodes, done } => asks.push((nodes, done)),
+                Report::Skip { pg, nodes, done } => asks.push((pg, nodes, done)),
                 r => others.push(r),
             }
         }
-        let mut ids: Vec<u32> = asks.iter().flat_map(|(n, _)| n.iter().copied()).collect();
-        ids.sort_unstable();
-        ids.dedup();
+        // Each node once, with every group it missed writes of.
+        let mut ids: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+        for (pg, nodes, _) in &asks {
+            for &n in nodes {
+                let pgs = ids.entry(n).or_default();
+                if !pgs.contains(pg) {
+                    pgs.push(*pg);
+                }
+            }
+        }
         let mut failed = Vec::new();
         let mut read_at = None;
-        for id in ids {
-            match map::skip(&self.etcd, &self.keys, id, self.id) {
+        for (id, pgs) in ids {
+            if started.elapsed() > round_max {
+                failed.push(id);
+                continue;
+            }
+            match map::skip(&self.etcd, &self.keys, id, self.id, &pgs) {
                 Ok(true) => {
                     warn!(node = id, "cluster: a replica missed a write acknowledged without it; marked not synced (it catches up before it leads)");
                     read_at = Some(Instant::now() + Duration::from_millis(100));
@@ -712,11 +726,13 @@ impl Control {
                     status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(node = id, error = %e, "cluster: cannot record a write acknowledged without a replica; the write is refused");
                     failed.push(id);
+                    // This node's map may be behind: read it soon.
+                    read_at = Some(Instant::now() + Duration::from_millis(100));
                 }
             }
         }
         self.skipped_at = Some(Instant::now());
-        for (nodes, done) in asks {
+        for (_, nodes, done) in asks {
             let outcome = if nodes.iter().any(|n| failed.contains(n)) {
                 SKIP_FAILED
             } else {

@@ -487,58 +487,59 @@ pub fn mark_synced(
     Err("the cluster map kept changing; try again".into())
 }
 
-/// Records that node `by` is about to acknowledge a write without node
-/// `id`'s copy (its copy failed; a majority holds the write): moves
-/// `id`'s `skipped/` key, and if `id` is synced, marks it not synced (a
-/// new epoch) in the same transaction. Once this returns Ok, `id` leads
-/// no group before it caught up again from a synced primary, which holds
-/// the write: a catch-up that began before the key moved cannot mark it
-/// synced (`mark_synced` compares the key), and one that begins after
-/// sees the write. Whether a new epoch was made. A node no longer in the
-/// map needs nothing (ids are never reused).
-pub fn skip(etcd: &Etcd, keys: &Keys, id: u32, by: u32) -> Result<bool, String> {
+/// Records that node `by` is about to acknowledge writes of groups `pgs`
+/// without node `id`'s copy (its copy failed; a majority holds the
+/// writes): moves `id`'s `skipped/` key, and if `id` is synced, marks it
+/// not synced (a new epoch) in the same transaction. Refused unless `by`
+/// is the acting primary of every group of `pgs` in etcd's map (compared
+/// in the transaction): a node on an older map must not get the group's
+/// new primary marked. Once this returns Ok, `id` leads no group before
+/// it caught up again from a synced primary, which holds the writes: a
+/// catch-up that began before the key moved cannot mark it synced
+/// (`mark_synced` compares the key), and one that begins after sees the
+/// writes. Whether a new epoch was made. A node no longer in the map
+/// needs nothing (ids are never reused).
+pub fn skip(etcd: &Etcd, keys: &Keys, id: u32, by: u32, pgs: &[u32]) -> Result<bool, String> {
     let value = by.to_string();
     for _ in 0..CONFLICT_RETRIES {
-        let Some(kv) = etcd.get(&keys.node(id))? else {
-            return Ok(false);
-        };
-        let record: NodeRecord = serde_json::from_slice(&kv.value).map_err(|e| e.to_string())?;
-        if !record.synced {
-            // Compared: a node that turned synced since needs the mark.
-            if etcd.txn(
-                vec![txn::unchanged(&keys.node(id), kv.mod_revision)],
-                vec![txn::put(&keys.skipped(id), value.as_bytes())],
-                vec![],
-            )? {
-                return Ok(false);
-            }
-            continue;
-        }
         let view = load(etcd, keys)?;
+        let seed = view.config.seed()?;
+        let placed = view.placed();
+        for &pg in pgs {
+            let chosen = placement::replicas(seed, pg, view.config.replicas, &placed);
+            let primary = placement::acting_primary(&chosen, &placed).map(|i| placed[i].id);
+            if primary != Some(by) {
+                return Err(format!(
+                    "this node no longer leads placement group {pg} in map {}",
+                    view.epoch
+                ));
+            }
+        }
         let Some((record, seen)) = view.node(id).cloned() else {
             return Ok(false);
         };
-        if !record.synced {
-            continue;
+        let marks = record.synced;
+        let mut success = vec![txn::put(&keys.skipped(id), value.as_bytes())];
+        if marks {
+            let json = serde_json::to_vec(&NodeRecord {
+                synced: false,
+                ..record
+            })
+            .map_err(|e| e.to_string())?;
+            success.push(txn::put(&keys.node(id), &json));
+            success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
         }
-        let json = serde_json::to_vec(&NodeRecord {
-            synced: false,
-            ..record
-        })
-        .map_err(|e| e.to_string())?;
+        // Compared: a node that turned synced since needs the mark, and a
+        // map that moved may lead the group elsewhere.
         if etcd.txn(
             vec![
                 txn::unchanged(&keys.epoch(), view.epoch_revision),
                 txn::unchanged(&keys.node(id), seen),
             ],
-            vec![
-                txn::put(&keys.node(id), &json),
-                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
-                txn::put(&keys.skipped(id), value.as_bytes()),
-            ],
+            success,
             vec![],
         )? {
-            return Ok(true);
+            return Ok(marks);
         }
     }
     Err("the cluster map kept changing; try again".into())

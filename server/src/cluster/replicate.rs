@@ -91,10 +91,16 @@ const COPY_CHUNK_BYTES: u64 = 1 << 20;
 /// How long a write waits for its copies (and for a newer map, when a
 /// replica refused its copy as sent under an older one).
 const REPLICATE_WAIT: Duration = Duration::from_secs(8);
+/// Bytes per second a copy of a large version is given time for, on top
+/// of `REPLICATE_WAIT` (a 5 GiB version: 160 s more).
+const REPLICATE_RATE_MIN: u64 = 32 << 20;
 /// Once a majority holds a write, how long the other replicas get at
 /// least (or as long as the majority took, if longer) before they are
 /// skipped (`push_all`).
 const STRAGGLER_WAIT: Duration = Duration::from_secs(1);
+/// A write with less time than this left is not acknowledged by skipping
+/// a replica (`skip`): no replica is marked for a write answered 503.
+const SKIP_TIME_MIN: Duration = Duration::from_millis(500);
 /// How far ahead of this node's map a peer's may be (maps reach nodes a
 /// third of the lease apart; more is a broken or forged peer).
 const EPOCH_AHEAD_MAX: u64 = 64;
@@ -339,8 +345,24 @@ enum Pushed {
     /// The replica refused it as sent under an older map (or by a node it
     /// does not take as the primary): retry under a newer map.
     Refused(String),
+    /// The replica did not take it (unreachable, an error, too slow).
     Failed(String),
+    /// This node could not read what to send: the write is refused (503),
+    /// and no replica is skipped for it.
+    Local(String),
 }
+
+/// A push failed reading this node's own bytes (not the replica's fault).
+#[derive(Debug)]
+struct LocalRead(String);
+
+impl std::fmt::Display for LocalRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LocalRead {}
 
 fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -385,13 +407,14 @@ async fn push_one(
         return Pushed::Failed(format!("node {} has no usable S3 address", to.name));
     };
     let mut replace = None;
-    for _ in 0..PUSH_ATTEMPTS {
+    let mut attempts = 0;
+    while attempts < PUSH_ATTEMPTS {
         let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
             Ok(Some(s)) => s,
             // Nothing here (a delete of a key this node holds nothing of):
             // a tombstone, so that a replica's leftover goes too.
             Ok(None) => (KeyState::tombstone(map.epoch, crate::store::now_ms()), None),
-            Err(e) => return Pushed::Failed(format!("reading the key here: {e:?}")),
+            Err(e) => return Pushed::Local(format!("reading the key here: {e:?}")),
         };
         match send_push(ckey, map, to.id, addr, (bucket, key), &state, src, replace).await {
             Ok((200, body)) => {
@@ -406,8 +429,11 @@ async fn push_one(
                     return Pushed::Applied;
                 }
                 replace = Some(stamp);
+                attempts += 1;
             }
             Ok((409, body)) => return Pushed::Refused(String::from_utf8_lossy(&body).into_owned()),
+            // Busy with another copy of the key: asked again until the
+            // push's time runs out (`push_all`), not skipped at once.
             Ok((503, _)) => glommio::timer::sleep(Duration::from_millis(20)).await,
             Ok((status, body)) => {
                 return Pushed::Failed(format!(
@@ -415,6 +441,9 @@ async fn push_one(
                     to.name,
                     String::from_utf8_lossy(&body)
                 ))
+            }
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<LocalRead>()) => {
+                return Pushed::Local(format!("reading the key here: {e}"));
             }
             Err(e) => return Pushed::Failed(format!("node {}: {e}", to.name)),
         }
@@ -461,7 +490,7 @@ async fn send_push(
             let chunk = src
                 .read(at, n)
                 .await
-                .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+                .map_err(|e| std::io::Error::other(LocalRead(format!("{e:?}"))))?;
             s.write_all(&chunk[..]).await?;
             at += n;
         }
@@ -552,8 +581,9 @@ async fn push_all(
 }
 
 /// Records in etcd (through the control thread: `map::skip`) that a write
-/// is acknowledged without `nodes`' copies; Err if it could not be.
-async fn skip(map: &ShardMap, nodes: Vec<u32>, deadline: Instant) -> Result<(), String> {
+/// of group `pg` is acknowledged without `nodes`' copies; Err if it could
+/// not be.
+async fn skip(map: &ShardMap, pg: u32, nodes: Vec<u32>, deadline: Instant) -> Result<(), String> {
     use std::sync::atomic::{AtomicU8, Ordering};
     let names: Vec<String> = nodes
         .iter()
@@ -562,9 +592,28 @@ async fn skip(map: &ShardMap, nodes: Vec<u32>, deadline: Instant) -> Result<(), 
                 .map_or_else(|| n.to_string(), |m| m.name.clone())
         })
         .collect();
+    // Too late to be acknowledged: no mark for a write answered 503.
+    if deadline.saturating_duration_since(Instant::now()) < SKIP_TIME_MIN {
+        return Err(format!(
+            "no time left to record that node(s) {} missed the write",
+            names.join(", ")
+        ));
+    }
+    // A node that may still lead the group under an older map may be
+    // serving its reads: it must get every write (its map read is due
+    // soon; then it leads no more).
+    let now = super::control::mono_ms();
+    if let Some(&n) = nodes.iter().find(|&&n| map.may_still_lead(pg, n, now)) {
+        return Err(format!(
+            "node {} may still lead this group under an older map, and missed the write",
+            map.node(n)
+                .map_or_else(|| n.to_string(), |m| m.name.clone())
+        ));
+    }
     let done = std::sync::Arc::new(AtomicU8::new(0));
     map.synced_tx
         .send(Report::Skip {
+            pg,
             nodes,
             done: done.clone(),
         })
@@ -596,7 +645,13 @@ pub async fn replicate(
     bucket: &str,
     key: &str,
 ) -> Result<(), String> {
-    let deadline = Instant::now() + REPLICATE_WAIT;
+    // A large version takes longer to copy (and a multipart one to hash):
+    // its copies get time for its size at REPLICATE_RATE_MIN.
+    let size = match ObjectSource::open(shard, bucket, key).await {
+        Ok((_, meta)) => meta.size_bytes,
+        Err(_) => 0,
+    };
+    let deadline = Instant::now() + REPLICATE_WAIT + Duration::from_secs(size / REPLICATE_RATE_MIN);
     loop {
         let Some(map) = shard.cluster_map() else {
             return Err("this node has no cluster map yet".into());
@@ -624,10 +679,15 @@ pub async fn replicate(
             .count();
         let mut why = Vec::new();
         let mut refused = false;
+        let mut local = false;
         let mut failed = Vec::new();
         for (n, r) in others.iter().zip(&results) {
             match r {
                 Pushed::Applied => {}
+                Pushed::Local(m) => {
+                    local = true;
+                    why.push(m.clone());
+                }
                 Pushed::Refused(m) => {
                     refused = true;
                     why.push(format!("node {} refused the copy: {m}", n.name));
@@ -639,9 +699,9 @@ pub async fn replicate(
             }
         }
         let metrics = shard.metrics();
-        if !refused && applied >= map.majority() {
+        if !refused && !local && applied >= map.majority() {
             if !failed.is_empty() {
-                if let Err(e) = skip(&map, failed, deadline).await {
+                if let Err(e) = skip(&map, pg, failed, deadline).await {
                     why.push(e);
                     crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);
                     return Err(why.join("; "));
@@ -665,7 +725,7 @@ pub async fn replicate(
                 "a node caught up under map {fence}, newer than this node's {}",
                 map.epoch
             ));
-        } else if !refused {
+        } else if !refused && !local {
             why.push(format!(
                 "{applied} of the group's {} replicas took the write (a majority, {}, must hold it)",
                 map.replica_count,
@@ -1021,6 +1081,24 @@ async fn buckets_from(
     Ok(Some((created, taken)))
 }
 
+/// A node that turns unsynced this soon after it synced is flapping.
+const FLAP_WINDOW: Duration = Duration::from_secs(60);
+/// The longest hold-down before a flapping node syncs again.
+const HOLD_DOWN_MAX: Duration = Duration::from_secs(60);
+
+/// How long a node that turned unsynced soon after syncing, `flaps` times
+/// in a row, waits before it syncs again: none the first time (one skip
+/// is no flap), then 2 s, 4 s, .. up to `HOLD_DOWN_MAX`, each between
+/// half and all of that (two nodes cut from each other, both unsynced and
+/// both syncing, would otherwise skip each other in lockstep).
+fn hold_down(flaps: u32) -> Duration {
+    if flaps <= 1 {
+        return Duration::ZERO;
+    }
+    let full = Duration::from_secs(1u64 << (flaps - 1).min(6)).min(HOLD_DOWN_MAX);
+    full.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
 /// Keeps a node that is not synced (it joined, or came back) catching up
 /// until it is: on shard 0 of every cluster node. Each pass takes every
 /// placement group this node holds from the group's acting primary, then
@@ -1034,6 +1112,13 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
         let mut reported = ((0, 0), Instant::now());
         // The last bucket copy that succeeded: (epoch, when).
         let mut buckets_copied: Option<(u64, Instant)> = None;
+        // Since when this node is synced, as its map says.
+        let mut synced_since: Option<Instant> = None;
+        // Times in a row it turned unsynced within FLAP_WINDOW of syncing
+        // (skipped again, say by a node it reaches only one way), and
+        // until when it does not sync again.
+        let mut flaps = 0u32;
+        let mut hold_until: Option<Instant> = None;
         loop {
             glommio::timer::sleep(CATCH_UP_EVERY).await;
             let Some(map) = shard.cluster_map() else {
@@ -1042,11 +1127,26 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
             let Some(me) = map.node(map.node_id) else {
                 continue;
             };
+            if me.synced {
+                let since = *synced_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > FLAP_WINDOW {
+                    flaps = 0;
+                }
+                continue;
+            }
+            if let Some(since) = synced_since.take() {
+                if since.elapsed() < FLAP_WINDOW {
+                    flaps += 1;
+                    hold_until = Some(Instant::now() + hold_down(flaps));
+                } else {
+                    flaps = 0;
+                }
+            }
             // Reported under this map: the control thread marks the node
             // synced; reported again if that did not happen for a while
             // (an etcd error).
-            if me.synced
-                || me.state != NodeState::Up
+            if me.state != NodeState::Up
+                || hold_until.is_some_and(|t| Instant::now() < t)
                 || (reported.0 == (map.epoch, map.skipped) && reported.1.elapsed() < REPORT_AGAIN)
             {
                 continue;
@@ -1081,9 +1181,9 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
 /// from it as it is (mirror: what this node holds that the primary does
 /// not is dropped). A group with no synced replica up (a new cluster, or
 /// one whose replicas all went down) has no authority: it is merged from
-/// every other up replica (each key's newest version), which holds every
-/// write acknowledged while this node was away (every up replica took
-/// it), and nothing is dropped.
+/// every other up replica (each key's newest version), needing a
+/// majority of the group's replicas: every acknowledged write is on a
+/// majority, and nothing is dropped.
 async fn catch_up(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
@@ -1108,32 +1208,9 @@ async fn catch_up(
             "cluster: buckets taken from a synced node"
         );
     }
-    // (source node, mirror) -> groups.
-    let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
-    for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
-        let p = map.primary_of_pg(pg);
-        if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
-            sources.entry((p, true)).or_default().push(pg);
-            continue;
-        }
-        // Merging needs a majority of the group's replicas (this one
-        // included): every acknowledged write is on a majority, and any
-        // two majorities share a replica.
-        let up: Vec<u32> = map
-            .replicas_of_pg(pg)
-            .filter(|&r| r != map.node_id && map.node(r).is_some_and(|n| n.state == NodeState::Up))
-            .collect();
-        if up.len() + 1 < map.majority() {
-            return Err(format!(
-                "group {pg} has no synced replica up and too few replicas up to merge from ({} of {}); waiting for more to return",
-                up.len() + 1,
-                map.replica_count
-            ));
-        }
-        for r in up {
-            sources.entry((r, false)).or_default().push(pg);
-        }
-    }
+    // Not worth a pass while a leading peer cannot be reached.
+    reach_peers(map).await?;
+    let sources = sources_of(map)?;
     let (mut taken, mut dropped) = (0, 0);
     let pace = Pace::new();
     let mut groups_left = sources.values().map(|pgs| pgs.len() as u64).sum::<u64>();
@@ -1199,13 +1276,16 @@ async fn catch_up(
 /// Peers probed at once by `reach_peers`.
 const REACH_IN_FLIGHT: usize = 32;
 
-/// Ok if this node can open a connection to every up node it shares a
-/// placement group with. A node does not report itself synced before it
-/// can: cut off from one of them (while both still reach etcd), it would
-/// skip that replica's copies, or be skipped by it, at once again
-/// (`replicate`), and the two would take turns at being marked not
-/// synced. Unsynced until the cut heals, it leads nothing and takes its
-/// copies from the primaries it reaches.
+/// Ok if this node can open a connection to every synced up node it
+/// shares a placement group with (those lead, and would skip it). A node
+/// does not report itself synced before it can: cut off from one of
+/// them (while both still reach etcd), it would skip that node's copies,
+/// or be skipped by it, at once again (`replicate`). Unsynced until the
+/// cut heals, it leads nothing and takes its copies from the primaries it
+/// reaches. An unsynced node it cannot reach does not hold it back (that
+/// one leads nothing; two unsynced nodes cut from each other that both
+/// sync take turns at being skipped, which `start_catch_up`'s hold-down
+/// breaks).
 async fn reach_peers(map: &ShardMap) -> Result<(), String> {
     let peers: std::collections::BTreeSet<u32> = (0..map.pgs)
         .filter(|&pg| map.holds_pg(pg))
@@ -1215,7 +1295,7 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
     let nodes: Vec<&MapNode> = peers
         .iter()
         .filter_map(|&n| map.node(n))
-        .filter(|n| n.state == NodeState::Up)
+        .filter(|n| n.state == NodeState::Up && n.synced)
         .collect();
     for chunk in nodes.chunks(REACH_IN_FLIGHT) {
         let tries = chunk.iter().map(|n| async move {
@@ -1234,6 +1314,37 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Where a catch-up pass under `map` takes each group this node holds:
+/// (source node, mirror) -> groups (see `catch_up`).
+fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String> {
+    let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
+    for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
+        let p = map.primary_of_pg(pg);
+        if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
+            sources.entry((p, true)).or_default().push(pg);
+            continue;
+        }
+        // Merging needs a majority of the group's replicas (this one
+        // included): every acknowledged write is on a majority, and any
+        // two majorities share a replica.
+        let up: Vec<u32> = map
+            .replicas_of_pg(pg)
+            .filter(|&r| r != map.node_id && map.node(r).is_some_and(|n| n.state == NodeState::Up))
+            .collect();
+        if up.len() + 1 < map.majority() {
+            return Err(format!(
+                "group {pg} has no synced replica up and too few replicas up to merge from ({} of {}); waiting for more to return",
+                up.len() + 1,
+                map.replica_count
+            ));
+        }
+        for r in up {
+            sources.entry((r, false)).or_default().push(pg);
+        }
+    }
+    Ok(sources)
 }
 
 /// `percore_cluster_backfill_groups_left` (shard 0 catches up).
@@ -1606,9 +1717,10 @@ async fn ask_release(ckey: &[u8; 32], map: &ShardMap, node: &MapNode) -> Result<
 /// up replica's and copies its own state over theirs where they differ
 /// (`PutCondition::Replace`: only over the version its digest saw, so a
 /// newer copy is never undone). What a replica holds that this node does
-/// not was never acknowledged (an acknowledged write is on every up
-/// replica, this one included): it is dropped, by a tombstone with its own
-/// stamp.
+/// not was never acknowledged (a synced node holds every acknowledged
+/// write of its groups: it took each one, or was skipped and then caught
+/// up again from a synced primary): it is dropped, by a tombstone with
+/// its own stamp.
 pub fn start_repair(shard: Rc<Shard>, ckey: [u8; 32]) {
     glommio::spawn_local(async move {
         let mut repaired: HashSet<u32> = HashSet::new();

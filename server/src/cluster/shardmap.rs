@@ -30,10 +30,13 @@ pub enum Report {
     /// Another node takes groups over from this one under the map of this
     /// epoch: read the map now and lead under no older one.
     Release(u64),
-    /// A write is to be acknowledged without these nodes' copies (theirs
-    /// failed; a majority holds it): record that in etcd first
-    /// (`map::skip`), then set `done` (`SKIP_DONE` or `SKIP_FAILED`).
+    /// A write of group `pg` is to be acknowledged without these nodes'
+    /// copies (theirs failed; a majority holds it): record that in etcd
+    /// first (`map::skip`, only while etcd's map makes this node the
+    /// group's acting primary), then set `done` (`SKIP_DONE` or
+    /// `SKIP_FAILED`).
     Skip {
+        pg: u32,
         nodes: Vec<u32>,
         done: Arc<std::sync::atomic::AtomicU8>,
     },
@@ -105,7 +108,8 @@ struct Stale {
     /// made this node an up replica of it, so `node` can acknowledge no
     /// write without this node's copy, which this node refuses (its map is
     /// newer); and `node`, a replica now, gets every write this node
-    /// acknowledges, so its reads are not stale either. Never set for a
+    /// acknowledges (a node that may still lead is never skipped:
+    /// `ShardMap::may_still_lead`), so its reads are not stale either. Never set for a
     /// map this node did not hold (`stale_any`): a node that joined a
     /// group in it may lead it with writes this node never got.
     covered: bool,
@@ -318,6 +322,21 @@ impl ShardMap {
         nodes
     }
 
+    /// Whether `node` may still lead group `pg` under an older map at
+    /// `now` (`control::mono_ms`), as far as this node knows: an entry of
+    /// `stale` or `stale_any`, covered or not. Such a node is never
+    /// skipped (`replicate`): it may be serving the group's reads, and a
+    /// covered one is harmless only while it gets every write.
+    #[must_use]
+    pub fn may_still_lead(&self, pg: u32, node: u32, now: u64) -> bool {
+        self.stale
+            .get(pg as usize)
+            .into_iter()
+            .flatten()
+            .chain(&self.stale_any)
+            .any(|s| s.node == node && s.until.load(Ordering::Acquire) > now)
+    }
+
     /// Node `from` released at `epoch` (it leads under no map older than
     /// that): it no longer holds up any group that waits for it to see a
     /// map no newer than `epoch`.
@@ -393,12 +412,15 @@ impl ShardMap {
     fn set_takeovers(&mut self, prev: Option<&ShardMap>, now: u64, stale_ms: u64) {
         let prev = prev.filter(|p| p.pgs == self.pgs && p.node_id == self.node_id);
         let next_epoch = prev.is_some_and(|p| p.epoch.checked_add(1) == Some(self.epoch));
+        // The same epoch again (only this node's `skipped` moved): the
+        // same placement, nothing new may lead.
+        let same_epoch = prev.is_some_and(|p| p.epoch == self.epoch);
         let until = now.saturating_add(stale_ms);
         let mut any = Vec::new();
         if let Some(p) = prev {
             carry_stale(&p.stale_any, now, &mut any);
         }
-        if !next_epoch {
+        if !next_epoch && !same_epoch {
             for id in self.up_ids() {
                 if id != self.node_id {
                     add_stale(&mut any, id, self.epoch, until, false);
@@ -823,7 +845,20 @@ mod tests {
         for &pg in &moved {
             assert!(next.replicas_of_pg(pg).any(|r| r == 2));
             assert_eq!(next.lead_after(Some(pg)), 0, "pg {pg}");
+            // Not waited for, but node 2 may still lead the group: it
+            // must not be skipped (it may serve reads) until its map read
+            // is due.
+            assert!(next.may_still_lead(pg, 2, 1600));
+            assert!(!next.may_still_lead(pg, 2, 1700));
+            assert!(!next.may_still_lead(pg, 3, 1600));
         }
+        // The same map again with this node's skipped/ revision moved: the
+        // same epoch adds no waits (it is no gap).
+        let mut again = ShardMap::build("c", me, &v).unwrap();
+        again.skipped = 9;
+        again.set_takeovers(Some(&next), 1300, 500);
+        assert_eq!(again.lead_after(None), 0);
+        assert!(again.stale_any.is_empty());
         // This node was down in the map node 2 led under: it waits.
         let mut was_down = ShardMap::build("c", me, &view(5, &["down", "up", "up", "up"])).unwrap();
         was_down.set_takeovers(None, 1000, 500);
