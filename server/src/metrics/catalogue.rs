@@ -52,6 +52,11 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
         |m| m.cluster_forwarded.get(),
     ),
     (
+        "percore_cluster_s3_relayed_total",
+        "S3 forwards sent through another node because the key's owner could not be reached from this one.",
+        |m| m.cluster_relayed.get(),
+    ),
+    (
         "percore_cluster_s3_fanned_out_total",
         "S3 bucket changes sent to every serving node.",
         |m| m.cluster_fanned_out.get(),

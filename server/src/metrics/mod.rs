@@ -119,6 +119,7 @@ pub struct ShardMetrics {
     pub lifecycle_passes: Cell<u64>,
     /// Cluster routing (`frontend::s3::cluster`).
     pub cluster_forwarded: Cell<u64>,
+    pub cluster_relayed: Cell<u64>,
     pub cluster_fanned_out: Cell<u64>,
     pub cluster_node_requests: Cell<u64>,
     pub cluster_node_refused: Cell<u64>,

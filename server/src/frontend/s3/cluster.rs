@@ -20,6 +20,8 @@
 use std::net::SocketAddr;
 
 use futures_lite::AsyncWriteExt;
+use glommio::net::TcpStream;
+use percore_protocol::placement::NodeState;
 use serde_json::{json, Value};
 
 use super::route::S3Op;
@@ -40,8 +42,13 @@ const INTERNAL_ANSWER_MAX: usize = 16 << 20;
 const FANOUT_BODY_MAX: usize = 1 << 20;
 /// Largest internal request body (1,000 deletes of 1 KiB keys).
 const INTERNAL_BODY_MAX: usize = 2 << 20;
+/// A forward sent through another node (`S3Front::forward`): that node
+/// forwards it to the key's owner, once.
+const RELAY_HEADER: &str = "x-percore-relay";
+/// Nodes a forward tries to go through when the owner cannot be reached.
+const RELAYS_TRIED: usize = 2;
 /// Request headers not passed on (hop by hop, or ours).
-const HOP_HEADERS: [&str; 9] = [
+const HOP_HEADERS: [&str; 10] = [
     "connection",
     "keep-alive",
     "transfer-encoding",
@@ -51,6 +58,7 @@ const HOP_HEADERS: [&str; 9] = [
     "proxy-connection",
     "trailer",
     peer_http::HEADER,
+    RELAY_HEADER,
 ];
 /// Response headers this node writes itself.
 const OWN_RESPONSE_HEADERS: [&str; 6] = [
@@ -269,12 +277,17 @@ impl S3Front {
             self.check_copy_source(req, &map)?;
             return Ok(Plan::Here);
         }
-        if claim.is_some() {
-            return Err(slow_down("The cluster map is changing (the nodes disagree on this key's owner for a moment); retry."));
-        }
         let node = map.node(primary).ok_or_else(|| {
             unavailable("No node holds this key's placement group (are any nodes up?).")
         })?;
+        if let Some(c) = claim {
+            // A door that cannot reach the owner sent it through this node
+            // (`forward`): passed on once, never back to the sender.
+            if req.head.header_str(RELAY_HEADER).is_some() && c.from != primary {
+                return Ok(Plan::Forward(peer_of(node)?));
+            }
+            return Err(slow_down("The cluster map is changing (the nodes disagree on this key's owner for a moment); retry."));
+        }
         Ok(Plan::Forward(peer_of(node)?))
     }
 
@@ -354,11 +367,17 @@ impl S3Front {
                 peer.name
             ))
         };
-        let mut stream = peer_http::open(addr).await.map_err(unreachable)?;
-        stream
-            .write_all(&self.peer_head(req, peer.id, None))
-            .await
-            .map_err(unreachable)?;
+        let (mut stream, head) = match peer_http::open(addr).await {
+            Ok(s) => (s, self.peer_head(req, peer.id, None)),
+            // Cut off from the owner (a forward that came through another
+            // node is not sent on again): through a node that may reach it.
+            Err(e) if req.head.header_str(RELAY_HEADER).is_none() => self
+                .open_relay(req, &peer)
+                .await
+                .ok_or_else(|| unreachable(e))?,
+            Err(e) => return Err(unreachable(e)),
+        };
+        stream.write_all(&head).await.map_err(unreachable)?;
         if req.head.expects_continue() {
             conn.send_continue().await?;
         }
@@ -371,6 +390,43 @@ impl S3Front {
             Err(e) => return Err(unreachable(sent.err().unwrap_or(e))),
         };
         self.relay(conn, req, resp, &mut buf).await
+    }
+
+    /// A connection to another synced up node (at most `RELAYS_TRIED`,
+    /// starting at one picked at random), with the head of `req` sent
+    /// through it to `owner`; None if none can be reached. The node header
+    /// names the relay; the relay header asks it to pass the request on.
+    async fn open_relay(&self, req: &Request, owner: &Peer) -> Option<(TcpStream, Vec<u8>)> {
+        let map = self.shard.cluster_map()?;
+        let relays: Vec<&MapNode> = map
+            .nodes
+            .iter()
+            .filter(|n| {
+                n.id != map.node_id && n.id != owner.id && n.synced && n.state == NodeState::Up
+            })
+            .collect();
+        if relays.is_empty() {
+            return None;
+        }
+        let first = rand::random::<usize>() % relays.len();
+        for n in relays
+            .iter()
+            .cycle()
+            .skip(first)
+            .take(RELAYS_TRIED.min(relays.len()))
+        {
+            let Some(addr) = n.s3 else {
+                continue;
+            };
+            if let Ok(s) = peer_http::open(addr).await {
+                let mut head = self.peer_head(req, n.id, None);
+                head.truncate(head.len() - 2);
+                head.extend_from_slice(format!("{RELAY_HEADER}: {}\r\n\r\n", owner.id).as_bytes());
+                ShardMetrics::add(&self.shard.metrics().cluster_relayed, 1);
+                return Some((s, head));
+            }
+        }
+        None
     }
 
     /// Writes a peer's answer to the client.
