@@ -154,6 +154,16 @@ fn map_fresh_ms(ttl_ms: u64) -> u64 {
 /// time, not one per write.
 const SKIP_GAP: Duration = Duration::from_millis(50);
 
+/// A shard's ask to record skips (`Report::Skip`): group, epoch, the
+/// write's deadline, the nodes, where to say the outcome.
+type SkipAsk = (
+    u32,
+    u64,
+    Instant,
+    Vec<u32>,
+    Arc<std::sync::atomic::AtomicU8>,
+);
+
 /// The least time between map reads made to answer releases.
 const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
 
@@ -346,6 +356,9 @@ struct Control {
     read_sent: Option<Instant>,
     /// When the last round of skips was recorded (`skip`).
     skipped_at: Option<Instant>,
+    /// The map as last read (`check_map`), tried first by `skip`; None
+    /// once a skip may have moved it.
+    view: Option<View>,
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -438,6 +451,7 @@ pub fn start(
         release_wanted: 0,
         read_sent: None,
         skipped_at: None,
+        view: None,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -589,6 +603,7 @@ impl Control {
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
+        self.view = Some(view.clone());
         // Only a map the shards hold counts (one that gave this node
         // groups is held back until etcd says it is not synced).
         if self.feed.sent_epoch() >= view.epoch {
@@ -667,7 +682,13 @@ impl Control {
                 Some(Instant::now() + Duration::from_millis(100))
             }
             Report::Release(epoch) => self.release(status, epoch),
-            Report::Skip { pg, nodes, done } => self.skip(status, (pg, nodes, done)),
+            Report::Skip {
+                pg,
+                epoch,
+                until,
+                nodes,
+                done,
+            } => self.skip(status, (pg, epoch, until, nodes, done)),
         }
     }
 
@@ -676,13 +697,9 @@ impl Control {
     /// meanwhile (at most one round per `SKIP_GAP`, and a round stops
     /// after an eighth of the lease: what is left is refused, so that the
     /// lease renewals on this thread keep their time); then tells the
-    /// asking shards. Some: when to read the map next (a node was marked
-    /// not synced).
-    fn skip(
-        &mut self,
-        status: &ClusterStatus,
-        first: (u32, Vec<u32>, Arc<std::sync::atomic::AtomicU8>),
-    ) -> Option<Instant> {
+    /// asking shards. An ask past its write's deadline fails unrecorded.
+    /// Some: when to read the map next (a node was marked not synced).
+    fn skip(&mut self, status: &ClusterStatus, first: SkipAsk) -> Option<Instant> {
         if let Some(wait) = self
             .skipped_at
             .and_then(|t| SKIP_GAP.checked_sub(t.elapsed()))
@@ -695,48 +712,74 @@ impl Control {
         let mut others = Vec::new();
         while let Ok(r) = self.feed.synced_rx.try_recv() {
             match r {
-                Report::Skip { pg, nodes, done } => asks.push((pg, nodes, done)),
+                Report::Skip {
+                    pg,
+                    epoch,
+                    until,
+                    nodes,
+                    done,
+                } => asks.push((pg, epoch, until, nodes, done)),
                 r => others.push(r),
             }
         }
-        // Each node once, with every group it missed writes of.
-        let mut ids: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
-        for (pg, nodes, _) in &asks {
+        // Each (node, map the writes were copied under) once, with every
+        // group it missed writes of.
+        let mut ids: std::collections::BTreeMap<(u32, u64), Vec<u32>> =
+            std::collections::BTreeMap::new();
+        for (pg, epoch, until, nodes, _) in &asks {
+            if *until <= started {
+                continue;
+            }
             for &n in nodes {
-                let pgs = ids.entry(n).or_default();
+                let pgs = ids.entry((n, *epoch)).or_default();
                 if !pgs.contains(pg) {
                     pgs.push(*pg);
                 }
             }
         }
-        let mut failed = Vec::new();
+        let mut done_ids: Vec<(u32, u64)> = Vec::new();
+        // Epochs this round made, each from the one before it.
+        let mut made: Vec<(u64, u64)> = Vec::new();
         let mut read_at = None;
-        for (id, pgs) in ids {
+        for ((id, epoch), pgs) in ids {
             if started.elapsed() > round_max {
-                failed.push(id);
                 continue;
             }
-            match map::skip(&self.etcd, &self.keys, id, self.id, &pgs) {
-                Ok(true) => {
-                    warn!(node = id, "cluster: a replica missed a write acknowledged without it; marked not synced (it catches up before it leads)");
-                    read_at = Some(Instant::now() + Duration::from_millis(100));
+            let mut chain = vec![epoch];
+            while let Some(&(_, next)) = made.iter().find(|(from, _)| Some(from) == chain.last()) {
+                chain.push(next);
+            }
+            match map::skip(
+                &self.etcd,
+                &self.keys,
+                self.view.as_ref(),
+                (id, self.id, &pgs),
+                &chain,
+            ) {
+                Ok(marked) => {
+                    if let Some(e) = marked {
+                        warn!(node = id, "cluster: a replica missed a write acknowledged without it; marked not synced (it catches up before it leads)");
+                        made.push((e - 1, e));
+                        read_at = Some(Instant::now() + Duration::from_millis(100));
+                    }
+                    done_ids.push((id, epoch));
                 }
-                Ok(false) => {}
                 Err(e) => {
                     status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                     warn!(node = id, error = %e, "cluster: cannot record a write acknowledged without a replica; the write is refused");
-                    failed.push(id);
                     // This node's map may be behind: read it soon.
                     read_at = Some(Instant::now() + Duration::from_millis(100));
                 }
             }
+            // Later calls read the map again (a mark moved it).
+            self.view = None;
         }
         self.skipped_at = Some(Instant::now());
-        for (_, nodes, done) in asks {
-            let outcome = if nodes.iter().any(|n| failed.contains(n)) {
-                SKIP_FAILED
-            } else {
+        for (_, epoch, _, nodes, done) in asks {
+            let outcome = if nodes.iter().all(|&n| done_ids.contains(&(n, epoch))) {
                 SKIP_DONE
+            } else {
+                SKIP_FAILED
             };
             done.store(outcome, Ordering::Release);
         }

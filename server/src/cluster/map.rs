@@ -489,34 +489,57 @@ pub fn mark_synced(
 
 /// Records that node `by` is about to acknowledge writes of groups `pgs`
 /// without node `id`'s copy (its copy failed; a majority holds the
-/// writes): moves `id`'s `skipped/` key, and if `id` is synced, marks it
-/// not synced (a new epoch) in the same transaction. Refused unless `by`
-/// is the acting primary of every group of `pgs` in etcd's map (compared
-/// in the transaction): a node on an older map must not get the group's
-/// new primary marked. Once this returns Ok, `id` leads no group before
-/// it caught up again from a synced primary, which holds the writes: a
-/// catch-up that began before the key moved cannot mark it synced
-/// (`mark_synced` compares the key), and one that begins after sees the
-/// writes. Whether a new epoch was made. A node no longer in the map
-/// needs nothing (ids are never reused).
-pub fn skip(etcd: &Etcd, keys: &Keys, id: u32, by: u32, pgs: &[u32]) -> Result<bool, String> {
+/// writes), the writes having been copied under the map of `epochs[0]`
+/// (the rest: the epochs the caller made since, each from the one
+/// before): moves `id`'s `skipped/` key, and if `id` is synced, marks
+/// it not synced in the same transaction (Some: the epoch it made). Refused unless etcd's map is one of `epochs` (a write
+/// copied under an older map may have missed a node that led the group
+/// since) and makes `by` the acting primary of every group of `pgs`; both
+/// compared in the transaction. `view` (the caller's last read, if any)
+/// is tried first; a conflict reads the map again. Once this returns Ok,
+/// `id` leads no group before it caught up again from a synced primary,
+/// which holds the writes: a catch-up that began before the key moved
+/// cannot mark it synced (`mark_synced` compares the key), and one that
+/// begins after sees the writes. A node no longer in the map needs
+/// nothing (ids are never reused).
+pub fn skip(
+    etcd: &Etcd,
+    keys: &Keys,
+    view: Option<&View>,
+    (id, by, pgs): (u32, u32, &[u32]),
+    epochs: &[u64],
+) -> Result<Option<u64>, String> {
     let value = by.to_string();
+    let mut loaded;
+    let mut view = view;
     for _ in 0..CONFLICT_RETRIES {
-        let view = load(etcd, keys)?;
-        let seed = view.config.seed()?;
-        let placed = view.placed();
+        let v = match view.take() {
+            Some(v) => v,
+            None => {
+                loaded = load(etcd, keys)?;
+                &loaded
+            }
+        };
+        if !epochs.contains(&v.epoch) {
+            return Err(format!(
+                "the map moved on (to {}) since the write was copied; retry",
+                v.epoch
+            ));
+        }
+        let seed = v.config.seed()?;
+        let placed = v.placed();
         for &pg in pgs {
-            let chosen = placement::replicas(seed, pg, view.config.replicas, &placed);
+            let chosen = placement::replicas(seed, pg, v.config.replicas, &placed);
             let primary = placement::acting_primary(&chosen, &placed).map(|i| placed[i].id);
             if primary != Some(by) {
                 return Err(format!(
                     "this node no longer leads placement group {pg} in map {}",
-                    view.epoch
+                    v.epoch
                 ));
             }
         }
-        let Some((record, seen)) = view.node(id).cloned() else {
-            return Ok(false);
+        let Some((record, seen)) = v.node(id).cloned() else {
+            return Ok(None);
         };
         let marks = record.synced;
         let mut success = vec![txn::put(&keys.skipped(id), value.as_bytes())];
@@ -527,19 +550,19 @@ pub fn skip(etcd: &Etcd, keys: &Keys, id: u32, by: u32, pgs: &[u32]) -> Result<b
             })
             .map_err(|e| e.to_string())?;
             success.push(txn::put(&keys.node(id), &json));
-            success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
+            success.push(txn::put(&keys.epoch(), next_epoch(v)?.as_bytes()));
         }
         // Compared: a node that turned synced since needs the mark, and a
         // map that moved may lead the group elsewhere.
         if etcd.txn(
             vec![
-                txn::unchanged(&keys.epoch(), view.epoch_revision),
+                txn::unchanged(&keys.epoch(), v.epoch_revision),
                 txn::unchanged(&keys.node(id), seen),
             ],
             success,
             vec![],
         )? {
-            return Ok(marks);
+            return Ok(marks.then_some(v.epoch + 1));
         }
     }
     Err("the cluster map kept changing; try again".into())

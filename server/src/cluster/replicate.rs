@@ -98,6 +98,12 @@ const REPLICATE_RATE_MIN: u64 = 32 << 20;
 /// least (or as long as the majority took, if longer) before they are
 /// skipped (`push_all`).
 const STRAGGLER_WAIT: Duration = Duration::from_secs(1);
+/// `STRAGGLER_WAIT` when a replica is catching up.
+const STRAGGLER_WAIT_UNSYNCED: Duration = Duration::from_secs(3);
+/// Tries of a copy whose connection broke (a reset, a restart) before it
+/// counts as failed, with a growing pause between them (a connect that
+/// fails counts at once).
+const PUSH_CONNECT_TRIES: u32 = 3;
 /// A write with less time than this left is not acknowledged by skipping
 /// a replica (`skip`): no replica is marked for a write answered 503.
 const SKIP_TIME_MIN: Duration = Duration::from_millis(500);
@@ -364,6 +370,18 @@ impl std::fmt::Display for LocalRead {
 
 impl std::error::Error for LocalRead {}
 
+/// A push could not connect to its replica.
+#[derive(Debug)]
+struct ConnectFailed(String);
+
+impl std::fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConnectFailed {}
+
 fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
@@ -408,6 +426,7 @@ async fn push_one(
     };
     let mut replace = None;
     let mut attempts = 0;
+    let mut broken = 0;
     while attempts < PUSH_ATTEMPTS {
         let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
             Ok(Some(s)) => s,
@@ -445,6 +464,16 @@ async fn push_one(
             Err(e) if e.get_ref().is_some_and(|i| i.is::<LocalRead>()) => {
                 return Pushed::Local(format!("reading the key here: {e}"));
             }
+            // A blip on a connection made (a reset, a busy replica that
+            // closed on a large body it would not read) is tried again
+            // before it counts; a refused or unroutable connect is not.
+            Err(e)
+                if broken < PUSH_CONNECT_TRIES - 1
+                    && !e.get_ref().is_some_and(|i| i.is::<ConnectFailed>()) =>
+            {
+                broken += 1;
+                glommio::timer::sleep(Duration::from_millis(50 << broken)).await;
+            }
             Err(e) => return Pushed::Failed(format!("node {}: {e}", to.name)),
         }
     }
@@ -477,7 +506,9 @@ async fn send_push(
     let (json, value) = state.encode();
     let mac = sign(ckey, map, to, "PUT", &target, &peer_http::body_hash(&json));
     let size = if state.etag.is_some() { state.size } else { 0 };
-    let mut s = peer_http::open(addr).await?;
+    let mut s = peer_http::open(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), ConnectFailed(e.to_string())))?;
     let head = format!(
         "PUT {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {size}\r\nconnection: close\r\n{}: {mac}\r\n{STATE_HEADER}: {value}\r\n\r\n",
         peer_http::HEADER
@@ -543,12 +574,21 @@ async fn push_all(
         .collect();
     let mut results: Vec<Option<Pushed>> = others.iter().map(|_| None).collect();
     let mut applied = 1;
-    let mut cut: Option<Instant> = (applied >= map.majority()).then(|| started + STRAGGLER_WAIT);
+    // A replica catching up is slower (it takes its catch-up too): more
+    // time before it is skipped (which would void its pass).
+    let straggle = if others.iter().any(|n| !n.synced) {
+        STRAGGLER_WAIT_UNSYNCED
+    } else {
+        STRAGGLER_WAIT
+    };
+    // Cut early enough that a skip can still be recorded.
+    let last_cut = deadline.checked_sub(SKIP_TIME_MIN).unwrap_or(deadline);
+    let mut cut: Option<Instant> = (applied >= map.majority()).then(|| started + straggle);
     loop {
         let next = match cut {
             None => pending.next().await,
             Some(at) => {
-                let wait = at.min(deadline).saturating_duration_since(Instant::now());
+                let wait = at.min(last_cut).saturating_duration_since(Instant::now());
                 match crate::frontend::http::timeout::within(wait, pending.next()).await {
                     Some(n) => n,
                     None => break,
@@ -561,7 +601,7 @@ async fn push_all(
         if matches!(r, Pushed::Applied) {
             applied += 1;
             if cut.is_none() && applied >= map.majority() {
-                cut = Some(Instant::now() + started.elapsed().max(STRAGGLER_WAIT));
+                cut = Some(Instant::now() + started.elapsed().max(straggle));
             }
         }
         results[i] = Some(r);
@@ -614,6 +654,8 @@ async fn skip(map: &ShardMap, pg: u32, nodes: Vec<u32>, deadline: Instant) -> Re
     map.synced_tx
         .send(Report::Skip {
             pg,
+            epoch: map.epoch,
+            until: deadline,
             nodes,
             done: done.clone(),
         })
@@ -701,6 +743,12 @@ pub async fn replicate(
         let metrics = shard.metrics();
         if !refused && !local && applied >= map.majority() {
             if !failed.is_empty() {
+                // Copied under a map that is no longer this node's: a node
+                // that leads the group since may have missed it. Copied
+                // again under the newer map instead.
+                if shard.cluster_map().is_some_and(|m| m.epoch != map.epoch) {
+                    continue;
+                }
                 if let Err(e) = skip(&map, pg, failed, deadline).await {
                     why.push(e);
                     crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);

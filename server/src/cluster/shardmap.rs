@@ -37,6 +37,10 @@ pub enum Report {
     /// `SKIP_FAILED`).
     Skip {
         pg: u32,
+        /// The map the write was copied under.
+        epoch: u64,
+        /// The write's deadline: an ask not recorded by then fails.
+        until: std::time::Instant,
         nodes: Vec<u32>,
         done: Arc<std::sync::atomic::AtomicU8>,
     },
