@@ -793,6 +793,9 @@ impl Control {
 
     /// Hands the map to the shards (when it changed).
     fn publish(&mut self, view: &View) {
+        // Read again by the next skip (`check_map` keeps the view it
+        // publishes; other paths may publish a newer map than `view`).
+        self.view = None;
         // A read after half a lease or more without one: maps may have
         // come and gone meanwhile (a node added, stopped and removed; its
         // lease had to expire first), unseen.

@@ -469,6 +469,13 @@ async fn push_one(
             // before it counts; a refused or unroutable connect is not.
             Err(e)
                 if broken < PUSH_CONNECT_TRIES - 1
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::UnexpectedEof
+                    )
                     && !e.get_ref().is_some_and(|i| i.is::<ConnectFailed>()) =>
             {
                 broken += 1;
@@ -575,14 +582,15 @@ async fn push_all(
     let mut results: Vec<Option<Pushed>> = others.iter().map(|_| None).collect();
     let mut applied = 1;
     // A replica catching up is slower (it takes its catch-up too): more
-    // time before it is skipped (which would void its pass).
-    let straggle = if others.iter().any(|n| !n.synced) {
+    // time before it is skipped (which would void its pass); not one whose
+    // copies failed here lately (cut off: every write would wait).
+    let straggle = if others.iter().any(|n| !n.synced && !failed_lately(n.id)) {
         STRAGGLER_WAIT_UNSYNCED
     } else {
         STRAGGLER_WAIT
     };
     // Cut early enough that a skip can still be recorded.
-    let last_cut = deadline.checked_sub(SKIP_TIME_MIN).unwrap_or(deadline);
+    let last_cut = deadline.checked_sub(SKIP_TIME_MIN * 2).unwrap_or(deadline);
     let mut cut: Option<Instant> = (applied >= map.majority()).then(|| started + straggle);
     loop {
         let next = match cut {
@@ -618,6 +626,34 @@ async fn push_all(
             })
         })
         .collect()
+}
+
+thread_local! {
+    /// Per shard (thread): when a copy to each node last failed here.
+    static FAILED_AT: std::cell::RefCell<std::collections::HashMap<u32, Instant>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// How long a failed copy marks its node as failing lately.
+const FAILED_LATELY: Duration = Duration::from_secs(30);
+
+fn failed_lately(node: u32) -> bool {
+    FAILED_AT.with(|f| {
+        f.borrow()
+            .get(&node)
+            .is_some_and(|t| t.elapsed() < FAILED_LATELY)
+    })
+}
+
+fn note_failed(nodes: &[u32]) {
+    FAILED_AT.with(|f| {
+        let mut f = f.borrow_mut();
+        // Bounded by the nodes in the map; old entries go.
+        f.retain(|_, t| t.elapsed() < FAILED_LATELY);
+        for &n in nodes {
+            f.insert(n, Instant::now());
+        }
+    });
 }
 
 /// Records in etcd (through the control thread: `map::skip`) that a write
@@ -743,6 +779,7 @@ pub async fn replicate(
         let metrics = shard.metrics();
         if !refused && !local && applied >= map.majority() {
             if !failed.is_empty() {
+                note_failed(&failed);
                 // Copied under a map that is no longer this node's: a node
                 // that leads the group since may have missed it. Copied
                 // again under the newer map instead.
