@@ -783,10 +783,16 @@ pub async fn replicate(
                 // Copied under a map that is no longer this node's: a node
                 // that leads the group since may have missed it. Copied
                 // again under the newer map instead.
-                if shard.cluster_map().is_some_and(|m| m.epoch != map.epoch) {
+                let moved = shard.cluster_map().is_some_and(|m| m.epoch != map.epoch);
+                if moved && Instant::now() < deadline {
                     continue;
                 }
-                if let Err(e) = skip(&map, pg, failed, deadline).await {
+                let skipped = if moved {
+                    Err("the map moved on while the write was copied".to_string())
+                } else {
+                    skip(&map, pg, failed, deadline).await
+                };
+                if let Err(e) = skipped {
                     why.push(e);
                     crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);
                     return Err(why.join("; "));
