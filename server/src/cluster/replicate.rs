@@ -1270,10 +1270,9 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
 /// One catch-up pass under `map`: (versions and tombstones taken, own
 /// versions dropped). A group whose acting primary is synced is taken
 /// from it as it is (mirror: what this node holds that the primary does
-/// not is dropped). A group with no synced replica up (a new cluster, one
-/// whose replicas all went down, or with R = 1 one this node gained) has
-/// no authority: it is merged from every other up replica and from where
-/// it was before (`sources_of`), each key's newest version, needing a
+/// not is dropped). A group with no synced replica up (a new cluster, or
+/// one whose replicas all went down) has no authority: it is merged from
+/// every other up replica (each key's newest version), needing a
 /// majority of the group's replicas: every acknowledged write is on a
 /// majority, and nothing is dropped.
 async fn catch_up(
@@ -1322,18 +1321,7 @@ async fn catch_up(
         let mut theirs: HashSet<(String, String)> = HashSet::new();
         let mut after: Option<(String, String)> = None;
         loop {
-            let (items, next) = remote_digest(ckey, map, (node, mirror), &pgs, after)
-                .await
-                .map_err(|e| {
-                    if node.state == NodeState::Draining {
-                        format!(
-                            "{e}; node {} is draining and holds the only copy of keys of groups that moved here: start it again so that they move, or remove it (percore cluster remove) to give them up",
-                            node.name
-                        )
-                    } else {
-                        e
-                    }
-                })?;
+            let (items, next) = remote_digest(ckey, map, (node, mirror), &pgs, after).await?;
             for ((b, k), (stamp, etag)) in items {
                 let mine = shard
                     .key_state(&b, &k)
@@ -1420,16 +1408,9 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
 }
 
 /// Where a catch-up pass under `map` takes each group this node holds:
-/// (source node, mirror) -> groups (see `catch_up`). A merged group is
-/// also asked of where it was before (`ShardMap::previous_holders`) that
-/// is not a replica now: up nodes, and with R = 1 draining ones (the only
-/// copy of a drained node's keys; with R >= 2 its groups' other replicas
-/// hold them). With R = 1 that is the only copy of an added or a drained
-/// node's groups; with more, a write acknowledged before a placement
-/// change by replicas of which fewer than a majority remain.
+/// (source node, mirror) -> groups (see `catch_up`).
 fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String> {
     let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
-    let mut merged = Vec::new();
     for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
         let p = map.primary_of_pg(pg);
         if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
@@ -1452,18 +1433,6 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         }
         for r in up {
             sources.entry((r, false)).or_default().push(pg);
-        }
-        merged.push(pg);
-    }
-    for (pg, before) in map.previous_holders(&merged) {
-        for n in before {
-            let asked = map.node(n).is_some_and(|n| {
-                n.state == NodeState::Up
-                    || (n.state == NodeState::Draining && map.replica_count == 1)
-            });
-            if asked && !map.replicas_of_pg(pg).any(|r| r == n) {
-                sources.entry((n, false)).or_default().push(pg);
-            }
         }
     }
     Ok(sources)

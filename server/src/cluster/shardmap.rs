@@ -157,8 +157,6 @@ pub struct MapNode {
     pub s3: Option<std::net::SocketAddr>,
     /// Whether it has caught up (`placement::PlacedNode::synced`).
     pub synced: bool,
-    /// Its failure domain.
-    pub zone: String,
 }
 
 impl ShardMap {
@@ -242,7 +240,6 @@ impl ShardMap {
                     state: n.node_state(),
                     s3: n.s3.parse().ok(),
                     synced: n.synced,
-                    zone: n.zone.clone(),
                 })
                 .collect(),
             synced_tx,
@@ -528,38 +525,6 @@ impl ShardMap {
             .filter(|&n| n != NO_NODE)
     }
 
-    /// Where each of `pgs` was before this node gained it, as far as the
-    /// map can tell: the group's replicas under this map with this node
-    /// left out and draining nodes counted as placement targets (node
-    /// ids, placement order). An added node's groups come from the nodes
-    /// it displaced, a drained node's from it, and a group that returns
-    /// to a node from the one that held it meanwhile. Placement is
-    /// stateless: a node that merely restarted gets nodes that never held
-    /// the group (they answer nothing of it).
-    #[must_use]
-    pub fn previous_holders(&self, pgs: &[u32]) -> Vec<(u32, Vec<u32>)> {
-        let placed: Vec<placement::PlacedNode> = self
-            .nodes
-            .iter()
-            .filter(|n| n.id != self.node_id)
-            .map(|n| placement::PlacedNode {
-                id: n.id,
-                zone: n.zone.clone(),
-                state: match n.state {
-                    placement::NodeState::Draining => placement::NodeState::Up,
-                    s => s,
-                },
-                synced: n.synced,
-            })
-            .collect();
-        pgs.iter()
-            .map(|&pg| {
-                let chosen = placement::replicas(self.seed, pg, self.replica_count, &placed);
-                (pg, chosen.into_iter().map(|i| placed[i].id).collect())
-            })
-            .collect()
-    }
-
     /// Whether this node is one of group `pg`'s replicas.
     #[must_use]
     pub fn holds_pg(&self, pg: u32) -> bool {
@@ -671,66 +636,6 @@ mod tests {
             },
             1,
         )
-    }
-
-    fn r1_view(nodes: Vec<(NodeRecord, i64)>) -> View {
-        View {
-            config: ClusterConfig {
-                pgs: 128,
-                replicas: 1,
-                seed: "0x00000000deadbeef".into(),
-                down_out_s: 60,
-                created_ms: 1,
-            },
-            epoch: 5,
-            nodes,
-            alive: Default::default(),
-            downs: Default::default(),
-            skipped: Default::default(),
-            unreadable: Vec::new(),
-            epoch_revision: 0,
-        }
-    }
-
-    /// With R = 1 a group an added node gained was, before, on the node
-    /// the map without it places it on; a group a node gained from a
-    /// draining one was on that one; and the node itself is never named.
-    #[test]
-    fn previous_holders_are_where_groups_were() {
-        let two = r1_view(vec![record(1, "a", "up", 1), record(2, "b", "up", 1)]);
-        let three = r1_view(vec![
-            record(1, "a", "up", 1),
-            record(2, "b", "up", 1),
-            record(3, "c", "up", 1),
-        ]);
-        let before = ShardMap::build("c", 1, &two).unwrap();
-        let added = ShardMap::build("c", 3, &three).unwrap();
-        let gained: Vec<u32> = (0..128).filter(|&pg| added.holds_pg(pg)).collect();
-        assert!(gained.len() > 20 && gained.len() < 70, "{}", gained.len());
-        for (pg, was) in added.previous_holders(&gained) {
-            assert_eq!(was, vec![before.primary_of_pg(pg)], "group {pg}");
-        }
-        // n1 drains: each group n2 gains was on n1.
-        let draining = r1_view(vec![
-            record(1, "a", "draining", 1),
-            record(2, "b", "up", 1),
-            record(3, "c", "up", 1),
-        ]);
-        let n2 = ShardMap::build("c", 2, &draining).unwrap();
-        let took: Vec<u32> = (0..128)
-            .filter(|&pg| n2.holds_pg(pg) && added.primary_of_pg(pg) == 1)
-            .collect();
-        assert!(!took.is_empty());
-        for (pg, was) in n2.previous_holders(&took) {
-            assert_eq!(was, vec![1], "group {pg}");
-        }
-        // n1 undrained: each group it takes back was on n2 or n3 meanwhile.
-        let n1 = ShardMap::build("c", 1, &three).unwrap();
-        let back: Vec<u32> = (0..128).filter(|&pg| n1.holds_pg(pg)).collect();
-        for (pg, was) in n1.previous_holders(&back) {
-            assert_eq!(was, vec![n2.primary_of_pg(pg)], "group {pg}");
-            assert_ne!(was, vec![1]);
-        }
     }
 
     /// The map a node hands to clients places every key where the node's
