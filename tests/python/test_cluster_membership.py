@@ -199,6 +199,19 @@ def test_membership_lease_drain_and_remove(etcd):
         s3.put_object(Bucket="cluster-bucket", Key="k", Body=b"on n1")
         assert s3.get_object(Bucket="cluster-bucket", Key="k")["Body"].read() == b"on n1"
 
+        # A quiet cluster: each periodic map read finds etcd unchanged (one
+        # small read) instead of reading the whole map again.
+        full, same = ('percore_cluster_map_reads_total{kind="full"}',
+                      'percore_cluster_map_reads_total{kind="unchanged"}')
+        for _ in range(5):
+            before = cluster_gauges(nodes[0])
+            time.sleep(LEASE_TTL_S)
+            after = cluster_gauges(nodes[0])
+            if after[full] == before[full]:
+                break
+        assert after[full] == before[full], (before, after)
+        assert after[same] - before[same] >= 2, (before, after)
+
         # kill -9: down once the lease expires; back up with its id.
         nodes[1].kill9()
         started = time.monotonic()
@@ -226,9 +239,15 @@ def test_membership_lease_drain_and_remove(etcd):
         assert status(urls)[0]["n1"]["s3"] == f"{nodes[0].ip}:{nodes[0].s3_port}"
 
         # Drain: no placement groups on n3; the two others hold them all.
+        reads_before = cluster_gauges(nodes[0])
         percore("cluster", "drain", "n3", "--cluster", urls)
         listed, _ = status(urls)
         assert listed["n3"]["state"] == "draining" and listed["n3"]["pgs"] == "0"
+        # A change is read in full.
+        deadline = time.monotonic() + 10
+        while cluster_gauges(nodes[0])[full] == reads_before[full]:
+            assert time.monotonic() < deadline, cluster_gauges(nodes[0])
+            time.sleep(0.2)
         assert listed["n1"]["pgs"] == "256" and listed["n2"]["pgs"] == "256"
         # Undrain and drain again; a stopped draining node stays draining.
         percore("cluster", "undrain", "n3", "--cluster", urls)

@@ -70,6 +70,9 @@ pub struct ClusterStatus {
     /// part (restart it to join as a new node).
     pub removed: AtomicBool,
     pub etcd_errors: AtomicU64,
+    /// Map reads by `check_map`: the whole map read, the last one
+    /// confirmed unchanged.
+    pub map_reads: [AtomicU64; 2],
     /// Nodes in the map by state, as of the last map read: up, down,
     /// draining, out.
     pub nodes: [AtomicU64; 4],
@@ -299,6 +302,17 @@ impl ClusterStatus {
             "Failed calls of the control thread to etcd.",
             "counter",
             &plain(self.etcd_errors.load(Ordering::Relaxed)),
+        );
+        let reads: Vec<(String, u64)> = ["full", "unchanged"]
+            .iter()
+            .zip(&self.map_reads)
+            .map(|(k, n)| (format!("{{kind=\"{k}\"}}"), n.load(Ordering::Relaxed)))
+            .collect();
+        gauge(
+            "percore_cluster_map_reads_total",
+            "Periodic map reads: `full` (etcd changed since the last: the whole map read), `unchanged` (one small read found no change).",
+            "counter",
+            &reads,
         );
         let states = [
             NodeState::Up,
@@ -600,7 +614,20 @@ impl Control {
     fn check_map(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
         let sent = mono_ms();
         self.read_sent = Some(Instant::now());
-        let view = map::load(&self.etcd, &self.keys)?;
+        // Nothing written to etcd since the last read began (one small
+        // linearizable read): that map is etcd's now. Otherwise the whole
+        // map is read (a watch would send only the change: "Not yet").
+        let unchanged = match self.view.take() {
+            Some(v) if v.revision > 0 && map::revision(&self.etcd, &self.keys)? == v.revision => {
+                Some(v)
+            }
+            _ => None,
+        };
+        status.map_reads[usize::from(unchanged.is_some())].fetch_add(1, Ordering::Relaxed);
+        let view = match unchanged {
+            Some(v) => v,
+            None => map::load(&self.etcd, &self.keys)?,
+        };
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
         self.view = Some(view.clone());

@@ -227,6 +227,20 @@ impl Etcd {
         Ok((kvs, int(&v["header"]["revision"])))
     }
 
+    /// The store's revision now (a linearizable read of nothing: a count
+    /// of `key`). Any write to etcd since a read at revision `r` makes it
+    /// larger than `r`.
+    pub fn revision(&self, key: &[u8]) -> Result<i64, String> {
+        let v = self.call(
+            "/v3/kv/range",
+            &json!({"key": b64(key), "count_only": true}),
+        )?;
+        match int(&v["header"]["revision"]) {
+            0 => Err("etcd answered no revision".into()),
+            r => Ok(r),
+        }
+    }
+
     /// One key, if it exists.
     pub fn get(&self, key: &[u8]) -> Result<Option<Kv>, String> {
         Ok(self.range(key, None)?.0.into_iter().next())

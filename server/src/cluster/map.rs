@@ -122,6 +122,9 @@ pub struct View {
     /// Records that could not be read (key, error): skipped.
     pub unreadable: Vec<(String, String)>,
     pub epoch_revision: i64,
+    /// The store's revision when the read began: a later read that finds
+    /// the same revision finds this map (`Control::check_map`).
+    pub revision: i64,
 }
 
 impl View {
@@ -324,10 +327,19 @@ pub fn config(etcd: &Etcd, keys: &Keys) -> Result<ClusterConfig, String> {
     Ok(config)
 }
 
+/// etcd's revision now: `View::revision` unchanged means the map is too.
+pub fn revision(etcd: &Etcd, keys: &Keys) -> Result<i64, String> {
+    etcd.revision(&keys.epoch())
+}
+
 pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
+    // The epoch first: its revision dates the whole read (a write during
+    // it makes the next confirmation read everything again).
+    let (epoch, revision) = etcd.range(&keys.epoch(), None)?;
     let config = config(etcd, keys)?;
-    let epoch = etcd
-        .get(&keys.epoch())?
+    let epoch = epoch
+        .into_iter()
+        .next()
         .ok_or("the cluster has no epoch key")?;
     let (nodes, _) = etcd.range(&keys.nodes(), Some(&prefix_end(&keys.nodes())))?;
     let mut records = Vec::with_capacity(nodes.len());
@@ -384,6 +396,7 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         skipped,
         unreadable,
         epoch_revision: epoch.mod_revision,
+        revision,
     })
 }
 

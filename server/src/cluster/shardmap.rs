@@ -664,6 +664,7 @@ mod tests {
             skipped: Default::default(),
             unreadable: Vec::new(),
             epoch_revision: 0,
+            revision: 0,
         };
         let m = ShardMap::build("c1", 4, &view).unwrap();
         let client = ClientMap::parse(&m.json).unwrap();
@@ -715,6 +716,7 @@ mod tests {
             skipped: Default::default(),
             unreadable: Vec::new(),
             epoch_revision: 0,
+            revision: 0,
         }
     }
 
