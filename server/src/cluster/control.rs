@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 
 use super::etcd::Etcd;
 use super::map::{self, JoinError, Joining, Keys, View};
-use super::shardmap::{MapFeed, Report, ShardMap, SKIP_DONE, SKIP_FAILED};
+use super::shardmap::{MapFeed, Report, ShardMap, SkipAsk, SKIP_DONE, SKIP_FAILED};
 use crate::boot::datadir::ClusterBinding;
 
 /// A node's cluster settings (`serve --cluster URLS --node NAME ...`).
@@ -156,16 +156,6 @@ fn map_fresh_ms(ttl_ms: u64) -> u64 {
 /// load with a replica failing, a round per this many writes' worth of
 /// time, not one per write.
 const SKIP_GAP: Duration = Duration::from_millis(50);
-
-/// A shard's ask to record skips (`Report::Skip`): group, epoch, the
-/// write's deadline, the nodes, where to say the outcome.
-type SkipAsk = (
-    u32,
-    u64,
-    Instant,
-    Vec<u32>,
-    Arc<std::sync::atomic::AtomicU8>,
-);
 
 /// The least time between map reads made to answer releases.
 const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
@@ -709,13 +699,7 @@ impl Control {
                 Some(Instant::now() + Duration::from_millis(100))
             }
             Report::Release(epoch) => self.release(status, epoch),
-            Report::Skip {
-                pg,
-                epoch,
-                until,
-                nodes,
-                done,
-            } => self.skip(status, (pg, epoch, until, nodes, done)),
+            Report::Skip(ask) => self.skip(status, ask),
         }
     }
 
@@ -739,13 +723,7 @@ impl Control {
         let mut others = Vec::new();
         while let Ok(r) = self.feed.synced_rx.try_recv() {
             match r {
-                Report::Skip {
-                    pg,
-                    epoch,
-                    until,
-                    nodes,
-                    done,
-                } => asks.push((pg, epoch, until, nodes, done)),
+                Report::Skip(ask) => asks.push(ask),
                 r => others.push(r),
             }
         }
@@ -753,14 +731,11 @@ impl Control {
         // group it missed writes of.
         let mut ids: std::collections::BTreeMap<(u32, u64), Vec<u32>> =
             std::collections::BTreeMap::new();
-        for (pg, epoch, until, nodes, _) in &asks {
-            if *until <= started {
-                continue;
-            }
-            for &n in nodes {
-                let pgs = ids.entry((n, *epoch)).or_default();
-                if !pgs.contains(pg) {
-                    pgs.push(*pg);
+        for ask in asks.iter().filter(|a| a.until > started) {
+            for &n in &ask.nodes {
+                let pgs = ids.entry((n, ask.epoch)).or_default();
+                if !pgs.contains(&ask.pg) {
+                    pgs.push(ask.pg);
                 }
             }
         }
@@ -802,13 +777,15 @@ impl Control {
             self.view = None;
         }
         self.skipped_at = Some(Instant::now());
-        for (_, epoch, _, nodes, done) in asks {
-            let outcome = if nodes.iter().all(|&n| done_ids.contains(&(n, epoch))) {
-                SKIP_DONE
-            } else {
-                SKIP_FAILED
-            };
-            done.store(outcome, Ordering::Release);
+        for ask in asks {
+            let recorded = ask
+                .nodes
+                .iter()
+                .all(|&n| done_ids.contains(&(n, ask.epoch)));
+            ask.done.store(
+                if recorded { SKIP_DONE } else { SKIP_FAILED },
+                Ordering::Release,
+            );
         }
         for r in others {
             if let Some(at) = self.on_report(status, r) {

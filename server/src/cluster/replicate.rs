@@ -75,7 +75,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
-use super::shardmap::{MapNode, Report, ShardMap, SKIP_DONE};
+use super::shardmap::{MapNode, Report, ShardMap, SkipAsk, SKIP_DONE};
 use crate::bucket_config::ConfigKind;
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
@@ -688,13 +688,13 @@ async fn skip(map: &ShardMap, pg: u32, nodes: Vec<u32>, deadline: Instant) -> Re
     }
     let done = std::sync::Arc::new(AtomicU8::new(0));
     map.synced_tx
-        .send(Report::Skip {
+        .send(Report::Skip(SkipAsk {
             pg,
             epoch: map.epoch,
             until: deadline,
             nodes,
             done: done.clone(),
-        })
+        }))
         .map_err(|_| "this node's control thread is gone".to_string())?;
     loop {
         match done.load(Ordering::Acquire) {

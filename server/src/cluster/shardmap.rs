@@ -30,20 +30,25 @@ pub enum Report {
     /// Another node takes groups over from this one under the map of this
     /// epoch: read the map now and lead under no older one.
     Release(u64),
-    /// A write of group `pg` is to be acknowledged without these nodes'
-    /// copies (theirs failed; a majority holds it): record that in etcd
-    /// first (`map::skip`, only while etcd's map makes this node the
-    /// group's acting primary), then set `done` (`SKIP_DONE` or
-    /// `SKIP_FAILED`).
-    Skip {
-        pg: u32,
-        /// The map the write was copied under.
-        epoch: u64,
-        /// The write's deadline: an ask not recorded by then fails.
-        until: std::time::Instant,
-        nodes: Vec<u32>,
-        done: Arc<std::sync::atomic::AtomicU8>,
-    },
+    /// A write is to be acknowledged without some replicas' copies
+    /// (`SkipAsk`).
+    Skip(SkipAsk),
+}
+
+/// A write of group `pg` is to be acknowledged without `nodes`' copies
+/// (theirs failed; a majority holds it): the control thread records that
+/// in etcd first (`map::skip`, only while etcd's map makes this node the
+/// group's acting primary), then sets `done` (`SKIP_DONE` or
+/// `SKIP_FAILED`).
+#[derive(Debug, Clone)]
+pub struct SkipAsk {
+    pub pg: u32,
+    /// The map the write was copied under.
+    pub epoch: u64,
+    /// The write's deadline: an ask not recorded by then fails.
+    pub until: std::time::Instant,
+    pub nodes: Vec<u32>,
+    pub done: Arc<std::sync::atomic::AtomicU8>,
 }
 
 /// `Report::Skip`'s outcome: recorded in etcd.
