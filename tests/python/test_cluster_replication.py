@@ -868,6 +868,52 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
 
 
+def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
+    """A replica checks a copy's bytes against the MD5 and size its state
+    names (hashed by the shard's MD5 engine) before the version can become
+    visible: a push from the key's primary, correctly signed, whose body
+    has one byte changed is refused and installs nothing; the same push
+    with the right bytes is taken (so the refusal was for the bytes)."""
+    import base64
+    import http.client
+    bucket = unique_bucket_name("repl-bad-copy")
+    cluster.nodes[0].client().create_bucket(Bucket=bucket)
+    key = "k"
+    cluster.nodes[0].client().put_object(Bucket=bucket, Key=key, Body=os.urandom(100_000))
+    names = placement(cluster, bucket, [key])[key]
+    by_name = {n.node_name: n for n in cluster.nodes}
+    primary, replica = by_name[names[0]], by_name[names[1]]
+    held = digest(replica)[(bucket, key)]
+    body = os.urandom(150_000)
+    state = json.dumps({
+        "epoch": cluster_gauges(replica)["percore_cluster_epoch"],
+        "stamp": held[0] + 1000, "etag": hashlib.md5(body).hexdigest(), "size": len(body),
+        "mtime_ms": int(time.time() * 1000), "content_type": "application/octet-stream",
+        "headers": [], "md5": hashlib.md5(body).hexdigest()}).encode()
+    target = f"/_percore/push?bucket={bucket}&key={key}"
+
+    def push(data: bytes) -> tuple[int, bytes]:
+        mac = node_header("PUT", target, node_id(replica), sender=node_id(primary),
+                          digest=hashlib.sha256(state).hexdigest())
+        conn = http.client.HTTPConnection(replica.ip, replica.s3_port, timeout=10)
+        try:
+            conn.request("PUT", target, body=data, headers={
+                "x-percore-node": mac, "x-percore-state": base64.b64encode(state).decode()})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    bad = bytearray(body)
+    bad[len(bad) // 2] ^= 1
+    status_bad, answer = push(bytes(bad))
+    assert status_bad >= 400 and b"do not match its state" in answer, (status_bad, answer)
+    assert digest(replica)[(bucket, key)] == held, "a copy with wrong bytes was installed"
+    status_ok, answer = push(body)
+    assert status_ok == 200, (status_ok, answer)
+    assert digest(replica)[(bucket, key)] == (held[0] + 1000, hashlib.md5(body).hexdigest())
+
+
 def test_catch_up_is_paced(cluster):
     """A node that returns takes what it missed at most
     cluster_backfill_mib_s a second: n3 is killed, marked down, 8 MiB are

@@ -245,7 +245,10 @@ pub async fn local_state(
 /// become visible.
 pub struct Applier {
     sink: Option<ObjectSink>,
-    md5: Md5,
+    /// The bytes' MD5, hashed by the shard's engine together with the
+    /// other copies and uploads it receives at once.
+    engine: Rc<crate::digest::engine::Md5Engine>,
+    md5: crate::digest::engine::Md5Job,
     total: u64,
     state: KeyState,
 }
@@ -306,7 +309,8 @@ impl Applier {
         match opened {
             Ok(sink) => Ok(Ok(Applier {
                 sink: Some(sink),
-                md5: Md5::new(),
+                md5: shard.md5_engine().job(),
+                engine: shard.md5_engine(),
                 total: 0,
                 state,
             })),
@@ -322,12 +326,12 @@ impl Applier {
                 "the copy is longer than its state says".into(),
             ));
         }
-        self.md5.update(&data);
+        self.engine.append(&self.md5, &data);
         self.sink.as_mut().expect("open").write(data).await
     }
 
     pub async fn finish(mut self) -> Result<Applied, ShardError> {
-        let md5 = hex::encode(std::mem::take(&mut self.md5).finalize());
+        let md5 = hex::encode(self.engine.finish(&self.md5).await);
         if self.total != self.state.size || md5 != self.state.md5.to_ascii_lowercase() {
             return Err(ShardError::Internal(format!(
                 "the copy's bytes do not match its state ({} of {} bytes, MD5 {md5})",

@@ -172,8 +172,11 @@ impl S3Front {
                 let mut got = 0u64;
                 let mut input = BytesMut::new();
                 loop {
-                    if input.len() < 64 * 1024 {
-                        input = BytesMut::zeroed(1 << 20);
+                    // Room for the rest of the copy, at most 1 MiB: a small
+                    // copy zeroes a buffer of its size, not of 1 MiB.
+                    let left = usize::try_from(size.saturating_sub(got)).unwrap_or(usize::MAX);
+                    if input.len() < left.clamp(1, 64 * 1024) {
+                        input = BytesMut::zeroed(left.clamp(4096, 1 << 20));
                     }
                     let n = conn.read_body(&mut input[..]).await?;
                     if n == 0 {
