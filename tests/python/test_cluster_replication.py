@@ -909,6 +909,12 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
     status_bad, answer = push(bytes(bad))
     assert status_bad >= 400 and b"do not match its state" in answer, (status_bad, answer)
     assert digest(replica)[(bucket, key)] == held, "a copy with wrong bytes was installed"
+    # Shorter and longer than the state's size (the request's own length
+    # says so): refused, nothing installed.
+    for wrong in (body[:-1], body + b"x"):
+        status_bad, answer = push(wrong)
+        assert status_bad >= 400, (len(wrong), status_bad, answer)
+        assert digest(replica)[(bucket, key)] == held, f"a copy of {len(wrong)} bytes was installed"
     status_ok, answer = push(body)
     assert status_ok == 200, (status_ok, answer)
     assert digest(replica)[(bucket, key)] == (held[0] + 1000, hashlib.md5(body).hexdigest())

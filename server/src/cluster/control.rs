@@ -157,6 +157,10 @@ fn map_fresh_ms(ttl_ms: u64) -> u64 {
 /// time, not one per write.
 const SKIP_GAP: Duration = Duration::from_millis(50);
 
+/// The longest a map confirmed unchanged by its revision alone is kept
+/// before the map is read in full again.
+const WHOLE_READ_MAX: Duration = Duration::from_secs(30);
+
 /// The least time between map reads made to answer releases.
 const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
 
@@ -363,6 +367,8 @@ struct Control {
     /// The map as last read (`check_map`), tried first by `skip`; None
     /// once a skip may have moved it.
     view: Option<View>,
+    /// When `view` was read in full.
+    view_read_at: Instant,
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -456,6 +462,7 @@ pub fn start(
         read_sent: None,
         skipped_at: None,
         view: None,
+        view_read_at: Instant::now(),
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -607,16 +614,31 @@ impl Control {
         // Nothing written to etcd since the last read began (one small
         // linearizable read): that map is etcd's now. Otherwise the whole
         // map is read (a watch would send only the change: "Not yet").
+        // At least every WHOLE_READ_MAX in full all the same: an etcd
+        // restored from a snapshot (against the runbook, with nodes
+        // running) could reach the same revision with other contents.
         let unchanged = match self.view.take() {
-            Some(v) if v.revision > 0 && map::revision(&self.etcd, &self.keys)? == v.revision => {
+            Some(v)
+                if v.revision > 0
+                    && self.view_read_at.elapsed() < WHOLE_READ_MAX
+                    && map::revision(&self.etcd, &self.keys)? == v.revision =>
+            {
                 Some(v)
             }
             _ => None,
         };
-        status.map_reads[usize::from(unchanged.is_some())].fetch_add(1, Ordering::Relaxed);
         let view = match unchanged {
-            Some(v) => v,
-            None => map::load(&self.etcd, &self.keys)?,
+            Some(v) => {
+                status.map_reads[1].fetch_add(1, Ordering::Relaxed);
+                v
+            }
+            None => {
+                let began = Instant::now();
+                let v = map::load(&self.etcd, &self.keys)?;
+                status.map_reads[0].fetch_add(1, Ordering::Relaxed);
+                self.view_read_at = began;
+                v
+            }
         };
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
