@@ -39,8 +39,20 @@ struct Queued {
 }
 
 /// One upload's MD5 (see `Md5Engine::append`, `Md5Engine::finish`).
+/// Dropped unfinished (an upload or copy given up), its queued bytes are
+/// dropped at once: they are slices of the buffers they were read into,
+/// which they would otherwise hold until the engine's next run.
 pub struct Md5Job {
     queued: Rc<Queued>,
+    engine: std::rc::Weak<Md5Engine>,
+}
+
+impl Drop for Md5Job {
+    fn drop(&mut self) {
+        if let Some(engine) = self.engine.upgrade() {
+            engine.forget(&self.queued);
+        }
+    }
 }
 
 /// Counters for /metrics and benchmarks.
@@ -76,13 +88,24 @@ impl Md5Engine {
     }
 
     /// A new upload's MD5.
-    pub fn job(&self) -> Md5Job {
+    pub fn job(self: &Rc<Self>) -> Md5Job {
         Md5Job {
             queued: Rc::new(Queued {
                 md5: RefCell::new(Md5Stream::new()),
                 queue: RefCell::new(Vec::new()),
                 listed: Cell::new(false),
             }),
+            engine: Rc::downgrade(self),
+        }
+    }
+
+    /// A job dropped: its queued bytes go now, and it leaves the run list.
+    fn forget(&self, q: &Rc<Queued>) {
+        let dropped: usize = q.queue.borrow_mut().drain(..).map(|b| b.len()).sum();
+        self.pending_bytes
+            .set(self.pending_bytes.get().saturating_sub(dropped));
+        if q.listed.replace(false) {
+            self.pending.borrow_mut().retain(|p| !Rc::ptr_eq(p, q));
         }
     }
 

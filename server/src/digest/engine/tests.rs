@@ -69,3 +69,30 @@ fn a_dropped_upload_leaves_the_others_right() {
     let want: [u8; 16] = ::md5::Md5::digest(&b).into();
     assert_eq!(futures_lite::future::block_on(engine.finish(&jb)), want);
 }
+
+#[test]
+fn a_dropped_job_lets_go_of_its_queued_bytes_at_once() {
+    let engine = Md5Engine::new();
+    // Under RUN_BYTES: queued, not hashed yet.
+    let a = Bytes::from(bytes_of(3, 256 * 1024));
+    let ja = engine.job();
+    engine.append(&ja, &a);
+    assert!(engine.pending_bytes.get() > 0);
+    assert!(!a.is_unique(), "the queue holds a slice of the bytes");
+    drop(ja);
+    assert_eq!(engine.pending_bytes.get(), 0);
+    assert!(engine.pending.borrow().is_empty());
+    assert!(
+        a.is_unique(),
+        "the engine still holds the dropped job's bytes"
+    );
+    // A finished job's drop changes nothing for another's.
+    let b = Bytes::from(bytes_of(4, 300_000));
+    let (jb, jc) = (engine.job(), engine.job());
+    engine.append(&jb, &b);
+    engine.append(&jc, &b);
+    let want: [u8; 16] = ::md5::Md5::digest(&b).into();
+    assert_eq!(futures_lite::future::block_on(engine.finish(&jb)), want);
+    drop(jb);
+    assert_eq!(futures_lite::future::block_on(engine.finish(&jc)), want);
+}
