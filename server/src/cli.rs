@@ -20,11 +20,14 @@ pub struct ClientArgs {
         hide_env_values = true
     )]
     pub access_key: String,
+    /// The secret key (one that starts with `-`, as a generated one may,
+    /// is taken as the value).
     #[arg(
         long,
         env = "PERCORE_SECRET_KEY",
         default_value = "percore-secret",
-        hide_env_values = true
+        hide_env_values = true,
+        allow_hyphen_values = true
     )]
     pub secret_key: String,
     /// Per-request deadline in seconds.

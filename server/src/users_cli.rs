@@ -12,12 +12,14 @@ pub struct AdminArgs {
     /// The server's admin endpoint.
     #[arg(long, env = "PERCORE_ADMIN", default_value = "127.0.0.1:9300")]
     pub admin: String,
-    /// The server's secret key (the admin token).
+    /// The server's secret key (the admin token; one that starts with
+    /// `-` is taken as the value).
     #[arg(
         long,
         env = "PERCORE_SECRET_KEY",
         default_value = "percore-secret",
-        hide_env_values = true
+        hide_env_values = true,
+        allow_hyphen_values = true
     )]
     pub secret_key: String,
 }

@@ -207,6 +207,10 @@ def test_connection_errors(cli):
     assert "Unauthenticated" in err(p), err(p)
     p = run("ls", "--access-key", "nobody", check=1)
     assert "Unauthenticated" in err(p), err(p)
+    # A secret that starts with `-` (a generated one can: base64url) is
+    # the option's value, not an option.
+    p = run("ls", "--secret-key", "-Zwrong", check=1)
+    assert "Unauthenticated" in err(p), err(p)
     import socket
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
