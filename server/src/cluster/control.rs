@@ -304,7 +304,7 @@ impl ClusterStatus {
             .collect();
         gauge(
             "percore_cluster_map_reads_total",
-            "Periodic map reads: `full` (etcd changed since the last: the whole map read), `unchanged` (one small read found no change).",
+            "Periodic map reads: `full` (the whole map read: etcd changed since the last, or that one is 30 s old), `unchanged` (one small read found no change).",
             "counter",
             &reads,
         );
