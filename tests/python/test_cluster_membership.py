@@ -7,6 +7,7 @@ members dead, nodes keep their leases and the map keeps changing."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from conftest import Server, free_ports, percore_bin
 
 ETCD = shutil.which("etcd")
 LEASE_TTL_S = 3
+# How long a node may take to catch up and be marked synced.
+SYNC_TIMEOUT_S = 60
 
 
 class Etcd:
@@ -134,6 +137,41 @@ def cluster_gauges(node: Node) -> dict[str, int]:
             if line.startswith("percore_cluster_")}
 
 
+def wait_epoch(node: Node, at_least: int, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while cluster_gauges(node).get("percore_cluster_epoch", 0) < at_least:
+        assert time.monotonic() < deadline, cluster_gauges(node)
+        time.sleep(0.1)
+    # The shards poll the control thread's channel every 50 ms.
+    time.sleep(0.3)
+
+
+def wait_synced(urls: str, names: list[str], timeout: float = SYNC_TIMEOUT_S) -> dict:
+    """Waits until every node in `names` is `up` with `sync=yes`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes, _ = status(urls)
+        if all(nodes.get(n, {}).get("state") == "up" and nodes.get(n, {}).get("sync") == "yes"
+               for n in names):
+            return nodes
+        assert time.monotonic() < deadline, (
+            f"{names} not all up with sync=yes within {timeout:.0f} s: {nodes}")
+        time.sleep(0.2)
+
+
+def wait_ready(urls: str, nodes: list[Node]) -> int:
+    """Waits until every node is up with `sync=yes` (a node that is still
+    catching up is the acting primary of nothing, so owners computed
+    before would be wrong), then until every node runs the map etcd holds
+    then (marking a node synced moves the epoch). Returns that epoch."""
+    wait_synced(urls, [n.node_name for n in nodes])
+    _, summary = status(urls)
+    epoch = int(re.search(r"epoch (\d+)", summary).group(1))
+    for n in nodes:
+        wait_epoch(n, epoch)
+    return epoch
+
+
 def loopback_ok(ip: str) -> bool:
     try:
         s = socket.socket()
@@ -193,7 +231,9 @@ def test_membership_lease_drain_and_remove(etcd):
         assert g["percore_cluster_epoch"] >= 3
         assert g['percore_cluster_nodes{state="down"}'] == 0
 
-        # Each node serves S3 on its own address.
+        # Each node serves S3 on its own address, once the nodes have caught
+        # up: until then a group's primary answers 503 (retry).
+        wait_ready(urls, nodes)
         s3 = nodes[0].client()
         s3.create_bucket(Bucket="cluster-bucket")
         s3.put_object(Bucket="cluster-bucket", Key="k", Body=b"on n1")

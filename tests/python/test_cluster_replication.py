@@ -79,6 +79,7 @@ import percore
 from conftest import ServerFactory, unique_bucket_name
 from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
     LEASE_TTL_S,
+    SYNC_TIMEOUT_S,
     Node,
     cluster_gauges,
     etcd,
@@ -121,7 +122,6 @@ RESUME_LIMIT_S = LEASE_TTL_S + 10   # writes must resume this soon after the kil
 # after writes resumed through one door, a GET through the other may still
 # be routed by the old map. GETs must not fail after that.
 MAP_LAG_S = LEASE_TTL_S / 3 + 0.5
-SYNC_TIMEOUT_S = 60
 PGS, REPLICAS = 64, 3     # cluster init --pgs 64 --replicas 3
 
 # The add-a-node test's load (the same threads, keys and mix as above).

@@ -32,10 +32,12 @@ from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
     loopback_ok,
     percore as percore_cli,
     status,
+    wait_epoch,
+    wait_ready,
+    wait_synced,
 )
 
 DIGEST = "/_percore/digest"
-SYNC_TIMEOUT_S = 60
 
 
 def native_endpoint(node: Node) -> str:
@@ -89,41 +91,6 @@ def keys_on(node: Node, bucket: str) -> set[str]:
     answer = json.loads(body)
     assert not answer["truncated"]
     return {item[1] for item in answer["items"] if item[0] == "o"}
-
-
-def wait_epoch(node: Node, at_least: int, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while cluster_gauges(node).get("percore_cluster_epoch", 0) < at_least:
-        assert time.monotonic() < deadline, cluster_gauges(node)
-        time.sleep(0.1)
-    # The shards poll the control thread's channel every 50 ms.
-    time.sleep(0.3)
-
-
-def wait_synced(urls: str, names: list[str], timeout: float = SYNC_TIMEOUT_S) -> dict:
-    """Waits until every node in `names` is `up` with `sync=yes`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes, _ = status(urls)
-        if all(nodes.get(n, {}).get("state") == "up" and nodes.get(n, {}).get("sync") == "yes"
-               for n in names):
-            return nodes
-        assert time.monotonic() < deadline, (
-            f"{names} not all up with sync=yes within {timeout:.0f} s: {nodes}")
-        time.sleep(0.2)
-
-
-def wait_ready(urls: str, nodes: list[Node]) -> int:
-    """Waits until every node is up with `sync=yes` (a node that is still
-    catching up is the acting primary of nothing, so owners computed
-    before would be wrong), then until every node runs the map etcd holds
-    then (marking a node synced moves the epoch). Returns that epoch."""
-    wait_synced(urls, [n.node_name for n in nodes])
-    _, summary = status(urls)
-    epoch = int(re.search(r"epoch (\d+)", summary).group(1))
-    for n in nodes:
-        wait_epoch(n, epoch)
-    return epoch
 
 
 def digest(node: Node, limit: int = 1000) -> dict[tuple[str, str], tuple[int, str | None]]:
