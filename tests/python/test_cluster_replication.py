@@ -920,6 +920,95 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
     assert digest(replica)[(bucket, key)] == (held[0] + 1000, hashlib.md5(body).hexdigest())
 
 
+def test_bucket_changes_while_a_node_is_down(cluster):
+    """Bucket changes are sent to the nodes that are up: with n3 killed and
+    marked down, a create, a delete, a changed and a removed configuration
+    all succeed. n3 returns and takes them from a synced node before its
+    door answers anything from its own bucket view: each ListBuckets asked
+    of it from the moment its port opens is either 503 (it is taking the
+    buckets) or the cluster's list, never its stale one. Then every door
+    answers the same buckets and configurations, and a bucket n3 held a
+    copy of a since-deleted key in is gone there too."""
+    n1, n2, n3 = cluster.nodes
+    s3 = n1.client()
+    cors = lambda origin: {"CORSRules": [{"AllowedMethods": ["GET"],  # noqa: E731
+                                           "AllowedOrigins": [origin]}]}
+    for b in ("bk-keep", "bk-gone", "bk-emptied"):
+        s3.create_bucket(Bucket=b)
+    s3.put_bucket_cors(Bucket="bk-keep", CORSConfiguration=cors("https://a.example"))
+    s3.put_bucket_tagging(Bucket="bk-keep", Tagging={"TagSet": [{"Key": "t", "Value": "1"}]})
+    s3.put_object(Bucket="bk-emptied", Key="k", Body=b"held by every node")
+    assert (("bk-emptied", "k") in digest(n3)), "n3 holds no copy of bk-emptied/k"
+
+    n3.kill9()
+    wait_for(cluster.urls, "n3", "down", timeout=LEASE_TTL_S * 4)
+    settle(cluster, [n1, n2])
+    s3.create_bucket(Bucket="bk-new")
+    s3.put_bucket_tagging(Bucket="bk-new", Tagging={"TagSet": [{"Key": "n", "Value": "2"}]})
+    s3.put_bucket_cors(Bucket="bk-keep", CORSConfiguration=cors("https://b.example"))
+    s3.delete_bucket_tagging(Bucket="bk-keep")
+    s3.delete_bucket(Bucket="bk-gone")
+    s3.delete_object(Bucket="bk-emptied", Key="k")
+    s3.delete_bucket(Bucket="bk-emptied")
+    want = sorted(b["Name"] for b in s3.list_buckets()["Buckets"])
+    assert "bk-new" in want and "bk-gone" not in want and "bk-emptied" not in want, want
+
+    # n3's door, asked from the moment its port opens until it answers.
+    answers: list[str] = []
+    stop = threading.Event()
+
+    def ask() -> None:
+        c = n3.client(max_attempts=0, connect_timeout=1, read_timeout=5)
+        while not stop.is_set():
+            try:
+                got = sorted(b["Name"] for b in c.list_buckets()["Buckets"])
+                answers.append("ok" if got == want else f"stale {got}")
+            except ClientError as e:
+                msg = e.response.get("Error", {}).get("Message", "")
+                # 503: taking the buckets, or (earlier) no map yet.
+                answers.append("503 pending" if "taking the buckets" in msg
+                               else "503" if http_status(e) == 503 else f"{http_status(e)} {msg}")
+            except Exception:  # noqa: BLE001 - not listening yet
+                time.sleep(0.01)
+                continue
+            time.sleep(0.02)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    try:
+        n3.start(timeout=SYNC_TIMEOUT_S)
+        wait_synced(cluster.urls, ["n1", "n2", "n3"])
+        settle(cluster, cluster.nodes)
+    finally:
+        stop.set()
+        asker.join(timeout=10)
+    print(f"\nn3's door while it returned: {len(answers)} ListBuckets answers, "
+          f"{answers.count('503')} refused before its first map, "
+          f"{answers.count('503 pending')} refused while it took the buckets, "
+          f"{answers.count('ok')} the cluster's list")
+    odd = [(i, a) for i, a in enumerate(answers) if a not in ("ok", "503", "503 pending")]
+    assert answers and not odd, (odd, len(answers))
+    assert answers[-1] == "ok", answers[-5:]
+
+    for n in cluster.nodes:
+        c = n.client()
+        names = sorted(b["Name"] for b in c.list_buckets()["Buckets"])
+        assert names == want, (n.node_name, names)
+        rules = c.get_bucket_cors(Bucket="bk-keep")["CORSRules"]
+        assert rules[0]["AllowedOrigins"] == ["https://b.example"], (n.node_name, rules)
+        with pytest.raises(ClientError) as e:
+            c.get_bucket_tagging(Bucket="bk-keep")
+        assert e.value.response["Error"]["Code"] == "NoSuchTagSet", (n.node_name, e.value.response)
+        tags = c.get_bucket_tagging(Bucket="bk-new")["TagSet"]
+        assert tags == [{"Key": "n", "Value": "2"}], (n.node_name, tags)
+        for gone in ("bk-gone", "bk-emptied"):
+            with pytest.raises(ClientError) as e:
+                c.head_bucket(Bucket=gone)
+            assert http_status(e.value) == 404, (n.node_name, gone)
+    live = [k for k, (_, etag) in digest(n3).items() if k[0] == "bk-emptied" and etag]
+    assert not live, f"n3 still holds {live}"
+
+
 def test_catch_up_is_paced(cluster):
     """A node that returns takes what it missed at most
     cluster_backfill_mib_s a second: n3 is killed, marked down, 8 MiB are
