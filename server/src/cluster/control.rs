@@ -34,8 +34,7 @@ pub struct ClusterSettings {
 }
 
 /// What the control thread shares with the rest of the node: plain
-/// atomics, written by the control thread only (`buckets_pending`: by
-/// the catch-up on shard 0).
+/// atomics, written by the control thread only.
 #[derive(Default)]
 pub struct ClusterStatus {
     pub epoch: AtomicU64,
@@ -77,56 +76,6 @@ pub struct ClusterStatus {
     /// Nodes in the map by state, as of the last map read: up, down,
     /// draining, out.
     pub nodes: [AtomicU64; 4],
-    /// Set from start, and whenever the node turns unsynced, until its
-    /// catch-up has taken the buckets from a synced node
-    /// (`replicate::sync_buckets`): bucket changes made while it was away
-    /// (down, it was not sent them) may be missing here. Meanwhile its S3
-    /// door answers nothing from its own bucket view (503), and client
-    /// creates wait.
-    pub buckets_pending: AtomicBool,
-}
-
-/// Whether this node's buckets may lack changes made while it was away
-/// (`ClusterStatus::buckets_pending`); false on a single node.
-#[must_use]
-pub fn buckets_pending() -> bool {
-    STATUS
-        .get()
-        .is_some_and(|s| s.buckets_pending.load(Ordering::Acquire))
-}
-
-/// Why a node refuses what it would answer from its bucket view while
-/// `buckets_pending`.
-pub const BUCKETS_PENDING: &str = "this cluster node is taking the buckets from a synced node (it was away, or has just started): it answers bucket requests once it has them; retry, or ask another node";
-
-/// Whether this node may answer from its own bucket view now (a bucket
-/// read, a listing's permission), or take a bucket change sent to it:
-/// not while its buckets may lack changes made while it was away
-/// (`buckets_pending`), nor while its lease and map are not confirmed (it
-/// may have been marked down meanwhile, and not been sent changes; or be
-/// cut off from etcd, and so soon be). Always Ok on a single node.
-/// Err: why not, for a 503's message.
-pub fn bucket_view_current() -> Result<(), &'static str> {
-    let Some(s) = STATUS.get() else {
-        return Ok(());
-    };
-    if s.buckets_pending.load(Ordering::Acquire) {
-        return Err(BUCKETS_PENDING);
-    }
-    let now = mono_ms();
-    if now >= s.lead_until_ms.load(Ordering::Acquire)
-        || now >= s.map_until_ms.load(Ordering::Acquire)
-    {
-        return Err(LAPSED);
-    }
-    Ok(())
-}
-
-/// Sets `ClusterStatus::buckets_pending` (a cluster node only).
-pub fn set_buckets_pending(pending: bool) {
-    if let Some(s) = STATUS.get() {
-        s.buckets_pending.store(pending, Ordering::Release);
-    }
 }
 
 /// The node's cluster status, once it has joined (for `/metrics`, and
@@ -483,7 +432,6 @@ pub fn start(
         .node_id
         .store(u64::from(record.id), Ordering::Relaxed);
     status.leased.store(true, Ordering::Relaxed);
-    status.buckets_pending.store(true, Ordering::Relaxed);
     status.backfill_bytes_s.store(
         settings.backfill_mib_s.saturating_mul(1 << 20),
         Ordering::Relaxed,

@@ -1011,11 +1011,7 @@ pub async fn answer_buckets(
             json!({"name": b.name, "docs": docs})
         })
         .collect();
-    // The kinds this version knows: the asker removes a document of a
-    // kind named here that a bucket lacks (not one of a kind this node
-    // never heard of).
-    let kinds: Vec<&str> = ConfigKind::ALL.iter().map(|k| k.name()).collect();
-    Ok(json!({"buckets": buckets, "more": more, "kinds": kinds}))
+    Ok(json!({"buckets": buckets, "more": more}))
 }
 
 /// One bucket of a `POST /_percore/buckets` answer: its name and
@@ -1039,45 +1035,25 @@ fn bucket_of(b: &Value) -> Result<(String, Vec<(ConfigKind, Bytes)>), String> {
     Ok((name.to_string(), docs))
 }
 
-/// What a bucket copy did (`sync_buckets`).
-#[derive(Default)]
-struct BucketCopy {
-    /// Buckets created here.
-    created: u64,
-    /// Documents offered (stored where they differed).
-    offered: u64,
-    /// Buckets deleted here (the peer had them not).
-    dropped: u64,
-    /// Buckets here the peer had not, kept for now because they held
-    /// objects: deleted after the pass's groups if it emptied them.
-    extra: Vec<String>,
-    /// The copy's `since` (`BUCKET_TOUCH_MARGIN` before it began).
-    since: Option<Instant>,
-}
-
-/// Before a catch-up pass: this node's buckets are made those of a synced
-/// peer. Every bucket the peer holds is made here too, with its owner;
-/// each configuration document is made the peer's (stored where it
-/// differs, removed where the peer has none of a kind it knows:
-/// `Shard::fill_bucket_config`); and a bucket the peer has not is deleted
-/// here if empty (`Shard::drop_bucket_copy`; one holding objects is kept
-/// and tried again after the groups: `BucketCopy::extra`). So changes
-/// made while this node was down (a down node is not sent them:
-/// `ShardMap::bucket_peers`) reach it before it serves anything from its
-/// bucket view (`control::buckets_pending`).
-///
-/// A name that had a create, delete or configuration change asked of it
-/// here since `BUCKET_TOUCH_MARGIN` before the copy began is left alone
-/// (the peer's answer may be older than that change: a bucket deleted
-/// meanwhile must not come back); if such a name is missing here the pass
-/// fails, to be run again once the change has settled. Peers are tried in
-/// turn (a peer without the request, an older version, is skipped); a bad
-/// bucket in an answer is logged and skipped (and not deleted here).
+/// Before a catch-up pass: every bucket a synced peer holds is made here
+/// too, with its owner, and each configuration document this node never
+/// had is taken (`Shard::fill_bucket_config`). A name that had a create,
+/// delete or configuration change asked of it here since
+/// `BUCKET_TOUCH_MARGIN` before the copy began is left alone (the peer's
+/// answer may be older than that change: a bucket deleted meanwhile must
+/// not come back); if such a name is missing here the pass fails, to be
+/// run again once the change has settled. A node that joins with an empty
+/// disk (replaced, or added) so has every bucket, empty ones too, and its
+/// configuration, before it serves any. Nothing is removed: a bucket or
+/// document this node has and the peer has not stays. Peers are tried in
+/// turn (a peer without the request, an older version, is skipped); a
+/// bad bucket in an answer is logged and skipped. Returns (buckets
+/// created, documents offered).
 async fn sync_buckets(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
-) -> Result<BucketCopy, String> {
+) -> Result<(u64, u64), String> {
     let peers: Vec<&MapNode> = map
         .nodes
         .iter()
@@ -1086,7 +1062,7 @@ async fn sync_buckets(
     if peers.is_empty() {
         // No synced peer (a new cluster, or one restarted whole): every
         // node kept its own buckets.
-        return Ok(BucketCopy::default());
+        return Ok((0, 0));
     }
     // Spread the nodes catching up over the peers.
     let first = map.node_id as usize % peers.len();
@@ -1106,32 +1082,7 @@ async fn sync_buckets(
         }
     }
     // Every peer failed, or (None) is too old to answer: nothing to take.
-    failed.map_or(Ok(BucketCopy::default()), Err)
-}
-
-/// Deletes the buckets of `names` that are empty here (`BucketCopy`);
-/// returns (deleted, the others that still hold objects).
-async fn drop_extra_buckets(
-    shard: &Rc<Shard>,
-    names: Vec<String>,
-    since: Instant,
-) -> Result<(u64, Vec<String>), String> {
-    let (mut dropped, mut kept) = (0, Vec::new());
-    shard.bucket_copy_since(Some(since));
-    for name in names {
-        match shard.drop_bucket_copy(&name, since).await {
-            Ok(gone) => dropped += u64::from(gone),
-            Err(ShardError::BucketNotEmpty) => kept.push(name),
-            Err(e) => {
-                shard.bucket_copy_since(None);
-                return Err(format!(
-                    "deleting bucket {name}, which the peer has not: {e:?}"
-                ));
-            }
-        }
-    }
-    shard.bucket_copy_since(None);
-    Ok((dropped, kept))
+    failed.map_or(Ok((0, 0)), Err)
 }
 
 /// `sync_buckets` from one peer: None if it does not answer the request
@@ -1142,13 +1093,8 @@ async fn buckets_from(
     map: &ShardMap,
     node: &MapNode,
     since: Instant,
-) -> Result<Option<BucketCopy>, String> {
+) -> Result<Option<(u64, u64)>, String> {
     let (mut created, mut taken, mut unsettled) = (0, 0, 0);
-    // Every name the peer answered (a bad bucket too: never deleted here).
-    let mut theirs: HashSet<String> = HashSet::new();
-    // The kinds the peer knows (an older peer names none: nothing is
-    // removed for its sake).
-    let mut kinds: Option<Vec<ConfigKind>> = None;
     let mut after: Option<String> = None;
     loop {
         let body = json!({ "after": after });
@@ -1169,20 +1115,12 @@ async fn buckets_from(
         }
         let v: Value = serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
         let buckets = v["buckets"].as_array().ok_or("no bucket list")?;
-        if kinds.is_none() {
-            kinds = v["kinds"].as_array().map(|ks| {
-                ks.iter()
-                    .filter_map(|k| k.as_str().and_then(ConfigKind::from_name))
-                    .collect()
-            });
-        }
         for b in buckets {
             let raw = b["name"].as_str().ok_or("a bucket without a name")?;
             if after.as_deref().is_some_and(|a| raw <= a) {
                 return Err("the bucket list does not move on".into());
             }
             after = Some(raw.to_string());
-            theirs.insert(raw.to_string());
             let (name, docs) = match bucket_of(b) {
                 Ok(got) => got,
                 Err(e) => {
@@ -1206,16 +1144,7 @@ async fn buckets_from(
                 }
             };
             created += u64::from(made);
-            // The peer's documents, and a removal of each kind it knows
-            // and this bucket lacks there.
-            let mut wanted: Vec<(ConfigKind, Option<Bytes>)> =
-                docs.into_iter().map(|(k, d)| (k, Some(d))).collect();
-            for kind in kinds.iter().flatten() {
-                if !wanted.iter().any(|(k, _)| k == kind) {
-                    wanted.push((*kind, None));
-                }
-            }
-            for (kind, doc) in wanted {
+            for (kind, doc) in docs {
                 // A bucket made just now has its owner.
                 if made && kind == ConfigKind::Owner {
                     continue;
@@ -1244,20 +1173,7 @@ async fn buckets_from(
             "{unsettled} buckets missing here changed while they were copied; copying again"
         ));
     }
-    let extra: Vec<String> = shard
-        .bucket_list()
-        .into_iter()
-        .map(|(n, _)| n)
-        .filter(|n| !theirs.contains(n))
-        .collect();
-    let (dropped, extra) = drop_extra_buckets(shard, extra, since).await?;
-    Ok(Some(BucketCopy {
-        created,
-        offered: taken,
-        dropped,
-        extra,
-        since: Some(since),
-    }))
+    Ok(Some((created, taken)))
 }
 
 /// A node that turns unsynced this soon after it synced is flapping.
@@ -1284,8 +1200,8 @@ fn hold_down(flaps: u32) -> Duration {
 /// tells the control thread, which marks the node synced in etcd if the
 /// map has not changed since.
 pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
-    // Until the buckets were copied from a peer, the door answers nothing
-    // from this node's bucket view (set at join: `buckets_pending`).
+    // Client creates wait until the buckets were copied from a peer.
+    shard.bucket_copy_pending.set(true);
     glommio::spawn_local(async move {
         // (epoch, skipped revision) reported, and when.
         let mut reported = ((0, 0), Instant::now());
@@ -1314,11 +1230,6 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                 continue;
             }
             if let Some(since) = synced_since.take() {
-                // Marked down meanwhile, this node was not sent bucket
-                // changes: its buckets are copied again before its door
-                // answers from them.
-                super::control::set_buckets_pending(true);
-                buckets_copied = None;
                 if since.elapsed() < FLAP_WINDOW {
                     flaps += 1;
                     hold_until = Some(Instant::now() + hold_down(flaps));
@@ -1376,44 +1287,19 @@ async fn catch_up(
 ) -> Result<(u64, u64), String> {
     // Passes that fail for another reason repeat every half second: the
     // buckets are copied again only under a new map or after a while.
-    let copy = match *buckets_copied {
-        Some((epoch, at)) if epoch == map.epoch && at.elapsed() < BUCKETS_AGAIN => {
-            BucketCopy::default()
-        }
+    let (created, taken) = match *buckets_copied {
+        Some((epoch, at)) if epoch == map.epoch && at.elapsed() < BUCKETS_AGAIN => (0, 0),
         _ => {
             let done = sync_buckets(shard, ckey, map).await?;
             *buckets_copied = Some((map.epoch, Instant::now()));
-            // Buckets the peer has not, kept for their objects, are still
-            // listed here: the door waits until the pass settled them.
-            if done.extra.is_empty() {
-                super::control::set_buckets_pending(false);
-            }
+            shard.bucket_copy_pending.set(false);
             done
         }
     };
-    let extra = !copy.extra.is_empty();
-    let got = take_groups(shard, ckey, map, copy).await;
-    if got.is_err() && extra {
-        // Copied again by the next pass, which settles them.
-        *buckets_copied = None;
-    }
-    got
-}
-
-/// `catch_up` after its bucket copy: every group this node holds, then
-/// the buckets the copy kept for their objects (`BucketCopy::extra`).
-async fn take_groups(
-    shard: &Rc<Shard>,
-    ckey: &[u8; 32],
-    map: &ShardMap,
-    copy: BucketCopy,
-) -> Result<(u64, u64), String> {
-    if copy.created + copy.dropped > 0 || !copy.extra.is_empty() {
+    if created + taken > 0 {
         tracing::info!(
-            created = copy.created,
-            deleted = copy.dropped,
-            kept_with_objects = copy.extra.len(),
-            documents_offered = copy.offered,
+            created,
+            documents_offered = taken,
             "cluster: buckets taken from a synced node"
         );
     }
@@ -1477,20 +1363,6 @@ async fn take_groups(
         }
         groups_left = groups_left.saturating_sub(pgs.len() as u64);
         set_groups_left(groups_left);
-    }
-    // Buckets the peer had not, kept for their objects: the groups'
-    // mirror dropped what no primary holds. One that still holds objects
-    // stays (a copy never deletes data), logged.
-    if let (false, Some(since)) = (copy.extra.is_empty(), copy.since) {
-        let (gone, kept) = drop_extra_buckets(shard, copy.extra, since).await?;
-        if !kept.is_empty() {
-            tracing::warn!(
-                deleted = gone,
-                kept = ?kept,
-                "cluster: buckets a synced node has not still hold objects here: kept"
-            );
-        }
-        super::control::set_buckets_pending(false);
     }
     reach_peers(map).await?;
     Ok((taken, dropped))

@@ -464,18 +464,18 @@ impl ShardMap {
         self.nodes.iter().find(|n| n.id == id)
     }
 
-    /// The other nodes a bucket change is sent to: up and draining ones.
-    /// A down node misses it; it takes the buckets as a synced node holds
-    /// them when it returns, before it serves any (its catch-up copies
-    /// them: `replicate::sync_buckets`). Every acknowledged key is on an
-    /// up replica while its group is served (`all_groups_served`), so a
-    /// DeleteBucket's emptiness check needs no down node either.
-    pub fn bucket_peers(&self) -> impl Iterator<Item = &MapNode> {
+    /// The other nodes that may hold keys: up, draining, and down ones
+    /// (a down node is still its groups' primary and holds their only
+    /// copy). Listings and bucket changes need every one of them: one that
+    /// cannot be reached fails the request rather than leave it partial.
+    pub fn holding_peers(&self) -> impl Iterator<Item = &MapNode> {
         self.nodes.iter().filter(move |n| {
             n.id != self.node_id
                 && matches!(
                     n.state,
-                    placement::NodeState::Up | placement::NodeState::Draining
+                    placement::NodeState::Up
+                        | placement::NodeState::Draining
+                        | placement::NodeState::Down
                 )
         })
     }

@@ -94,20 +94,20 @@ impl Shard {
         self.config_set_op(bucket, kind, doc, None).await
     }
 
-    /// Makes the `kind` configuration of `bucket` the peer's `doc` (None:
-    /// removed) where it differs (a catching-up node copying a synced
-    /// peer's buckets: changes it missed while it was away), unless the
-    /// bucket had a create, delete or change of that kind asked of it
-    /// here since `since`: that change may be newer than the peer's
-    /// answer, and wins (`fill_bucket`).
+    /// Stores the `kind` configuration of `bucket` only if none was ever
+    /// applied to it here (a joining node filling its buckets from a
+    /// peer's: a change that reached this node meanwhile wins).
+    /// Also not if the bucket had a create, delete or configuration
+    /// change asked of it since `since` (`fill_bucket`).
     pub async fn fill_bucket_config(
         self: &Rc<Self>,
         bucket: &str,
         kind: ConfigKind,
-        doc: Option<Bytes>,
+        doc: Bytes,
         since: std::time::Instant,
     ) -> Result<(), ShardError> {
-        self.config_set_op(bucket, kind, doc, Some(since)).await
+        self.config_set_op(bucket, kind, Some(doc), Some(since))
+            .await
     }
 
     async fn config_set_op(
@@ -171,20 +171,10 @@ impl Shard {
         // Writes of configurations are serialized here: what this shard's
         // view shows is every write before this one.
         if let Some(since) = fill {
-            if self.touched_since(&name, Some(kind), since) {
-                return Reply::Ok;
-            }
-            let stored = match self.store.bucket_configs_of(&name).await {
-                Ok(docs) => docs,
-                Err(e) => return Reply::Err(store_error(e)),
-            };
-            let mine = stored
-                .into_iter()
-                .find(|d| {
-                    d.bucket == name && d.bucket_created_ms == created_ms && d.kind == kind.name()
-                })
-                .map(|d| d.doc);
-            if mine == doc {
+            let set = self.buckets.borrow().get(&name).is_some_and(|b| {
+                b.config.is_set(kind) || (kind == ConfigKind::Owner && b.config.owner.is_some())
+            });
+            if set || self.touched_since(&name, Some(kind), since) {
                 return Reply::Ok;
             }
         }

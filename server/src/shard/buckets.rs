@@ -181,10 +181,7 @@ impl Shard {
         name: String,
         owner: Option<String>,
     ) -> Reply {
-        // Until the buckets were copied from a synced peer (after a start,
-        // or turning unsynced), a create could take a name that exists
-        // elsewhere, owned by another user.
-        if crate::cluster::control::buckets_pending() {
+        if self.bucket_copy_pending.get() {
             return Reply::Err(ShardError::Busy);
         }
         let reply = self.create_untouched(name.clone(), owner).await;
@@ -253,34 +250,6 @@ impl Shard {
     pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         self.touch_bucket(&name, None);
-        self.delete_untouched(name).await
-    }
-
-    /// A catching-up node's copy of a peer's bucket list, for a bucket
-    /// the synced peer did not have (deleted while this node was away):
-    /// deletes `name` here unless it is being created, or was deleted or
-    /// created since `since` (that change may be newer than the peer's
-    /// answer), or holds any object (Err BucketNotEmpty: kept; a copy
-    /// never deletes data). Ok(true): deleted; Ok(false): skipped.
-    pub async fn drop_bucket_copy(
-        self: &Rc<Self>,
-        name: &str,
-        since: Instant,
-    ) -> Result<bool, ShardError> {
-        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        if self.creating.borrow().contains(name) || self.touched_since(name, None, since) {
-            return Ok(false);
-        }
-        match self.delete_untouched(name.to_string()).await {
-            Reply::Ok => Ok(true),
-            Reply::Err(ShardError::NoSuchBucket) => Ok(false),
-            Reply::Err(e) => Err(e),
-            other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
-        }
-    }
-
-    /// `bucket_delete` without noting it in `bucket_touched`.
-    async fn delete_untouched(self: &Rc<Self>, name: String) -> Reply {
         if self.creating.borrow().contains(&name) {
             // Not visible yet: answering NoSuchBucket would let the create
             // land after the delete was counted done.

@@ -93,6 +93,11 @@ pub struct Shard {
     /// Bucket-owner shard: when the bucket copy running now began (its
     /// touches are never dropped).
     copy_since: Cell<Option<std::time::Instant>>,
+    /// Bucket-owner shard of a cluster node: set until its first bucket
+    /// copy from a synced peer succeeded; client creates are refused
+    /// (Busy) meanwhile, so that this node cannot take a create of a name
+    /// that exists elsewhere, owned by another user.
+    pub(crate) bucket_copy_pending: Cell<bool>,
     /// Set when `bucket_touched` had to be emptied: every name counts as
     /// touched at this time.
     touched_floor: Cell<Option<std::time::Instant>>,
@@ -153,6 +158,7 @@ impl Shard {
             config_writes: futures::lock::Mutex::new(()),
             bucket_touched: RefCell::new(HashMap::new()),
             copy_since: Cell::new(None),
+            bucket_copy_pending: Cell::new(false),
             touched_floor: Cell::new(None),
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),

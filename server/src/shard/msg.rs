@@ -155,10 +155,10 @@ pub enum Op {
         name: String,
         kind: crate::bucket_config::ConfigKind,
         doc: Option<Bytes>,
-        /// Some(since): only if the stored document differs and the
-        /// bucket had no create, delete or change of `kind` asked of it
-        /// since then (a catching-up node copying a synced peer's
-        /// buckets: `Shard::fill_bucket_config`).
+        /// Some(since): only if no document of `kind` was ever applied to
+        /// the bucket here and it had no create, delete or configuration
+        /// change asked of it since then (a joining node filling its
+        /// buckets from a peer's).
         fill: Option<std::time::Instant>,
     },
     /// To the bucket-owner shard: the buckets after `after` (by name), each

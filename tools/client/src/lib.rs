@@ -452,9 +452,9 @@ impl Client {
         }
     }
 
-    /// Creates `bucket`. On a cluster, on every node that is up or
-    /// draining (buckets are not cluster-wide records yet; a down node
-    /// takes them when it returns): BucketExists only if every node had it.
+    /// Creates `bucket`. On a cluster, on every node that may hold keys
+    /// (buckets are not cluster-wide records yet): BucketExists only if
+    /// every node had it.
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         let req = Request::CreateBucket {
             bucket: bucket.to_string(),
@@ -464,7 +464,7 @@ impl Client {
             return self.simple(&r, r.first(), &req).await.map(|_| ());
         };
         let calls = c
-            .bucket_nodes()
+            .serving_nodes()
             .into_iter()
             .map(|n| self.simple(&r, c.base[n], &req));
         let mut existed = 0;

@@ -202,17 +202,19 @@ impl Cluster {
         self.up_nodes()
     }
 
-    /// The nodes a bucket creation goes to: those that are up or draining,
-    /// as the S3 door sends bucket changes (a down node takes the buckets
-    /// from a synced node when it returns, before it serves any).
-    pub(crate) fn bucket_nodes(&self) -> Vec<usize> {
+    /// The nodes a bucket creation goes to: those that may hold keys, up,
+    /// draining or down (a down one fails it: its replicas would lack the
+    /// bucket when it returns).
+    pub(crate) fn serving_nodes(&self) -> Vec<usize> {
         self.placed
             .iter()
             .enumerate()
             .filter(|(_, n)| {
                 matches!(
                     n.state,
-                    placement::NodeState::Up | placement::NodeState::Draining
+                    placement::NodeState::Up
+                        | placement::NodeState::Draining
+                        | placement::NodeState::Down
                 )
             })
             .map(|(i, _)| i)

@@ -263,13 +263,6 @@ impl NativeFront {
         if let Some(wrong) = self.wrong_node(req) {
             return Some(wrong);
         }
-        // Answered from this node's bucket view: not while it may lack
-        // changes made while the node was away (cluster only).
-        if matches!(req, Request::List(_) | Request::ListBuckets) {
-            if let Err(why) = crate::cluster::control::bucket_view_current() {
-                return Some(Reply::error(Status::Busy, why));
-            }
-        }
         let checks: Vec<(&str, &str, Option<&str>)> = match req {
             Request::Get { bucket, item } => vec![("s3:GetObject", bucket, Some(&item.key))],
             Request::BatchGet { bucket, items } => items

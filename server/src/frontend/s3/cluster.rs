@@ -250,13 +250,6 @@ impl S3Front {
             ));
         }
         if req.key.is_empty() {
-            // Answered here from this node's bucket view (a listing's or a
-            // DeleteObjects' permission too), or a bucket change sent here
-            // by another node (checked here against that view): not while
-            // the view may lack changes made while the node was away.
-            if claim.is_none() || is_bucket_change(req.op) {
-                crate::cluster::control::bucket_view_current().map_err(unavailable)?;
-            }
             if matches!(
                 req.op,
                 S3Op::DeleteObjects
@@ -271,7 +264,7 @@ impl S3Front {
                 if let Some(me) = map.node(map.node_id) {
                     to.push(peer_of(me)?);
                 }
-                for n in map.bucket_peers() {
+                for n in map.holding_peers() {
                     to.push(peer_of(n)?);
                 }
                 return Ok(Plan::FanOut(to));
@@ -511,9 +504,8 @@ impl S3Front {
         Ok(conn.flush().await?)
     }
 
-    /// Sends a bucket change to every node that is up or draining (this
-    /// one included, through its own S3 port; a down node takes it when
-    /// it returns: `ShardMap::bucket_peers`) and answers with one node's
+    /// Sends a bucket change to every node that may hold keys (this one
+    /// included, through its own S3 port) and answers with one node's
     /// answer: a success when every node succeeded (a node that already
     /// had the bucket, or had already lost it, counts for a create or a
     /// delete), else the first failure. A node that cannot be reached
@@ -604,18 +596,11 @@ impl S3Front {
     /// deletes it when any node holds a version of any key, so that a
     /// node without keys does not lose the bucket while the others keep
     /// theirs. (A key written between this check and the deletes still
-    /// splits them; delete an emptied bucket only.) Each node answers for
-    /// the groups it leads, so every group needs an up replica: a down
-    /// node is not asked (`ShardMap::bucket_peers`).
+    /// splits them; delete an emptied bucket only.)
     async fn check_empty_everywhere(&self, bucket: &str, to: &[Peer]) -> Result<(), S3Error> {
         let Some(map) = self.map()? else {
             return Ok(());
         };
-        if !map.all_groups_served() {
-            return Err(unavailable(
-                "Some placement groups have no replica up: whether the bucket is empty cannot be told; retry when nodes return.",
-            ));
-        }
         let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC);
         let target =
             format!("/_percore/list?bucket={enc}&prefix=&from=&delimiter=&max=1&versions=1");
