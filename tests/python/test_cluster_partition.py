@@ -858,8 +858,8 @@ def test_replicas_cut_from_each_other_keep_writing(netcluster):
     # Writes work again from the start of the last one that failed during
     # the cut: every write started later was acknowledged. (A request in
     # flight between n1 and n2 at the cut, on a connection made before it,
-    # may hang until its client gives up: it fails, but it started at the
-    # cut.)
+    # waits until keepalive finds the peer gone, about 5 s: it fails, but
+    # it started at the cut.)
     # Through every door: n1's and n2's forward a key to its acting
     # primary, and when that is the other one of the pair, through n3.
     during_writes = [o for o in during if o.kind != "get"]
