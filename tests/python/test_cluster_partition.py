@@ -168,6 +168,7 @@ class NetLab:
         self.netns: dict[str, str] = {}    # role -> namespace
         self.addr: dict[str, str] = {}     # role -> its address
         self.veths: list[str] = []         # root-side ends
+        self.inner: dict[str, str] = {}    # role -> its namespace's end
         self.bridge_made = False
         self.cuts: dict[str, list[str]] = {}
         self.lock = None
@@ -237,6 +238,7 @@ class NetLab:
             ip_cmd("link", "add", outer, "type", "veth", "peer", "name", inner)
             self.veths.append(outer)
             ip_cmd("link", "set", inner, "netns", ns)
+            self.inner[role] = inner
             ip_cmd("link", "set", outer, "master", self.bridge)
             ip_cmd("link", "set", outer, "up")
             ip_cmd("link", "set", "lo", "up", ns=ns)
@@ -250,6 +252,16 @@ class NetLab:
         for other in others:
             ip_cmd("route", "add", "blackhole", f"{self.addr[other]}/32", ns=self.netns[role])
             self.cuts[role].append(other)
+
+    def drop_to(self, role: str, other: str) -> None:
+        """`role`'s packets to `other` go to a MAC address nobody has (a
+        permanent neighbour entry): lost without a word, as on a dead link,
+        where `cut`'s blackhole routes fail at once."""
+        ip_cmd("neigh", "replace", self.addr[other], "lladdr", "02:00:00:00:00:99", "dev",
+               self.inner[role], "nud", "permanent", ns=self.netns[role])
+
+    def undrop(self, role: str, other: str) -> None:
+        ip_cmd("neigh", "del", self.addr[other], "dev", self.inner[role], ns=self.netns[role])
 
     def heal(self, role: str) -> None:
         for other in self.cuts.pop(role, []):
@@ -993,3 +1005,51 @@ def test_a_forward_whose_owner_is_cut_mid_answer_ends_in_seconds(netcluster):
             answer = answer_of(e)
         assert time.monotonic() < deadline, f"n2's door after the heal: {answer}"
         time.sleep(0.5)
+
+
+def test_forwards_to_an_owner_whose_packets_are_dropped_wait_once(netcluster):
+    """n2's packets to n1 are lost without a word (a neighbour entry with a
+    MAC nobody has: as on a dead link, no refusal), with no writes going on
+    (so nobody is skipped or unsynced). A GET through n2's door of a key n1
+    leads waits the whole 5 s connect timeout, then goes through n3
+    (relayed); from then on that door's shard gives n1 only 200 ms to
+    connect before it relays, instead of 5 s for every request. Once n1 is
+    reachable again, forwards go to it directly again."""
+    cluster = netcluster
+    lab = cluster.lab
+    n1, n2, _ = cluster.nodes
+    bucket = unique_bucket_name("repl-drop")
+    n1.client().create_bucket(Bucket=bucket)
+    keys = [f"d/{i:03d}" for i in range(200)]
+    led = [k for k, names in placement(cluster, bucket, keys).items() if names[0] == "n1"][:12]
+    assert len(led) >= 8, led
+    bodies = {k: os.urandom(1000) for k in led}
+    for k, b in bodies.items():
+        n1.client().put_object(Bucket=bucket, Key=k, Body=b)
+    relayed = "percore_cluster_s3_relayed_total"
+    before = counter(n2, relayed)
+    client = n2.client(max_attempts=0, connect_timeout=2, read_timeout=30)
+    took = []
+    lab.drop_to("n2", "n1")
+    try:
+        for k in led:
+            t = time.monotonic()
+            data = client.get_object(Bucket=bucket, Key=k)["Body"].read()
+            took.append(round(time.monotonic() - t, 2))
+            assert data == bodies[k], k
+    finally:
+        lab.undrop("n2", "n1")
+    during = counter(n2, relayed) - before
+    print(f"\nforwards from n2 to n1 with n2's packets dropped: {len(led)} GETs took {took} s; "
+          f"{during} relayed through n3")
+    assert during >= len(led), f"only {during} of {len(led)} GETs were relayed"
+    # The whole connect timeout at most once per shard of n2's door.
+    slow = [t for t in took if t >= 4]
+    assert len(slow) <= n2.shards, f"{len(slow)} GETs waited the connect timeout: {took}"
+    assert all(t < 2 for t in took if t < 4), took
+
+    # Reachable again: forwarded directly (nothing more relayed).
+    before = counter(n2, relayed)
+    for k in led[:4]:
+        assert client.get_object(Bucket=bucket, Key=k)["Body"].read() == bodies[k], k
+    assert counter(n2, relayed) == before, "forwards still relayed once n1 was reachable"

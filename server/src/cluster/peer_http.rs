@@ -250,7 +250,12 @@ fn keepalive(fd: std::os::fd::RawFd) {
 
 /// A connection to a peer's S3 port, with deadlines and keepalive.
 pub async fn open(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(addr, CONNECT_TIMEOUT)
+    open_within(addr, CONNECT_TIMEOUT).await
+}
+
+/// `open`, giving up on the connect after `connect_timeout`.
+pub async fn open_within(addr: SocketAddr, connect_timeout: Duration) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(addr, connect_timeout)
         .await
         .map_err(|e| io::Error::other(e.to_string()))?;
     let _ = s.set_nodelay(true);

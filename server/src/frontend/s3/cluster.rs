@@ -18,6 +18,7 @@
 //! (`cluster::peer_http`).
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use futures_lite::AsyncWriteExt;
 use glommio::net::TcpStream;
@@ -90,6 +91,46 @@ pub(super) enum Plan {
     Forward(Peer),
     /// Send it to every node that may hold keys (a bucket change).
     FanOut(Vec<Peer>),
+}
+
+/// How long after a forward could not connect to a node this shard
+/// keeps giving it only `RECONNECT_TIMEOUT` to connect.
+const UNREACHABLE_KEPT: Duration = Duration::from_secs(30);
+/// The connect a node that could not be reached lately gets before the
+/// forward goes through a relay: a reachable node on the cluster's
+/// network answers far sooner; one whose packets are dropped would make
+/// every forward wait the whole `peer_http::CONNECT_TIMEOUT` again.
+const RECONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// Per shard: the nodes its forwards could not connect to, and when
+    /// that last happened.
+    static UNREACHABLE: std::cell::RefCell<std::collections::HashMap<u32, Instant>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Whether a forward of this shard failed to connect to `node` within
+/// `UNREACHABLE_KEPT`.
+fn unreachable_lately(node: u32) -> bool {
+    UNREACHABLE.with(|u| {
+        u.borrow()
+            .get(&node)
+            .is_some_and(|t| t.elapsed() < UNREACHABLE_KEPT)
+    })
+}
+
+/// Notes whether a forward's connect to `node` worked.
+fn note_reach(node: u32, reached: bool) {
+    UNREACHABLE.with(|u| {
+        let mut u = u.borrow_mut();
+        if reached {
+            u.remove(&node);
+        } else {
+            // Bounded by the map's node count (stale entries go first).
+            u.retain(|_, t| t.elapsed() < UNREACHABLE_KEPT);
+            u.insert(node, Instant::now());
+        }
+    });
 }
 
 fn unavailable(message: impl Into<String>) -> S3Error {
@@ -367,7 +408,16 @@ impl S3Front {
                 peer.name
             ))
         };
-        let (mut stream, head) = match peer_http::open(addr).await {
+        // An owner this shard could not connect to lately is given a short
+        // connect before the relay, not the whole timeout again.
+        let timeout = if unreachable_lately(peer.id) {
+            RECONNECT_TIMEOUT
+        } else {
+            peer_http::CONNECT_TIMEOUT
+        };
+        let opened = peer_http::open_within(addr, timeout).await;
+        note_reach(peer.id, opened.is_ok());
+        let (mut stream, head) = match opened {
             Ok(s) => (s, self.peer_head(req, peer.id, None)),
             // Cut off from the owner (a forward that came through another
             // node is not sent on again): through a node that may reach it.
@@ -418,7 +468,14 @@ impl S3Front {
             let Some(addr) = n.s3 else {
                 continue;
             };
-            if let Ok(s) = peer_http::open(addr).await {
+            let timeout = if unreachable_lately(n.id) {
+                RECONNECT_TIMEOUT
+            } else {
+                peer_http::CONNECT_TIMEOUT
+            };
+            let opened = peer_http::open_within(addr, timeout).await;
+            note_reach(n.id, opened.is_ok());
+            if let Ok(s) = opened {
                 let mut head = self.peer_head(req, n.id, None);
                 head.truncate(head.len() - 2);
                 head.extend_from_slice(format!("{RELAY_HEADER}: {}\r\n\r\n", owner.id).as_bytes());
