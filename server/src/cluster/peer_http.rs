@@ -216,14 +216,18 @@ impl Replays {
     }
 }
 
-/// TCP keepalive on node-to-node connections: a connection idle this
-/// long (a request sent, its answer awaited) is probed every
+/// TCP keepalive on node-to-node connections: a connection on which
+/// nothing came for this long while nothing it sent waits for an
+/// acknowledgement (a request sent, its answer awaited) is probed every
 /// `KEEPALIVE_INTERVAL_S`, and fails after `KEEPALIVE_PROBES` probes go
-/// unanswered. A peer cut off mid-request (its packets dropped) so fails
-/// the request after about 5 s instead of the 60 s `IO_TIMEOUT`; a live
-/// peer's kernel answers the probes however slow the peer itself is.
-const KEEPALIVE_IDLE_S: libc::c_int = 2;
-const KEEPALIVE_INTERVAL_S: libc::c_int = 1;
+/// unanswered. A peer cut off while a request waits on it (its packets
+/// dropped) so fails the request after about 11 s instead of the 60 s
+/// `IO_TIMEOUT`; a network blip of a few seconds does not (each probe
+/// lost needs a second lost after it), and a live peer's kernel answers
+/// the probes however slow the peer process is. Data sent and not
+/// acknowledged is not probed: the I/O timeouts bound that wait.
+const KEEPALIVE_IDLE_S: libc::c_int = 5;
+const KEEPALIVE_INTERVAL_S: libc::c_int = 2;
 const KEEPALIVE_PROBES: libc::c_int = 3;
 
 /// Turns on `fd`'s keepalive as above; an error is ignored (the I/O
@@ -255,9 +259,10 @@ pub async fn open(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// `open`, giving up on the connect after `connect_timeout`.
 pub async fn open_within(addr: SocketAddr, connect_timeout: Duration) -> io::Result<TcpStream> {
+    // Its kind kept (TimedOut: `frontend::s3::cluster` remembers those).
     let s = TcpStream::connect_timeout(addr, connect_timeout)
         .await
-        .map_err(|e| io::Error::other(e.to_string()))?;
+        .map_err(io::Error::from)?;
     let _ = s.set_nodelay(true);
     keepalive(std::os::fd::AsRawFd::as_raw_fd(&s));
     s.set_read_timeout(Some(IO_TIMEOUT))

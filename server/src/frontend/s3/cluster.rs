@@ -93,23 +93,26 @@ pub(super) enum Plan {
     FanOut(Vec<Peer>),
 }
 
-/// How long after a forward could not connect to a node this shard
-/// keeps giving it only `RECONNECT_TIMEOUT` to connect.
+/// How long after a forward's connect to a node timed out this shard
+/// gives it only `RECONNECT_TIMEOUT` to connect. Renewed only by another
+/// whole `peer_http::CONNECT_TIMEOUT` that ran out: a node cut off costs
+/// one forward per shard that long, at most every this often.
 const UNREACHABLE_KEPT: Duration = Duration::from_secs(30);
-/// The connect a node that could not be reached lately gets before the
-/// forward goes through a relay: a reachable node on the cluster's
-/// network answers far sooner; one whose packets are dropped would make
-/// every forward wait the whole `peer_http::CONNECT_TIMEOUT` again.
-const RECONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// The connect a node whose connect timed out lately gets before the
+/// forward goes through a relay: time for a SYN sent again (after 1 s)
+/// to a node that dropped the first (a full accept queue), far less than
+/// the whole `peer_http::CONNECT_TIMEOUT` every forward would otherwise
+/// wait while a cut drops packets.
+const RECONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
 
 thread_local! {
-    /// Per shard: the nodes its forwards could not connect to, and when
-    /// that last happened.
+    /// Per shard: the nodes its forwards' connects timed out on, and when
+    /// the last whole connect timeout ran out.
     static UNREACHABLE: std::cell::RefCell<std::collections::HashMap<u32, Instant>> =
         std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
-/// Whether a forward of this shard failed to connect to `node` within
+/// Whether a forward of this shard timed out connecting to `node` within
 /// `UNREACHABLE_KEPT`.
 fn unreachable_lately(node: u32) -> bool {
     UNREACHABLE.with(|u| {
@@ -119,18 +122,34 @@ fn unreachable_lately(node: u32) -> bool {
     })
 }
 
-/// Notes whether a forward's connect to `node` worked.
-fn note_reach(node: u32, reached: bool) {
+/// Opens a forward's connection to `node` at `addr`: with the whole
+/// connect timeout, or `RECONNECT_TIMEOUT` if `remember` and its connect
+/// timed out lately. A connect that works forgets that; a whole timeout
+/// that runs out remembers it (a refusal, or a short connect that fails,
+/// neither).
+async fn open_to(node: u32, addr: SocketAddr, remember: bool) -> std::io::Result<TcpStream> {
+    let short = remember && unreachable_lately(node);
+    let timeout = if short {
+        RECONNECT_TIMEOUT
+    } else {
+        peer_http::CONNECT_TIMEOUT
+    };
+    let opened = peer_http::open_within(addr, timeout).await;
     UNREACHABLE.with(|u| {
         let mut u = u.borrow_mut();
-        if reached {
-            u.remove(&node);
-        } else {
-            // Bounded by the map's node count (stale entries go first).
-            u.retain(|_, t| t.elapsed() < UNREACHABLE_KEPT);
-            u.insert(node, Instant::now());
+        match &opened {
+            Ok(_) => {
+                u.remove(&node);
+            }
+            Err(e) if !short && e.kind() == std::io::ErrorKind::TimedOut => {
+                // Bounded by the map's node count (stale entries go first).
+                u.retain(|_, t| t.elapsed() < UNREACHABLE_KEPT);
+                u.insert(node, Instant::now());
+            }
+            Err(_) => {}
         }
     });
+    opened
 }
 
 fn unavailable(message: impl Into<String>) -> S3Error {
@@ -408,16 +427,11 @@ impl S3Front {
                 peer.name
             ))
         };
-        // An owner this shard could not connect to lately is given a short
-        // connect before the relay, not the whole timeout again.
-        let timeout = if unreachable_lately(peer.id) {
-            RECONNECT_TIMEOUT
-        } else {
-            peer_http::CONNECT_TIMEOUT
-        };
-        let opened = peer_http::open_within(addr, timeout).await;
-        note_reach(peer.id, opened.is_ok());
-        let (mut stream, head) = match opened {
+        // An owner this shard's connects timed out on lately is given a
+        // short connect before the relay, not the whole timeout again; a
+        // relay passing a request on (the last hop) gives it the whole.
+        let relayed = req.head.header_str(RELAY_HEADER).is_some();
+        let (mut stream, head) = match open_to(peer.id, addr, !relayed).await {
             Ok(s) => (s, self.peer_head(req, peer.id, None)),
             // Cut off from the owner (a forward that came through another
             // node is not sent on again): through a node that may reach it.
@@ -458,24 +472,21 @@ impl S3Front {
         if relays.is_empty() {
             return None;
         }
+        // From one picked at random; those this shard reached lately first.
         let first = rand::random::<usize>() % relays.len();
-        for n in relays
+        let mut relays: Vec<&MapNode> = relays
             .iter()
             .cycle()
             .skip(first)
-            .take(RELAYS_TRIED.min(relays.len()))
-        {
+            .take(relays.len())
+            .copied()
+            .collect();
+        relays.sort_by_key(|n| unreachable_lately(n.id));
+        for n in relays.iter().take(RELAYS_TRIED) {
             let Some(addr) = n.s3 else {
                 continue;
             };
-            let timeout = if unreachable_lately(n.id) {
-                RECONNECT_TIMEOUT
-            } else {
-                peer_http::CONNECT_TIMEOUT
-            };
-            let opened = peer_http::open_within(addr, timeout).await;
-            note_reach(n.id, opened.is_ok());
-            if let Ok(s) = opened {
+            if let Ok(s) = open_to(n.id, addr, true).await {
                 let mut head = self.peer_head(req, n.id, None);
                 head.truncate(head.len() - 2);
                 head.extend_from_slice(format!("{RELAY_HEADER}: {}\r\n\r\n", owner.id).as_bytes());
