@@ -80,12 +80,24 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     let (feed, map_rx) = crate::cluster::shardmap::feed(plan.placements.len());
     let shards = spawn_shards(&cfg, plan, &listeners, map_rx)?;
     shards.wait_ready(&sigset)?;
-    if let Err(e) = join_cluster(&cfg, &listeners.native_ports, feed) {
-        shards.drain_and_stop();
-        return Err(e);
-    }
+    let leaver = match join_cluster(&cfg, &listeners.native_ports, feed) {
+        Ok(l) => l,
+        Err(e) => {
+            shards.drain_and_stop();
+            return Err(e);
+        }
+    };
     print_endpoints(&cfg, &listeners.native_ports);
     let sig = wait_for_signal(&sigset);
+    // A cluster node first hands its groups over (it stops leading and
+    // gives up its lease), then drains.
+    if let Some(leaver) = leaver {
+        println!("percore: signal {sig}, leaving the cluster");
+        flush_stdout();
+        if leaver.leave() {
+            println!("percore: cluster lease given up");
+        }
+    }
     println!("percore: signal {sig}, draining");
     flush_stdout();
     shards.drain_and_stop();
@@ -99,9 +111,9 @@ fn join_cluster(
     cfg: &ServerConfig,
     native_ports: &[u16],
     feed: crate::cluster::shardmap::MapFeed,
-) -> Result<(), String> {
+) -> Result<Option<crate::cluster::control::Leaver>, String> {
     let Some(settings) = cfg.cluster.clone() else {
-        return Ok(());
+        return Ok(None);
     };
     // Other nodes and clients reach it at these addresses.
     for (what, a) in [
@@ -141,7 +153,7 @@ fn join_cluster(
         shards: native_ports.len(),
         nonce: Vec::new(),
     };
-    let status = crate::cluster::control::start(settings.clone(), joining, feed)
+    let (status, leaver) = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;
     println!(
         "cluster: joined {} as node {} (id {}) in zone {}",
@@ -151,7 +163,7 @@ fn join_cluster(
         settings.zone
     );
     flush_stdout();
-    Ok(())
+    Ok(Some(leaver))
 }
 
 /// Shard placement, data directory, locked memory and O_DIRECT, printed.

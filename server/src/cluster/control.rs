@@ -369,6 +369,33 @@ struct Control {
     view: Option<View>,
     /// When `view` was read in full.
     view_read_at: Instant,
+    /// The node stops: who to tell once the lease is given up.
+    leaving: Option<std::sync::mpsc::Sender<()>>,
+}
+
+/// Lets the node leave the cluster when it stops (`Report::Leave`).
+pub struct Leaver {
+    tx: std::sync::mpsc::Sender<Report>,
+    ttl_s: u64,
+}
+
+impl Leaver {
+    /// Asks the control thread to stop leading and give up the lease
+    /// (after `lead_margin_ms`, room for requests that checked `may_lead`
+    /// to end; a write checks again before it is acknowledged), so that
+    /// the other nodes mark this one down at their next map read and take
+    /// its groups over, instead of after the lease time. Waits for it (at
+    /// most that margin and an etcd call more). Returns whether the lease
+    /// was given up.
+    pub fn leave(&self) -> bool {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        if self.tx.send(Report::Leave(done_tx)).is_err() {
+            return false;
+        }
+        let ttl_ms = self.ttl_s.saturating_mul(1000);
+        let wait = Duration::from_millis(lead_margin_ms(ttl_ms) + ttl_ms / 3 + 6000);
+        done_rx.recv_timeout(wait).is_ok()
+    }
 }
 
 /// The placement settings of the cluster (read before the node's data
@@ -394,7 +421,7 @@ pub fn start(
     settings: ClusterSettings,
     mut joining: Joining,
     feed: MapFeed,
-) -> Result<Arc<ClusterStatus>, String> {
+) -> Result<(Arc<ClusterStatus>, Leaver), String> {
     let ttl_s = settings.lease_ttl_s.clamp(3, 3600);
     // Each call to etcd well within a third of the lease.
     let timeout = Duration::from_millis((ttl_s * 1000 / 8).clamp(500, 5000));
@@ -463,6 +490,7 @@ pub fn start(
         skipped_at: None,
         view: None,
         view_read_at: Instant::now(),
+        leaving: None,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -478,11 +506,15 @@ pub fn start(
         }
         Err(e) => warn!(error = %e, "cluster: cannot read the map yet; retrying"),
     }
+    let leaver = Leaver {
+        tx: control.feed.synced_tx.clone(),
+        ttl_s: control.ttl_s,
+    };
     std::thread::Builder::new()
         .name("percore-cluster".into())
         .spawn(move || control.run(&shared))
         .map_err(|e| format!("cannot start the cluster control thread: {e}"))?;
-    Ok(status)
+    Ok((status, leaver))
 }
 
 impl Control {
@@ -494,6 +526,11 @@ impl Control {
         let mut renew_at = Instant::now() + period;
         let mut read_at = Instant::now() + period / 2;
         loop {
+            if let Some(done) = self.leaving.take() {
+                self.leave(status);
+                let _ = done.send(());
+                return;
+            }
             let now = Instant::now();
             let next = renew_at.min(read_at);
             if next > now {
@@ -722,6 +759,35 @@ impl Control {
             }
             Report::Release(epoch) => self.release(status, epoch),
             Report::Skip(ask) => self.skip(status, ask),
+            Report::Leave(done) => {
+                self.leaving = Some(done);
+                Some(Instant::now())
+            }
+        }
+    }
+
+    /// The node stops: it leads nothing from now on; after
+    /// `lead_margin_ms` (requests that checked `may_lead` end; writes
+    /// check again before they are acknowledged) it gives up its lease, so
+    /// that the others mark it down at their next map read.
+    fn leave(&mut self, status: &ClusterStatus) {
+        status.lead_until_ms.store(0, Ordering::Release);
+        status.map_until_ms.store(0, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(lead_margin_ms(
+            self.ttl_s.saturating_mul(1000),
+        )));
+        match self.etcd.lease_revoke(self.lease) {
+            Ok(()) => {
+                status.leased.store(false, Ordering::Relaxed);
+                info!(
+                    node = %self.joining.name,
+                    "cluster: stopping: lease given up; the other nodes take this node's groups over at their next map read"
+                );
+            }
+            Err(e) => warn!(
+                error = %e,
+                "cluster: stopping: cannot give up the lease; the other nodes take this node's groups over once it expires"
+            ),
         }
     }
 

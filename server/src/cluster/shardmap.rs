@@ -33,6 +33,10 @@ pub enum Report {
     /// A write is to be acknowledged without some replicas' copies
     /// (`SkipAsk`).
     Skip(SkipAsk),
+    /// The node stops (SIGTERM): lead nothing more, give the lease up,
+    /// then say so on the channel and end the control thread
+    /// (`control::Leaver`).
+    Leave(std::sync::mpsc::Sender<()>),
 }
 
 /// A write of group `pg` is to be acknowledged without `nodes`' copies
