@@ -89,18 +89,21 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     };
     print_endpoints(&cfg, &listeners.native_ports);
     let sig = wait_for_signal(&sigset);
-    // A cluster node first hands its groups over (it stops leading and
-    // gives up its lease), then drains.
-    if let Some(leaver) = leaver {
-        println!("percore: signal {sig}, leaving the cluster");
-        flush_stdout();
-        if leaver.leave() {
-            println!("percore: cluster lease given up");
-        }
-    }
+    // A cluster node stops leading at once, and gives up its lease once
+    // its shards have stopped (or the lease margin has passed), so that
+    // the others take its groups over without waiting for it to expire.
+    let leaving = leaver.as_ref().and_then(|l| l.begin());
     println!("percore: signal {sig}, draining");
     flush_stdout();
     shards.drain_and_stop();
+    if let (Some(leaver), Some(done)) = (&leaver, &leaving) {
+        match leaver.drained(done) {
+            Some(true) => println!("percore: cluster lease given up"),
+            Some(false) => println!("percore: could not give up the cluster lease (is etcd reachable?); the other nodes take this node's groups over when it expires"),
+            None => println!("percore: giving up the cluster lease took too long; the other nodes take this node's groups over when it expires"),
+        }
+        flush_stdout();
+    }
     println!("percore: stopped");
     Ok(())
 }

@@ -369,32 +369,41 @@ struct Control {
     view: Option<View>,
     /// When `view` was read in full.
     view_read_at: Instant,
-    /// The node stops: who to tell once the lease is given up.
-    leaving: Option<std::sync::mpsc::Sender<()>>,
+    /// The node stops: who to tell once the lease is given up, and when
+    /// to give it up at the latest (`leave`).
+    leaving: Option<(std::sync::mpsc::Sender<bool>, Instant)>,
 }
 
 /// Lets the node leave the cluster when it stops (`Report::Leave`).
 pub struct Leaver {
     tx: std::sync::mpsc::Sender<Report>,
-    ttl_s: u64,
 }
 
+/// How long a stopping node waits, once its shards have stopped, for the
+/// control thread to give up the lease (an etcd call in progress, then
+/// the revoke, each on every etcd URL in turn at worst).
+const LEAVE_WAIT: Duration = Duration::from_secs(15);
+
 impl Leaver {
-    /// Asks the control thread to stop leading and give up the lease
-    /// (after `lead_margin_ms`, room for requests that checked `may_lead`
-    /// to end; a write checks again before it is acknowledged), so that
-    /// the other nodes mark this one down at their next map read and take
-    /// its groups over, instead of after the lease time. Waits for it (at
-    /// most that margin and an etcd call more). Returns whether the lease
-    /// was given up.
-    pub fn leave(&self) -> bool {
+    /// The node stops: it leads nothing from now on (its shards answer 503
+    /// for the keys it led; a write in progress checks again before it is
+    /// acknowledged). Call `drained` once the shards have stopped.
+    #[must_use]
+    pub fn begin(&self) -> Option<std::sync::mpsc::Receiver<bool>> {
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        if self.tx.send(Report::Leave(done_tx)).is_err() {
-            return false;
-        }
-        let ttl_ms = self.ttl_s.saturating_mul(1000);
-        let wait = Duration::from_millis(lead_margin_ms(ttl_ms) + ttl_ms / 3 + 6000);
-        done_rx.recv_timeout(wait).is_ok()
+        self.tx.send(Report::Leave(done_tx)).ok()?;
+        Some(done_rx)
+    }
+
+    /// The shards have stopped (nothing that checked `may_lead` runs any
+    /// more): the control thread gives up the lease now, so that the other
+    /// nodes mark this one down at their next map read and take its groups
+    /// over, instead of once the lease expires. Waits for it (at most
+    /// `LEAVE_WAIT`): Some(whether the lease was given up), None if that
+    /// did not come in time (it then expires as after a crash).
+    pub fn drained(&self, done: &std::sync::mpsc::Receiver<bool>) -> Option<bool> {
+        let _ = self.tx.send(Report::Drained);
+        done.recv_timeout(LEAVE_WAIT).ok()
     }
 }
 
@@ -508,7 +517,6 @@ pub fn start(
     }
     let leaver = Leaver {
         tx: control.feed.synced_tx.clone(),
-        ttl_s: control.ttl_s,
     };
     std::thread::Builder::new()
         .name("percore-cluster".into())
@@ -526,9 +534,9 @@ impl Control {
         let mut renew_at = Instant::now() + period;
         let mut read_at = Instant::now() + period / 2;
         loop {
-            if let Some(done) = self.leaving.take() {
-                self.leave(status);
-                let _ = done.send(());
+            if let Some((done, until)) = self.leaving.take() {
+                let gave_up = self.leave(status, until);
+                let _ = done.send(gave_up);
                 return;
             }
             let now = Instant::now();
@@ -760,35 +768,66 @@ impl Control {
             Report::Release(epoch) => self.release(status, epoch),
             Report::Skip(ask) => self.skip(status, ask),
             Report::Leave(done) => {
-                self.leaving = Some(done);
+                // Leads nothing from now on.
+                status.lead_until_ms.store(0, Ordering::Release);
+                status.map_until_ms.store(0, Ordering::Release);
+                let margin = lead_margin_ms(self.ttl_s.saturating_mul(1000));
+                self.leaving = Some((done, Instant::now() + Duration::from_millis(margin)));
                 Some(Instant::now())
+            }
+            // After a Leave (in `leave`, or here when a skip round took
+            // it first): the lease goes now.
+            Report::Drained => {
+                if let Some((_, until)) = &mut self.leaving {
+                    *until = Instant::now();
+                }
+                None
             }
         }
     }
 
-    /// The node stops: it leads nothing from now on; after
-    /// `lead_margin_ms` (requests that checked `may_lead` end; writes
-    /// check again before they are acknowledged) it gives up its lease, so
-    /// that the others mark it down at their next map read.
-    fn leave(&mut self, status: &ClusterStatus) {
-        status.lead_until_ms.store(0, Ordering::Release);
-        status.map_until_ms.store(0, Ordering::Release);
-        std::thread::sleep(Duration::from_millis(lead_margin_ms(
-            self.ttl_s.saturating_mul(1000),
-        )));
-        match self.etcd.lease_revoke(self.lease) {
+    /// The node stops (it leads nothing since `Report::Leave`): once its
+    /// shards have stopped (`Report::Drained`), or at `until` (the lease
+    /// margin after it stopped leading: requests that checked `may_lead`
+    /// before have ended, as when a lease runs out), it gives up its
+    /// lease, so that the others mark it down at their next map read.
+    /// Skips asked meanwhile fail (their writes are not acknowledged).
+    /// Returns whether the lease was given up.
+    fn leave(&mut self, status: &ClusterStatus, until: Instant) -> bool {
+        loop {
+            let Some(wait) = until.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            match self.feed.synced_rx.recv_timeout(wait) {
+                Ok(Report::Drained) => break,
+                Ok(Report::Skip(ask)) => ask.done.store(SKIP_FAILED, Ordering::Release),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let gave_up = match self.etcd.lease_revoke(self.lease) {
             Ok(()) => {
                 status.leased.store(false, Ordering::Relaxed);
                 info!(
                     node = %self.joining.name,
                     "cluster: stopping: lease given up; the other nodes take this node's groups over at their next map read"
                 );
+                true
             }
-            Err(e) => warn!(
-                error = %e,
-                "cluster: stopping: cannot give up the lease; the other nodes take this node's groups over once it expires"
-            ),
+            Err(e) => {
+                warn!(
+                    error = %e,
+                    "cluster: stopping: cannot give up the lease; the other nodes take this node's groups over once it expires"
+                );
+                false
+            }
+        };
+        while let Ok(r) = self.feed.synced_rx.try_recv() {
+            if let Report::Skip(ask) = r {
+                ask.done.store(SKIP_FAILED, Ordering::Release);
+            }
         }
+        gave_up
     }
 
     /// Records in etcd that writes are acknowledged without `nodes`'

@@ -33,10 +33,13 @@ pub enum Report {
     /// A write is to be acknowledged without some replicas' copies
     /// (`SkipAsk`).
     Skip(SkipAsk),
-    /// The node stops (SIGTERM): lead nothing more, give the lease up,
-    /// then say so on the channel and end the control thread
-    /// (`control::Leaver`).
-    Leave(std::sync::mpsc::Sender<()>),
+    /// The node stops (SIGTERM): lead nothing more from now on; give the
+    /// lease up once the shards have stopped (`Drained`) or the lease
+    /// margin has passed, say on the channel whether that worked, and end
+    /// the control thread (`control::Leaver`).
+    Leave(std::sync::mpsc::Sender<bool>),
+    /// The stopping node's shards have stopped: nothing is served any more.
+    Drained,
 }
 
 /// A write of group `pg` is to be acknowledged without `nodes`' copies
