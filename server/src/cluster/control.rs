@@ -794,10 +794,7 @@ impl Control {
     /// Skips asked meanwhile fail (their writes are not acknowledged).
     /// Returns whether the lease was given up.
     fn leave(&mut self, status: &ClusterStatus, until: Instant) -> bool {
-        loop {
-            let Some(wait) = until.checked_duration_since(Instant::now()) else {
-                break;
-            };
+        while let Some(wait) = until.checked_duration_since(Instant::now()) {
             match self.feed.synced_rx.recv_timeout(wait) {
                 Ok(Report::Drained) => break,
                 Ok(Report::Skip(ask)) => ask.done.store(SKIP_FAILED, Ordering::Release),
