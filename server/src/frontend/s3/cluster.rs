@@ -472,7 +472,8 @@ impl S3Front {
         if relays.is_empty() {
             return None;
         }
-        // From one picked at random; those this shard reached lately first.
+        // From one picked at random; those whose connects did not time out
+        // lately first.
         let first = rand::random::<usize>() % relays.len();
         let mut relays: Vec<&MapNode> = relays
             .iter()
