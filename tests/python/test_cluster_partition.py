@@ -935,6 +935,15 @@ def test_replicas_cut_from_each_other_keep_writing(netcluster):
                           f"{load.uncertain}):\n" + "\n".join(problems[:30]))
 
 
+def bucket_with_keys_led_by_n1(cluster, stem: str, prefix: str, pool: int) -> tuple[str, list[str]]:
+    """A new bucket (created through n1) and, of the keys `prefix/000` ..
+    (`pool` of them), those n1 leads under the map etcd holds now."""
+    bucket = unique_bucket_name(stem)
+    cluster.nodes[0].client().create_bucket(Bucket=bucket)
+    keys = [f"{prefix}/{i:03d}" for i in range(pool)]
+    return bucket, [k for k, names in placement(cluster, bucket, keys).items() if names[0] == "n1"]
+
+
 def test_a_forward_whose_owner_is_cut_mid_answer_ends_in_seconds(netcluster):
     """A GET through n2's door of a large object n1 leads is forwarded to
     n1; the client reads a little, then n1 and n2 are cut from each other
@@ -951,10 +960,8 @@ def test_a_forward_whose_owner_is_cut_mid_answer_ends_in_seconds(netcluster):
     cluster = netcluster
     lab = cluster.lab
     n1, n2, _ = cluster.nodes
-    bucket = unique_bucket_name("repl-midcut")
-    n1.client().create_bucket(Bucket=bucket)
-    keys = [f"big/{i:03d}" for i in range(64)]
-    key = next(k for k, names in placement(cluster, bucket, keys).items() if names[0] == "n1")
+    bucket, led = bucket_with_keys_led_by_n1(cluster, "repl-midcut", "big", 64)
+    key = led[0]
     size = 64 * 1024 * 1024   # more than the sockets on the way buffer
     body = os.urandom(size)
     n1.client().put_object(Bucket=bucket, Key=key, Body=body)
@@ -1018,10 +1025,8 @@ def test_forwards_to_an_owner_whose_packets_are_dropped_wait_once(netcluster):
     cluster = netcluster
     lab = cluster.lab
     n1, n2, _ = cluster.nodes
-    bucket = unique_bucket_name("repl-drop")
-    n1.client().create_bucket(Bucket=bucket)
-    keys = [f"d/{i:03d}" for i in range(200)]
-    led = [k for k, names in placement(cluster, bucket, keys).items() if names[0] == "n1"][:12]
+    bucket, led = bucket_with_keys_led_by_n1(cluster, "repl-drop", "d", 200)
+    led = led[:12]
     assert len(led) >= 8, led
     bodies = {k: os.urandom(1000) for k in led}
     for k, b in bodies.items():
