@@ -6,9 +6,10 @@
 //! A run is triggered by the bytes queued across all uploads reaching
 //! `RUN_BYTES` (with many uploads receiving at once, their queues fill
 //! together and the lanes stay busy), or by an upload that needs its
-//! digest (`finish`), which hashes every queue at that moment. No timer
-//! and no task: the engine runs inside the calls of the uploads that feed
-//! it. A lone upload runs alone, at scalar speed.
+//! digest (`finish`), which first lets the other ready tasks run once
+//! (so uploads finishing together share a run) and then hashes every
+//! queue. No timer and no task: the engine runs inside the calls of the
+//! uploads that feed it. A lone upload runs alone, at scalar speed.
 //!
 //! Queued bytes are owned (`Bytes`): an upload dropped with bytes queued
 //! leaves nothing dangling (they are hashed with the next run and
@@ -150,6 +151,15 @@ impl Md5Engine {
     /// uploads: a finishing upload takes along whatever the others have
     /// queued by then).
     pub async fn finish(&self, job: &Md5Job) -> [u8; 16] {
+        if !job.queued.queue.borrow().is_empty() && md5::lanes_available() {
+            // Let the tasks that are ready now run first: uploads and
+            // copies that received their bytes meanwhile queue them (and
+            // those finishing yield too), so one run hashes them together
+            // in lanes instead of each alone, one after another (many
+            // small objects arriving at once). The first of them to run
+            // again hashes every queue; the others find theirs done.
+            futures_lite::future::yield_now().await;
+        }
         if !job.queued.queue.borrow().is_empty() {
             self.run();
         }

@@ -96,3 +96,27 @@ fn a_dropped_job_lets_go_of_its_queued_bytes_at_once() {
     drop(jb);
     assert_eq!(futures_lite::future::block_on(engine.finish(&jc)), want);
 }
+
+/// Two small uploads finishing in the same turn of the executor, the
+/// second receiving its bytes after the first asked for its digest: one
+/// run hashes both (before, each ran alone, one after the other).
+#[test]
+fn uploads_finishing_together_share_a_run() {
+    let engine = Md5Engine::new();
+    let (a, b) = (bytes_of(1, 64 * 1024), bytes_of(2, 64 * 1024));
+    let (ja, jb) = (engine.job(), engine.job());
+    engine.append(&ja, &Bytes::copy_from_slice(&a));
+    let first = engine.finish(&ja);
+    let second = async {
+        engine.append(&jb, &Bytes::copy_from_slice(&b));
+        engine.finish(&jb).await
+    };
+    let (da, db) = futures_lite::future::block_on(futures_lite::future::zip(first, second));
+    assert_eq!(da, <[u8; 16]>::from(::md5::Md5::digest(&a)));
+    assert_eq!(db, <[u8; 16]>::from(::md5::Md5::digest(&b)));
+    let s = engine.stats();
+    if super::md5::lanes_available() {
+        assert_eq!((s.runs, s.jobs), (1, 2), "{s:?}");
+        assert_eq!(s.lane_bytes, 2 * 64 * 1024, "{s:?}");
+    }
+}
