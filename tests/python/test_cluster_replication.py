@@ -90,6 +90,7 @@ from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
 )
 from test_cluster_routing import (  # noqa: F401  (digest and wait_synced: shared)
     DIGEST,
+    check_reply,
     digest,
     internal,
     keys_on,
@@ -900,7 +901,12 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
             conn.request("PUT", target, body=data, headers={
                 "x-percore-node": mac, "x-percore-state": base64.b64encode(state).decode()})
             r = conn.getresponse()
-            return r.status, r.read()
+            answer = r.read()
+            # The acknowledgement is signed, bound to this request.
+            if r.status == 200:
+                check_reply(mac, 200, hashlib.sha256(answer).hexdigest(),
+                            r.getheader("x-percore-reply"))
+            return r.status, answer
         finally:
             conn.close()
 
@@ -918,6 +924,25 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
     status_ok, answer = push(body)
     assert status_ok == 200, (status_ok, answer)
     assert digest(replica)[(bucket, key)] == (held[0] + 1000, hashlib.md5(body).hexdigest())
+
+    # A fetch's answer is signed over its state header (whose MD5 covers
+    # the bytes), and its 404 too (a mirroring catch-up drops its own copy
+    # on it).
+    for k, want in ((key, 200), ("never-written", 404)):
+        fetch = f"/_percore/fetch?bucket={bucket}&key={k}"
+        mac = node_header("GET", fetch, node_id(replica), sender=node_id(primary))
+        conn = http.client.HTTPConnection(replica.ip, replica.s3_port, timeout=10)
+        try:
+            conn.request("GET", fetch, headers={"x-percore-node": mac})
+            r = conn.getresponse()
+            got = r.read()
+            assert r.status == want, (k, r.status, got)
+            covered = "absent" if want == 404 else "state " + r.getheader("x-percore-state")
+            check_reply(mac, want, covered, r.getheader("x-percore-reply"))
+            if want == 200:
+                assert got == body
+        finally:
+            conn.close()
 
 
 def test_catch_up_is_paced(cluster):

@@ -23,7 +23,7 @@ import time
 import pytest
 
 import percore
-from conftest import SECRET_KEY, Server
+from conftest import ACCESS_KEY, SECRET_KEY, Server
 from test_cluster_membership import (  # noqa: F401  (etcd is a fixture)
     LEASE_TTL_S,
     Node,
@@ -52,17 +52,32 @@ def node_id(node: Node) -> int:
 
 def node_header(method: str, target: str, to: int, body: bytes = b"",
                 secret: str = SECRET_KEY, sender: int | None = None,
-                digest: str | None = None) -> str:
+                digest: str | None = None, relay: int | None = None) -> str:
     """`x-percore-node` as a cluster node signs it (docs/cluster.md): a
-    second implementation of the contract."""
-    key = hmac.new(secret.encode(), b"percore-cluster-key-v1", hashlib.sha256).digest()
+    second implementation of the contract (`relay`: the owner named by
+    the `x-percore-relay` header the request carries)."""
     ms = int(time.time() * 1000)
     nonce = os.urandom(8).hex()
     digest = digest or hashlib.sha256(body).hexdigest()
     sender = to if sender is None else sender
     msg = f"percore-node-v2\n{sender}\n{to}\n{ms}\n{nonce}\n{method}\n{target}\n{digest}"
-    tag = hmac.new(key, msg.encode(), hashlib.sha256).hexdigest()
+    if relay is not None:
+        msg += f"\nrelay {relay}"
+    tag = hmac.new(cluster_key(secret), msg.encode(), hashlib.sha256).hexdigest()
     return f"v2 {sender} {to} {ms} {nonce} {digest} {tag}"
+
+
+def cluster_key(secret: str = SECRET_KEY) -> bytes:
+    return hmac.new(secret.encode(), b"percore-cluster-key-v1", hashlib.sha256).digest()
+
+
+def check_reply(header: str, status: int, covered: str, reply: str | None,
+                secret: str = SECRET_KEY) -> None:
+    """An answer to an internal request the requester acts on carries
+    `x-percore-reply`, bound to the request's MAC (docs/cluster.md)."""
+    msg = f"percore-reply-v1\n{header.rsplit(' ', 1)[1]}\n{status}\n{covered}"
+    want = hmac.new(cluster_key(secret), msg.encode(), hashlib.sha256).hexdigest()
+    assert reply is not None and hmac.compare_digest(reply, want), (status, covered, reply)
 
 
 def internal(node: Node, method: str, target: str, body: bytes = b"",
@@ -76,7 +91,13 @@ def internal(node: Node, method: str, target: str, body: bytes = b"",
     try:
         conn.request(method, target, body=body, headers={"x-percore-node": header})
         r = conn.getresponse()
-        return r.status, r.read()
+        answer = r.read()
+        # A JSON answer the requester acts on is signed over its body.
+        if 200 <= r.status < 300:
+            check_reply(header, r.status, hashlib.sha256(answer).hexdigest(),
+                        r.getheader("x-percore-reply"),
+                        secret=getattr(node, "secret_key", SECRET_KEY))
+        return r.status, answer
     finally:
         conn.close()
 
@@ -508,6 +529,35 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     h = node_header("GET", target, me, digest="-")
     st, body = internal(nodes[0], "GET", target, header=h)
     assert st == 403 and b"names its body" in body
+    # The relay header is covered by the node MAC: added to a forward
+    # signed without it, or naming another owner than signed, it is
+    # refused before anything else (a relayed forward that is signed is
+    # passed on: the partition tests relay through a third node).
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    obj = "/anynode/obj/001"
+    for signed_relay, sent_relay in [(None, None), (None, "2"), (3, "2"), (3, None), (3, "x")]:
+        signed = AWSRequest(method="GET", url=f"{nodes[0].endpoint}{obj}",
+                            headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+        SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(signed)
+        headers = dict(signed.headers.items())
+        headers["x-percore-node"] = node_header("GET", obj, me, digest="-",
+                                                sender=node_id(nodes[1]), relay=signed_relay)
+        if sent_relay is not None:
+            headers["x-percore-relay"] = sent_relay
+        conn = http.client.HTTPConnection(nodes[0].ip, nodes[0].s3_port, timeout=10)
+        try:
+            conn.request("GET", obj, headers=headers)
+            r = conn.getresponse()
+            st, body = r.status, r.read()
+        finally:
+            conn.close()
+        if signed_relay is None and sent_relay is None:
+            # The control: signed as a forward, it is taken as one.
+            assert st != 403, (st, body)
+        else:
+            assert st == 403 and b"Bad node header" in body, (signed_relay, sent_relay, st, body)
     # Releases: a malformed one is a bad request, an unsigned one is
     # refused, and one for the node's own epoch is answered at once.
     epoch = int(cluster_gauges(nodes[0])["percore_cluster_epoch"])

@@ -18,6 +18,27 @@
 //!        body the client's own signature covers)
 //! ```
 //!
+//! A forward sent through a relay (`x-percore-relay: <owner node>`: pass
+//! it on to the key's owner) has `"\nrelay " owner` appended to what its
+//! MAC covers, so the header cannot be added to a captured forward.
+//!
+//! Answers to internal requests that the requester acts on (every 2xx,
+//! and a fetch's 404) carry a MAC too, bound to the request's own MAC
+//! (so an answer fits one request only):
+//!
+//! ```text
+//! x-percore-reply: <hex mac>
+//! mac = HMAC-SHA256(key, "percore-reply-v1\n" hex(request mac) "\n" status "\n" covered)
+//! covered = hex SHA-256 of the body (JSON answers), or "state " and the
+//!           x-percore-state value (a fetch's bytes: the state's MD5
+//!           covers them), or "absent" (a fetch's 404)
+//! ```
+//!
+//! The requester refuses an answer whose MAC is missing or wrong (a node
+//! of an older version, or someone on the network forging an
+//! acknowledgement). Errors carry none: they only make the requester
+//! give up or retry, which anyone able to drop packets can make it do.
+//!
 //! A forwarded S3 request keeps the client's signature, which the owner
 //! checks again; the MAC only tells it that another node sent it there
 //! (serve it here, do not forward it again). Internal requests
@@ -38,6 +59,10 @@ use subtle::ConstantTimeEq;
 
 /// The header of node-to-node requests.
 pub const HEADER: &str = "x-percore-node";
+/// The header of a relayed forward: the node to pass it on to.
+pub const RELAY_HEADER: &str = "x-percore-relay";
+/// The header of a signed answer to an internal request.
+pub const REPLY_HEADER: &str = "x-percore-reply";
 /// How far a node's clock may be from the sender's.
 const SKEW_MAX_MS: u64 = 5 * 60 * 1000;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,6 +109,8 @@ pub struct Signed<'a> {
     pub target: &'a str,
     /// `body_hash`, or "-" for a forwarded S3 request.
     pub body: &'a str,
+    /// A forward sent through a relay: the owner to pass it on to.
+    pub relay: Option<u32>,
 }
 
 fn mac(key: &[u8; 32], s: &Signed<'_>, ms: u64, nonce: &str) -> [u8; 32] {
@@ -95,6 +122,9 @@ fn mac(key: &[u8; 32], s: &Signed<'_>, ms: u64, nonce: &str) -> [u8; 32] {
         )
         .as_bytes(),
     );
+    if let Some(owner) = s.relay {
+        m.update(format!("\nrelay {owner}").as_bytes());
+    }
     m.finalize().into_bytes().into()
 }
 
@@ -115,15 +145,19 @@ pub struct Claim {
     pub body: String,
     pub ms: u64,
     pub mac: [u8; 32],
+    /// Sent through a relay, to pass on to this owner (the MAC covers it).
+    pub relay: Option<u32>,
 }
 
-/// Checks an `x-percore-node` value of a request to node `me`.
+/// Checks an `x-percore-node` value of a request to node `me`, with the
+/// request's `x-percore-relay` value if it has one.
 pub fn verify(
     key: &[u8; 32],
     value: &str,
     me: u32,
     method: &str,
     target: &str,
+    relay: Option<&str>,
 ) -> Result<Claim, String> {
     let parts: Vec<&str> = value.split(' ').collect();
     let ["v2", from, to, ms, nonce, body, tag] = parts[..] else {
@@ -141,12 +175,17 @@ pub fn verify(
         return Err("node header too old (or the nodes' clocks are minutes apart)".into());
     }
     let tag = hex::decode(tag).map_err(|_| "malformed node MAC")?;
+    let relay = relay
+        .map(|r| r.trim().parse::<u32>())
+        .transpose()
+        .map_err(|_| "malformed relay header")?;
     let signed = Signed {
         from,
         to,
         method,
         target,
         body,
+        relay,
     };
     if nonce.len() != 16 || !nonce.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err("malformed node nonce".into());
@@ -162,7 +201,59 @@ pub fn verify(
         body: body.to_string(),
         ms,
         mac: want,
+        relay,
     })
+}
+
+/// The request MAC inside an `x-percore-node` value this node made.
+fn request_mac(node_header: &str) -> Option<[u8; 32]> {
+    let tag = hex::decode(node_header.rsplit(' ').next()?).ok()?;
+    tag.try_into().ok()
+}
+
+fn reply_mac(key: &[u8; 32], request: &[u8; 32], status: u16, covered: &str) -> [u8; 32] {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    m.update(
+        format!(
+            "percore-reply-v1\n{}\n{status}\n{covered}",
+            hex::encode(request)
+        )
+        .as_bytes(),
+    );
+    m.finalize().into_bytes().into()
+}
+
+/// The `x-percore-reply` value of an answer with `status` to the request
+/// whose MAC was `request` (its claim's `mac`); `covered` as in the
+/// module docs.
+#[must_use]
+pub fn sign_reply(key: &[u8; 32], request: &[u8; 32], status: u16, covered: &str) -> String {
+    hex::encode(reply_mac(key, request, status, covered))
+}
+
+/// Checks the `x-percore-reply` value of an answer to the request this
+/// node sent with `node_header`.
+pub fn verify_reply(
+    key: &[u8; 32],
+    node_header: &str,
+    status: u16,
+    covered: &str,
+    value: Option<&str>,
+) -> io::Result<()> {
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the peer's answer ({status}) {why} (a node of another version, or someone on the network between the nodes)"),
+        )
+    };
+    let request = request_mac(node_header).ok_or_else(|| bad("answers a malformed request"))?;
+    let value = value.ok_or_else(|| bad("is not signed"))?;
+    let tag = hex::decode(value.trim()).map_err(|_| bad("has a malformed signature"))?;
+    let want = reply_mac(key, &request, status, covered);
+    if tag.len() != want.len() || !bool::from(want.ct_eq(&tag[..])) {
+        return Err(bad("has a signature that does not match"));
+    }
+    Ok(())
 }
 
 /// Whether an internal request's time is close enough to this node's
@@ -368,6 +459,24 @@ impl Response {
         self.stream.read(out).await
     }
 
+    /// The status and whole body of the answer to an internal request
+    /// this node sent with `node_header` (`body`), a 2xx answer's
+    /// signature checked over the body (`verify_reply`).
+    pub async fn body_signed(
+        self,
+        key: &[u8; 32],
+        node_header: &str,
+        max: usize,
+    ) -> io::Result<(u16, Vec<u8>)> {
+        let status = self.status;
+        let tag = self.header(REPLY_HEADER).map(str::to_string);
+        let body = self.body(max).await?;
+        if (200..300).contains(&status) {
+            verify_reply(key, node_header, status, &body_hash(&body), tag.as_deref())?;
+        }
+        Ok((status, body))
+    }
+
     /// The whole body of an internal answer (`Content-Length` framed, or
     /// up to the close), at most `max` bytes.
     pub async fn body(mut self, max: usize) -> io::Result<Vec<u8>> {
@@ -402,8 +511,10 @@ impl Response {
     }
 }
 
-/// One internal request with a small body; its status and body.
+/// One internal request with a small body; its status and body (a 2xx
+/// answer's signature checked: `verify_reply`).
 pub async fn call(
+    key: &[u8; 32],
     addr: SocketAddr,
     method: &str,
     target: &str,
@@ -420,8 +531,7 @@ pub async fn call(
     s.write_all(body).await?;
     s.flush().await?;
     let r = read_response(s).await?;
-    let status = r.status;
-    Ok((status, r.body(answer_max).await?))
+    r.body_signed(key, node_header, answer_max).await
 }
 
 #[cfg(test)]
@@ -435,6 +545,7 @@ mod tests {
             method,
             target,
             body,
+            relay: None,
         }
     }
 
@@ -443,7 +554,7 @@ mod tests {
         let key = cluster_key("s3cret");
         let h = body_hash(b"");
         let v = sign(&key, &signed(2, "GET", "/_percore/list?bucket=b", &h));
-        let c = verify(&key, &v, 2, "GET", "/_percore/list?bucket=b").unwrap();
+        let c = verify(&key, &v, 2, "GET", "/_percore/list?bucket=b", None).unwrap();
         assert_eq!((c.from, c.body.as_str()), (7, h.as_str()));
         // Another key, receiver, method, target or body hash: refused.
         assert!(verify(
@@ -451,21 +562,22 @@ mod tests {
             &v,
             2,
             "GET",
-            "/_percore/list?bucket=b"
+            "/_percore/list?bucket=b",
+            None
         )
         .is_err());
-        assert!(verify(&key, &v, 3, "GET", "/_percore/list?bucket=b").is_err());
-        assert!(verify(&key, &v, 2, "PUT", "/_percore/list?bucket=b").is_err());
-        assert!(verify(&key, &v, 2, "GET", "/_percore/list?bucket=c").is_err());
+        assert!(verify(&key, &v, 3, "GET", "/_percore/list?bucket=b", None).is_err());
+        assert!(verify(&key, &v, 2, "PUT", "/_percore/list?bucket=b", None).is_err());
+        assert!(verify(&key, &v, 2, "GET", "/_percore/list?bucket=c", None).is_err());
         let forged = v.replace(&h, &body_hash(b"[]"));
-        assert!(verify(&key, &forged, 2, "GET", "/_percore/list?bucket=b").is_err());
+        assert!(verify(&key, &forged, 2, "GET", "/_percore/list?bucket=b", None).is_err());
         // The root secret itself is not the key.
         let raw: [u8; 32] = {
             let mut k = [0u8; 32];
             k[..6].copy_from_slice(b"s3cret");
             k
         };
-        assert!(verify(&raw, &v, 2, "GET", "/_percore/list?bucket=b").is_err());
+        assert!(verify(&raw, &v, 2, "GET", "/_percore/list?bucket=b", None).is_err());
         // Garbage and stale values.
         for bad in [
             "",
@@ -476,13 +588,13 @@ mod tests {
             "v2 1 2 1 nonce - aa",
             "v2 1 2 1 0123456789abcdef - aa extra",
         ] {
-            assert!(verify(&key, bad, 2, "GET", "/").is_err(), "{bad}");
+            assert!(verify(&key, bad, 2, "GET", "/", None).is_err(), "{bad}");
         }
         let old = now_ms() - SKEW_MAX_MS - 1000;
         let s = signed(2, "GET", "/", "-");
         let tag = hex::encode(mac(&key, &s, old, "0123456789abcdef"));
         let stale = format!("v2 7 2 {old} 0123456789abcdef - {tag}");
-        assert!(verify(&key, &stale, 2, "GET", "/").is_err());
+        assert!(verify(&key, &stale, 2, "GET", "/", None).is_err());
         // Each MAC is taken once.
         let mut seen = Replays::default();
         assert_eq!(seen.take(c.mac), Take::Fresh);
@@ -493,10 +605,55 @@ mod tests {
             2,
             "GET",
             "/x",
+            None,
         )
         .unwrap();
         assert_eq!(seen.take(again.mac), Take::Fresh);
         assert!(internal_time_ok(again.ms));
         assert!(!internal_time_ok(again.ms - INTERNAL_SKEW_MAX_MS - 1000));
+    }
+
+    #[test]
+    fn the_relay_header_is_covered_by_the_node_mac() {
+        let key = cluster_key("s3cret");
+        let plain = sign(&key, &signed(2, "GET", "/b/k", "-"));
+        let relayed = sign(
+            &key,
+            &Signed {
+                relay: Some(3),
+                ..signed(2, "GET", "/b/k", "-")
+            },
+        );
+        let c = verify(&key, &relayed, 2, "GET", "/b/k", Some("3")).unwrap();
+        assert_eq!(c.relay, Some(3));
+        assert_eq!(
+            verify(&key, &plain, 2, "GET", "/b/k", None).unwrap().relay,
+            None
+        );
+        // The header added to a forward signed without it, dropped from a
+        // relayed one, or naming another owner: refused.
+        assert!(verify(&key, &plain, 2, "GET", "/b/k", Some("3")).is_err());
+        assert!(verify(&key, &relayed, 2, "GET", "/b/k", None).is_err());
+        assert!(verify(&key, &relayed, 2, "GET", "/b/k", Some("4")).is_err());
+        assert!(verify(&key, &relayed, 2, "GET", "/b/k", Some("x")).is_err());
+    }
+
+    #[test]
+    fn a_signed_reply_fits_its_own_request_status_and_body_only() {
+        let key = cluster_key("s3cret");
+        let h = body_hash(b"{}");
+        let req = sign(&key, &signed(2, "POST", "/_percore/release", &h));
+        let claim = verify(&key, &req, 2, "POST", "/_percore/release", None).unwrap();
+        let body = body_hash(br#"{"released":5}"#);
+        let tag = sign_reply(&key, &claim.mac, 200, &body);
+        verify_reply(&key, &req, 200, &body, Some(&tag)).unwrap();
+        // Unsigned, another status, body, key or request: refused.
+        assert!(verify_reply(&key, &req, 200, &body, None).is_err());
+        assert!(verify_reply(&key, &req, 201, &body, Some(&tag)).is_err());
+        assert!(verify_reply(&key, &req, 200, &body_hash(b"{}"), Some(&tag)).is_err());
+        assert!(verify_reply(&cluster_key("other"), &req, 200, &body, Some(&tag)).is_err());
+        let other = sign(&key, &signed(2, "POST", "/_percore/release", &h));
+        assert!(verify_reply(&key, &other, 200, &body, Some(&tag)).is_err());
+        assert!(verify_reply(&key, &req, 200, &body, Some("zz")).is_err());
     }
 }

@@ -86,6 +86,15 @@ use percore_protocol::placement::NodeState;
 
 /// The header carrying a key's state (base64 of its JSON).
 pub const STATE_HEADER: &str = "x-percore-state";
+/// What the signature of a fetch's 404 covers (`peer_http::sign_reply`).
+pub const FETCH_ABSENT: &str = "absent";
+
+/// What the signature of a fetch's 200 covers: its state header (the
+/// state's MD5 covers the bytes).
+#[must_use]
+pub fn fetch_covered(state_value: &str) -> String {
+    format!("state {state_value}")
+}
 /// Bytes read from the store per step of a copy.
 const COPY_CHUNK_BYTES: u64 = 1 << 20;
 /// How long a write waits for its copies (and for a newer map, when a
@@ -407,6 +416,7 @@ pub(crate) fn sign(
             method,
             target,
             body,
+            relay: None,
         },
     )
 }
@@ -539,8 +549,7 @@ async fn send_push(
     }
     s.flush().await?;
     let r = peer_http::read_response(s).await?;
-    let status = r.status;
-    Ok((status, r.body(64 * 1024).await?))
+    r.body_signed(ckey, &mac, 64 * 1024).await
 }
 
 /// Waits (at most until `deadline`) for this shard's map to move past
@@ -1574,6 +1583,19 @@ async fn take_from(
     let mut r = peer_http::read_response(s)
         .await
         .map_err(|e| fail(e.to_string()))?;
+    let covered = match r.status {
+        404 => FETCH_ABSENT.to_string(),
+        200 => fetch_covered(r.header(STATE_HEADER).unwrap_or_default()),
+        s => return Err(fail(format!("status {s}"))),
+    };
+    peer_http::verify_reply(
+        ckey,
+        &mac,
+        r.status,
+        &covered,
+        r.header(peer_http::REPLY_HEADER),
+    )
+    .map_err(|e| fail(e.to_string()))?;
     if r.status == 404 {
         // The primary holds nothing for the key (deleted and its
         // tombstone compacted, or never acknowledged): neither may this
@@ -1593,9 +1615,6 @@ async fn take_from(
                 .map_err(|e| fail(format!("{e:?}"))),
             _ => Ok(false),
         };
-    }
-    if r.status != 200 {
-        return Err(fail(format!("status {}", r.status)));
     }
     let (_, state) = KeyState::decode(r.header(STATE_HEADER).unwrap_or_default()).map_err(fail)?;
     if r.content_length() != Some(if state.etag.is_some() { state.size } else { 0 }) {
@@ -1789,7 +1808,7 @@ async fn post_signed(
         target,
         &peer_http::body_hash(&body),
     );
-    peer_http::call(addr, "POST", target, &mac, &body, answer_max)
+    peer_http::call(ckey, addr, "POST", target, &mac, &body, answer_max)
         .await
         .map_err(|e| e.to_string())
 }

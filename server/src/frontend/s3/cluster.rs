@@ -44,8 +44,8 @@ const FANOUT_BODY_MAX: usize = 1 << 20;
 /// Largest internal request body (1,000 deletes of 1 KiB keys).
 const INTERNAL_BODY_MAX: usize = 2 << 20;
 /// A forward sent through another node (`S3Front::forward`): that node
-/// forwards it to the key's owner, once.
-const RELAY_HEADER: &str = "x-percore-relay";
+/// forwards it to the key's owner, once (the node MAC covers it).
+use peer_http::RELAY_HEADER;
 /// Nodes a forward tries to go through when the owner cannot be reached.
 const RELAYS_TRIED: usize = 2;
 /// Request headers not passed on (hop by hop, or ours).
@@ -273,6 +273,7 @@ impl S3Front {
             map.node_id,
             &req.head.method,
             &req.head.target,
+            req.head.header_str(RELAY_HEADER),
         )
         .map_err(refuse)?;
         if map.node(claim.from).is_none() {
@@ -343,7 +344,7 @@ impl S3Front {
         if let Some(c) = claim {
             // A door that cannot reach the owner sent it through this node
             // (`forward`): passed on once, never back to the sender.
-            if req.head.header_str(RELAY_HEADER).is_some() && c.from != primary {
+            if c.relay.is_some() && c.from != primary {
                 return Ok(Plan::Forward(peer_of(node)?));
             }
             return Err(slow_down("The cluster map is changing (the nodes disagree on this key's owner for a moment); retry."));
@@ -376,7 +377,13 @@ impl S3Front {
 
     /// The request head as node `to` gets it: the client's own, minus the
     /// hop-by-hop fields, plus `Connection: close` and the node header.
-    fn peer_head(&self, req: &Request, to: u32, content_length: Option<u64>) -> Vec<u8> {
+    fn peer_head(
+        &self,
+        req: &Request,
+        to: u32,
+        content_length: Option<u64>,
+        relay: Option<u32>,
+    ) -> Vec<u8> {
         let mut h = Vec::with_capacity(1024);
         h.extend_from_slice(
             format!("{} {} HTTP/1.1\r\n", req.head.method, req.head.target).as_bytes(),
@@ -401,11 +408,25 @@ impl S3Front {
         }
         // "-": the client's own signature covers the body.
         let mac = self.shard.cluster_map().map_or_else(String::new, |m| {
-            self.sign(&m, to, &req.head.method, &req.head.target, "-")
+            peer_http::sign(
+                &self.cluster_key(),
+                &peer_http::Signed {
+                    from: m.node_id,
+                    to,
+                    method: &req.head.method,
+                    target: &req.head.target,
+                    body: "-",
+                    relay,
+                },
+            )
         });
         h.extend_from_slice(
-            format!("connection: close\r\n{}: {mac}\r\n\r\n", peer_http::HEADER).as_bytes(),
+            format!("connection: close\r\n{}: {mac}\r\n", peer_http::HEADER).as_bytes(),
         );
+        if let Some(owner) = relay {
+            h.extend_from_slice(format!("{RELAY_HEADER}: {owner}\r\n").as_bytes());
+        }
+        h.extend_from_slice(b"\r\n");
         h
     }
 
@@ -432,7 +453,7 @@ impl S3Front {
         // relay passing a request on (the last hop) gives it the whole.
         let relayed = req.head.header_str(RELAY_HEADER).is_some();
         let (mut stream, head) = match open_to(peer.id, addr, !relayed).await {
-            Ok(s) => (s, self.peer_head(req, peer.id, None)),
+            Ok(s) => (s, self.peer_head(req, peer.id, None, None)),
             // Cut off from the owner (a forward that came through another
             // node is not sent on again): through a node that may reach it.
             Err(e) if req.head.header_str(RELAY_HEADER).is_none() => self
@@ -488,9 +509,7 @@ impl S3Front {
                 continue;
             };
             if let Ok(s) = open_to(n.id, addr, true).await {
-                let mut head = self.peer_head(req, n.id, None);
-                head.truncate(head.len() - 2);
-                head.extend_from_slice(format!("{RELAY_HEADER}: {}\r\n\r\n", owner.id).as_bytes());
+                let head = self.peer_head(req, n.id, None, Some(owner.id));
                 ShardMetrics::add(&self.shard.metrics().cluster_relayed, 1);
                 return Some((s, head));
             }
@@ -594,7 +613,7 @@ impl S3Front {
             let body = &body;
             async move {
                 let _permit = self.peer_calls.acquire_permit(1).await;
-                let head = self.peer_head(req, peer.id, Some(body.len() as u64));
+                let head = self.peer_head(req, peer.id, Some(body.len() as u64), None);
                 let mut s = peer_http::open(peer.addr).await?;
                 s.write_all(&head).await?;
                 s.write_all(body).await?;
@@ -648,15 +667,22 @@ impl S3Front {
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
         let _permit = self.peer_calls.acquire_permit(1).await;
         let mac = self.sign(map, peer.id, "GET", target, &peer_http::body_hash(b""));
-        let (status, body) =
-            peer_http::call(peer.addr, "GET", target, &mac, b"", INTERNAL_ANSWER_MAX)
-                .await
-                .map_err(|e| {
-                    unavailable(format!(
-                        "cluster node {} cannot be reached for the listing: {e}; retry",
-                        peer.name
-                    ))
-                })?;
+        let (status, body) = peer_http::call(
+            &self.cluster_key(),
+            peer.addr,
+            "GET",
+            target,
+            &mac,
+            b"",
+            INTERNAL_ANSWER_MAX,
+        )
+        .await
+        .map_err(|e| {
+            unavailable(format!(
+                "cluster node {} cannot be reached for the listing: {e}; retry",
+                peer.name
+            ))
+        })?;
         parse_list_answer(status, &body)
             .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
     }
@@ -789,6 +815,7 @@ impl S3Front {
                     &peer_http::body_hash(body.as_bytes()),
                 );
                 let got = peer_http::call(
+                    &self.cluster_key(),
                     peer.addr,
                     "POST",
                     target,
@@ -880,7 +907,9 @@ impl S3Front {
         }
         let map = self.map()?.expect("a cluster node");
         if let Some(state) = pushed {
-            return self.receive_push(conn, req, &map, claim.from, state).await;
+            return self
+                .receive_push(conn, req, &map, (claim.from, &claim.mac), state)
+                .await;
         }
         if req.head.method == "GET" && req.head.path == "/_percore/fetch" {
             return self
@@ -889,6 +918,7 @@ impl S3Front {
                     &map,
                     (&q("bucket"), &q("key")),
                     super::replica::mirror_epoch(req)?,
+                    &claim.mac,
                 )
                 .await;
         }
@@ -946,8 +976,27 @@ impl S3Front {
             }
             _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
         };
-        let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
-        let body = answer.to_string();
+        self.answer_signed(conn, &claim.mac, &answer.to_string())
+            .await
+    }
+
+    /// A 200 JSON answer to the internal request whose MAC was `request`,
+    /// signed (`peer_http::sign_reply`).
+    pub(super) async fn answer_signed(
+        &self,
+        conn: &mut Conn,
+        request: &[u8; 32],
+        body: &str,
+    ) -> Result<(), S3Error> {
+        let tag = peer_http::sign_reply(
+            &self.cluster_key(),
+            request,
+            200,
+            &peer_http::body_hash(body.as_bytes()),
+        );
+        let head = ResponseHead::new(200)
+            .with_header("Content-Type", "application/json")
+            .with_header(peer_http::REPLY_HEADER, tag);
         conn.write_response(&head, body.len() as u64, true).await?;
         conn.write_body(body.as_bytes()).await?;
         Ok(conn.flush().await?)

@@ -8,7 +8,10 @@ use serde_json::json;
 
 use super::route::S3Op;
 use super::{Conn, Request, S3Front};
-use crate::cluster::replicate::{self, Applied, Applier, KeyState, STATE_HEADER};
+use crate::cluster::peer_http;
+use crate::cluster::replicate::{
+    self, fetch_covered, Applied, Applier, KeyState, FETCH_ABSENT, STATE_HEADER,
+};
 use crate::cluster::shardmap::ShardMap;
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::error::S3Error;
@@ -131,7 +134,7 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
         map: &ShardMap,
-        from: u32,
+        (from, request): (u32, &[u8; 32]),
         state: KeyState,
     ) -> Result<(), S3Error> {
         let (bucket, key) = (
@@ -223,10 +226,7 @@ impl S3Front {
         };
         let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
             .to_string();
-        let head = ResponseHead::new(200).with_header("Content-Type", "application/json");
-        conn.write_response(&head, body.len() as u64, true).await?;
-        conn.write_body(body.as_bytes()).await?;
-        Ok(conn.flush().await?)
+        self.answer_signed(conn, request, &body).await
     }
 
     /// `GET /_percore/fetch`: this node's state of a key and its bytes (a
@@ -237,6 +237,7 @@ impl S3Front {
         map: &ShardMap,
         (bucket, key): (&str, &str),
         req_epoch: Option<u64>,
+        request: &[u8; 32],
     ) -> Result<(), S3Error> {
         valid_key(bucket, key)?;
         // A catch-up that mirrors this node: only while it leads the key.
@@ -253,15 +254,18 @@ impl S3Front {
                 e => e.into(),
             })?
         else {
-            return Err(S3Error::new(
-                404,
-                "NoSuchKey",
-                "Nothing is stored for this key.",
-            ));
+            // Signed: a mirroring catch-up drops its own copy on it.
+            let tag = peer_http::sign_reply(&self.cluster_key(), request, 404, FETCH_ABSENT);
+            let head = ResponseHead::new(404).with_header(peer_http::REPLY_HEADER, tag);
+            conn.write_response(&head, 0, true).await?;
+            return Ok(conn.flush().await?);
         };
         let size = if state.etag.is_some() { state.size } else { 0 };
         let (_, value) = state.encode();
-        let head = ResponseHead::new(200).with_header(STATE_HEADER, value);
+        let tag = peer_http::sign_reply(&self.cluster_key(), request, 200, &fetch_covered(&value));
+        let head = ResponseHead::new(200)
+            .with_header(STATE_HEADER, value)
+            .with_header(peer_http::REPLY_HEADER, tag);
         conn.write_response(&head, size, true).await?;
         if let Some(mut src) = src {
             let mut at = 0;
