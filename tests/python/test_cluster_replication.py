@@ -944,6 +944,25 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
         finally:
             conn.close()
 
+    # Copies keep their connection open for the primary's next copy (a
+    # shard keeps its copies' connections): two on one connection.
+    conn = http.client.HTTPConnection(replica.ip, replica.s3_port, timeout=10)
+    try:
+        for extra in (2000, 3000):
+            again = json.loads(state)
+            again["stamp"] = held[0] + extra
+            raw = json.dumps(again).encode()
+            mac = node_header("PUT", target, node_id(replica), sender=node_id(primary),
+                              digest=hashlib.sha256(raw).hexdigest())
+            conn.request("PUT", target, body=body, headers={
+                "x-percore-node": mac, "x-percore-state": base64.b64encode(raw).decode()})
+            r = conn.getresponse()
+            answer = r.read()
+            assert r.status == 200 and not r.will_close, (extra, r.status, answer)
+            assert json.loads(answer)["stamp"] == held[0] + extra, answer
+    finally:
+        conn.close()
+
 
 def test_catch_up_is_paced(cluster):
     """A node that returns takes what it missed at most

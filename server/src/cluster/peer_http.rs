@@ -2,7 +2,9 @@
 //! S3 requests forwarded to the node that owns their key, bucket changes
 //! fanned out to every node, and the internal listing each node answers
 //! for its own data. One connection per request (`Connection: close`), so
-//! a response ends where the peer closes.
+//! a response ends where the peer closes; except copies to replicas
+//! (the most frequent), whose connections each shard keeps open for the
+//! next copy to the same node (`pool_take`, `pool_put`).
 //!
 //! Every such request carries `x-percore-node`, a MAC keyed with the
 //! cluster key (derived from the nodes' shared root secret key) over the
@@ -343,6 +345,51 @@ fn keepalive(fd: std::os::fd::RawFd) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
 }
 
+/// Idle connections a shard keeps per peer address (`pool_put`).
+const POOL_PER_PEER: usize = 8;
+/// How long an idle connection is kept: well under the peers' idle
+/// timeout (60 s by default), so that a peer rarely closes one just as
+/// it is reused (a request that finds it closed is sent again on a new
+/// one: `pool_take`'s callers).
+const POOL_IDLE_MAX: Duration = Duration::from_secs(4);
+
+thread_local! {
+    /// Per shard: idle connections to peers, newest last.
+    static POOL: std::cell::RefCell<std::collections::HashMap<SocketAddr, Vec<(TcpStream, std::time::Instant)>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// An idle connection to `addr` this shard kept (`pool_put`), if one is
+/// young enough. The peer may have closed it meanwhile: a request that
+/// fails on it before its answer is sent again on a new connection.
+#[must_use]
+pub fn pool_take(addr: SocketAddr) -> Option<TcpStream> {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let idle = p.get_mut(&addr)?;
+        idle.retain(|(_, at)| at.elapsed() < POOL_IDLE_MAX);
+        let s = idle.pop().map(|(s, _)| s);
+        if idle.is_empty() {
+            p.remove(&addr);
+        }
+        s
+    })
+}
+
+/// Keeps a connection whose last answer was read to its end for the next
+/// request to `addr` (at most `POOL_PER_PEER` per peer; older ones and
+/// those over the bound are closed).
+pub fn pool_put(addr: SocketAddr, s: TcpStream) {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let idle = p.entry(addr).or_default();
+        idle.retain(|(_, at)| at.elapsed() < POOL_IDLE_MAX);
+        if idle.len() < POOL_PER_PEER {
+            idle.push((s, std::time::Instant::now()));
+        }
+    });
+}
+
 /// A connection to a peer's S3 port, with deadlines and keepalive.
 pub async fn open(addr: SocketAddr) -> io::Result<TcpStream> {
     open_within(addr, CONNECT_TIMEOUT).await
@@ -468,21 +515,48 @@ impl Response {
         node_header: &str,
         max: usize,
     ) -> io::Result<(u16, Vec<u8>)> {
+        let (status, body, _) = self.body_signed_reusable(key, node_header, max).await?;
+        Ok((status, body))
+    }
+
+    /// `body_signed`, with the connection back when it may carry another
+    /// request (a signed 2xx answer framed by its length, read to its
+    /// end, the peer not closing).
+    pub async fn body_signed_reusable(
+        mut self,
+        key: &[u8; 32],
+        node_header: &str,
+        max: usize,
+    ) -> io::Result<(u16, Vec<u8>, Option<TcpStream>)> {
         let status = self.status;
         let tag = self.header(REPLY_HEADER).map(str::to_string);
-        let body = self.body(max).await?;
+        let framed = self.content_length().is_some()
+            && !self.is_chunked()
+            && !self
+                .header("connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        let body = self.body_of(max).await?;
         if (200..300).contains(&status) {
             verify_reply(key, node_header, status, &body_hash(&body), tag.as_deref())?;
         }
-        Ok((status, body))
+        let reusable = framed && (200..300).contains(&status) && self.at >= self.leftover.len();
+        Ok((status, body, reusable.then_some(self.stream)))
     }
 
     /// The whole body of an internal answer (`Content-Length` framed, or
     /// up to the close), at most `max` bytes.
     pub async fn body(mut self, max: usize) -> io::Result<Vec<u8>> {
+        self.body_of(max).await
+    }
+
+    async fn body_of(&mut self, max: usize) -> io::Result<Vec<u8>> {
         let want = self.content_length();
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
+        // A small answer (a copy's acknowledgement) zeroes its own size.
+        let room = want.map_or(64 * 1024, |w| {
+            usize::try_from(w).unwrap_or(usize::MAX).clamp(1, 64 * 1024)
+        });
+        let mut buf = vec![0u8; room];
         loop {
             if want.is_some_and(|w| out.len() as u64 >= w) {
                 break;
@@ -655,5 +729,179 @@ mod tests {
         let other = sign(&key, &signed(2, "POST", "/_percore/release", &h));
         assert!(verify_reply(&key, &other, 200, &body, Some(&tag)).is_err());
         assert!(verify_reply(&key, &req, 200, &body, Some("zz")).is_err());
+    }
+
+    /// A fake peer on a std thread: answers each request of each
+    /// connection with what `answer` makes of the request's node header,
+    /// until `connections` connections were served.
+    fn fake_peer(
+        connections: usize,
+        answer: impl Fn(&str) -> String + Send + 'static,
+    ) -> (SocketAddr, std::thread::JoinHandle<usize>) {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut requests = 0;
+            for _ in 0..connections {
+                let (s, _) = listener.accept().unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut r = BufReader::new(s.try_clone().unwrap());
+                let mut w = s;
+                loop {
+                    let (mut header, mut length, mut line) = (String::new(), 0usize, String::new());
+                    let mut any = false;
+                    while r.read_line(&mut line).unwrap_or(0) > 0 {
+                        any = true;
+                        let l = line.trim_end().to_string();
+                        line.clear();
+                        if l.is_empty() {
+                            break;
+                        }
+                        let (n, v) = l.split_once(": ").unwrap_or((&l, ""));
+                        match n.to_ascii_lowercase().as_str() {
+                            HEADER => header = v.to_string(),
+                            "content-length" => length = v.parse().unwrap(),
+                            _ => {}
+                        }
+                    }
+                    if !any {
+                        break;
+                    }
+                    let mut body = vec![0u8; length];
+                    std::io::Read::read_exact(&mut r, &mut body).unwrap();
+                    requests += 1;
+                    w.write_all(answer(&header).as_bytes()).unwrap();
+                }
+            }
+            requests
+        });
+        (addr, t)
+    }
+
+    fn answer_200(body: &str, reply: Option<String>, close: bool) -> String {
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n{}{}\r\n{body}",
+            body.len(),
+            reply.map_or(String::new(), |r| format!("{REPLY_HEADER}: {r}\r\n")),
+            if close { "connection: close\r\n" } else { "" },
+        )
+    }
+
+    #[test]
+    fn a_requester_refuses_an_answer_not_signed_for_its_request() {
+        let key = cluster_key("s3cret");
+        let body = r#"{"released":5}"#;
+        let right = move |h: &str| {
+            let mac = request_mac(h).unwrap();
+            answer_200(
+                body,
+                Some(sign_reply(&key, &mac, 200, &body_hash(body.as_bytes()))),
+                true,
+            )
+        };
+        let unsigned = |_: &str| answer_200(body, None, true);
+        let other_key = move |h: &str| {
+            let mac = request_mac(h).unwrap();
+            let k = cluster_key("other");
+            answer_200(
+                body,
+                Some(sign_reply(&k, &mac, 200, &body_hash(body.as_bytes()))),
+                true,
+            )
+        };
+        let other_body = move |h: &str| {
+            let mac = request_mac(h).unwrap();
+            answer_200(
+                body,
+                Some(sign_reply(&key, &mac, 200, &body_hash(b"{}"))),
+                true,
+            )
+        };
+        // An answer signed for another request (replayed): fixed MAC.
+        let replayed = {
+            let req = sign(
+                &key,
+                &signed(2, "POST", "/_percore/release", &body_hash(b"{}")),
+            );
+            let mac = request_mac(&req).unwrap();
+            move |_: &str| {
+                answer_200(
+                    body,
+                    Some(sign_reply(&key, &mac, 200, &body_hash(body.as_bytes()))),
+                    true,
+                )
+            }
+        };
+        type Answer = Box<dyn Fn(&str) -> String + Send>;
+        let cases: Vec<(&str, Answer, bool)> = vec![
+            ("signed", Box::new(right), true),
+            ("unsigned", Box::new(unsigned), false),
+            ("another key", Box::new(other_key), false),
+            ("another body", Box::new(other_body), false),
+            ("another request", Box::new(replayed), false),
+        ];
+        for (name, answer, ok) in cases {
+            let (addr, peer) = fake_peer(1, answer);
+            let got = glommio::LocalExecutor::default().run(async move {
+                let h = sign(
+                    &key,
+                    &signed(2, "POST", "/_percore/release", &body_hash(b"{}")),
+                );
+                call(&key, addr, "POST", "/_percore/release", &h, b"{}", 4096).await
+            });
+            peer.join().unwrap();
+            match got {
+                Ok((200, b)) if ok => assert_eq!(b, body.as_bytes()),
+                Err(e) if !ok => assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{name}: {e}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_signed_answer_framed_by_its_length_leaves_the_connection_for_the_next() {
+        let key = cluster_key("s3cret");
+        let body = r#"{"applied":true}"#;
+        // Two requests on one connection; then one answered with close.
+        let (addr, peer) = fake_peer(2, move |h: &str| {
+            let mac = request_mac(h).unwrap();
+            let close = h.contains(" 9 ");
+            answer_200(
+                body,
+                Some(sign_reply(&key, &mac, 200, &body_hash(body.as_bytes()))),
+                close,
+            )
+        });
+        let kept = glommio::LocalExecutor::default().run(async move {
+            let mut s = open(addr).await.unwrap();
+            let mut kept = Vec::new();
+            for to in [2, 2, 9] {
+                let h = sign(&key, &signed(to, "PUT", "/_percore/push", "-"));
+                let head = format!(
+                    "PUT /_percore/push HTTP/1.1\r\ncontent-length: 0\r\n{HEADER}: {h}\r\n\r\n"
+                );
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.flush().await.unwrap();
+                let r = read_response(s).await.unwrap();
+                let (status, got, back) = r.body_signed_reusable(&key, &h, 4096).await.unwrap();
+                assert_eq!((status, got.as_slice()), (200, body.as_bytes()));
+                kept.push(back.is_some());
+                match back {
+                    Some(b) => s = b,
+                    None => {
+                        // The peer closes this one: the pool is for
+                        // connections that stay open only.
+                        pool_put(addr, open(addr).await.unwrap());
+                        assert!(pool_take(addr).is_some());
+                        assert!(pool_take(addr).is_none());
+                        break;
+                    }
+                }
+            }
+            kept
+        });
+        assert_eq!(kept, vec![true, true, false]);
+        assert_eq!(peer.join().unwrap(), 3);
     }
 }

@@ -524,18 +524,52 @@ async fn send_push(
         Some(None) => target.push_str("&seen=none"),
         Some(Some(s)) => target.push_str(&format!("&seen={s}")),
     }
-    let (json, value) = state.encode();
-    let mac = sign(ckey, map, to, "PUT", &target, &peer_http::body_hash(&json));
-    let size = if state.etag.is_some() { state.size } else { 0 };
-    let mut s = peer_http::open(addr)
+    let mut src = src;
+    // On a connection kept from an earlier copy, if the peer has one
+    // (`peer_http::pool_take`); one the peer closed meanwhile fails
+    // before the copy is answered, which is then sent again on a new
+    // connection (a copy taken twice changes nothing: stamps).
+    if let Some(s) = peer_http::pool_take(addr) {
+        let target = &target;
+        match push_on(s, ckey, map, (to, addr), target, state, src.as_mut()).await {
+            Err(e) if e.get_ref().is_some_and(|i| i.is::<LocalRead>()) => return Err(e),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::UnexpectedEof
+                ) => {}
+            other => return other,
+        }
+    }
+    let s = peer_http::open(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), ConnectFailed(e.to_string())))?;
+    push_on(s, ckey, map, (to, addr), &target, state, src.as_mut()).await
+}
+
+/// `send_push` on connection `s`, which is kept for the next copy to the
+/// same address once its answer is read (`peer_http::pool_put`).
+async fn push_on(
+    mut s: glommio::net::TcpStream,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    (to, addr): (u32, SocketAddr),
+    target: &str,
+    state: &KeyState,
+    src: Option<&mut ObjectSource>,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let (json, value) = state.encode();
+    let mac = sign(ckey, map, to, "PUT", target, &peer_http::body_hash(&json));
+    let size = if state.etag.is_some() { state.size } else { 0 };
     let head = format!(
-        "PUT {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {size}\r\nconnection: close\r\n{}: {mac}\r\n{STATE_HEADER}: {value}\r\n\r\n",
+        "PUT {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {size}\r\n{}: {mac}\r\n{STATE_HEADER}: {value}\r\n\r\n",
         peer_http::HEADER
     );
     s.write_all(head.as_bytes()).await?;
-    if let Some(mut src) = src {
+    if let Some(src) = src {
         let mut at = 0;
         while at < size {
             let n = COPY_CHUNK_BYTES.min(size - at);
@@ -549,7 +583,11 @@ async fn send_push(
     }
     s.flush().await?;
     let r = peer_http::read_response(s).await?;
-    r.body_signed(ckey, &mac, 64 * 1024).await
+    let (status, body, kept) = r.body_signed_reusable(ckey, &mac, 64 * 1024).await?;
+    if let Some(s) = kept {
+        peer_http::pool_put(addr, s);
+    }
+    Ok((status, body))
 }
 
 /// Waits (at most until `deadline`) for this shard's map to move past
@@ -1055,9 +1093,10 @@ fn bucket_of(b: &Value) -> Result<(String, Vec<(ConfigKind, Bytes)>), String> {
 /// disk (replaced, or added) so has every bucket, empty ones too, and its
 /// configuration, before it serves any. Nothing is removed: a bucket or
 /// document this node has and the peer has not stays. Peers are tried in
-/// turn (a peer without the request, an older version, is skipped); a
-/// bad bucket in an answer is logged and skipped. Returns (buckets
-/// created, documents offered).
+/// turn until one answers (an unsigned answer, or none, fails the pass:
+/// peers of an older version cannot serve this one); a bad bucket in an
+/// answer is logged and skipped. Returns (buckets created, documents
+/// offered).
 async fn sync_buckets(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
@@ -1085,24 +1124,23 @@ async fn sync_buckets(
         let got = buckets_from(shard, ckey, map, node, since).await;
         shard.bucket_copy_since(None);
         match got {
-            Ok(Some(done)) => return Ok(done),
-            Ok(None) => {}
+            Ok(done) => return Ok(done),
             Err(e) => failed = Some(format!("buckets from node {}: {e}", node.name)),
         }
     }
-    // Every peer failed, or (None) is too old to answer: nothing to take.
-    failed.map_or(Ok((0, 0)), Err)
+    Err(failed.unwrap_or_else(|| "no peer answered".into()))
 }
 
-/// `sync_buckets` from one peer: None if it does not answer the request
-/// (an older version).
+/// `sync_buckets` from one peer. A 404 is an error like any other (it
+/// is not signed: taken as "nothing to copy", it would let someone on the
+/// path make a joining node skip every bucket).
 async fn buckets_from(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
     node: &MapNode,
     since: Instant,
-) -> Result<Option<(u64, u64)>, String> {
+) -> Result<(u64, u64), String> {
     let (mut created, mut taken, mut unsettled) = (0, 0, 0);
     let mut after: Option<String> = None;
     loop {
@@ -1116,9 +1154,6 @@ async fn buckets_from(
             BUCKETS_ANSWER_MAX,
         )
         .await?;
-        if status == 404 {
-            return Ok(None);
-        }
         if status != 200 {
             return Err(format!("{status} {}", String::from_utf8_lossy(&answer)));
         }
@@ -1182,7 +1217,7 @@ async fn buckets_from(
             "{unsettled} buckets missing here changed while they were copied; copying again"
         ));
     }
-    Ok(Some((created, taken)))
+    Ok((created, taken))
 }
 
 /// A node that turns unsynced this soon after it synced is flapping.

@@ -451,12 +451,15 @@ impl S3Front {
         // An owner this shard's connects timed out on lately is given a
         // short connect before the relay, not the whole timeout again; a
         // relay passing a request on (the last hop) gives it the whole.
-        let relayed = req.head.header_str(RELAY_HEADER).is_some();
+        // (A relay header counts only with a node header, which verified
+        // and covers it: `node_claim`.)
+        let relayed = req.head.header_str(RELAY_HEADER).is_some()
+            && req.head.header_str(peer_http::HEADER).is_some();
         let (mut stream, head) = match open_to(peer.id, addr, !relayed).await {
             Ok(s) => (s, self.peer_head(req, peer.id, None, None)),
             // Cut off from the owner (a forward that came through another
             // node is not sent on again): through a node that may reach it.
-            Err(e) if req.head.header_str(RELAY_HEADER).is_none() => self
+            Err(e) if !relayed => self
                 .open_relay(req, &peer)
                 .await
                 .ok_or_else(|| unreachable(e))?,
@@ -976,17 +979,19 @@ impl S3Front {
             }
             _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
         };
-        self.answer_signed(conn, &claim.mac, &answer.to_string())
+        self.answer_signed(conn, &claim.mac, &answer.to_string(), true)
             .await
     }
 
     /// A 200 JSON answer to the internal request whose MAC was `request`,
-    /// signed (`peer_http::sign_reply`).
+    /// signed (`peer_http::sign_reply`); the connection closes after it
+    /// if `close`.
     pub(super) async fn answer_signed(
         &self,
         conn: &mut Conn,
         request: &[u8; 32],
         body: &str,
+        close: bool,
     ) -> Result<(), S3Error> {
         let tag = peer_http::sign_reply(
             &self.cluster_key(),
@@ -997,7 +1002,7 @@ impl S3Front {
         let head = ResponseHead::new(200)
             .with_header("Content-Type", "application/json")
             .with_header(peer_http::REPLY_HEADER, tag);
-        conn.write_response(&head, body.len() as u64, true).await?;
+        conn.write_response(&head, body.len() as u64, close).await?;
         conn.write_body(body.as_bytes()).await?;
         Ok(conn.flush().await?)
     }

@@ -226,7 +226,10 @@ impl S3Front {
         };
         let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
             .to_string();
-        self.answer_signed(conn, request, &body).await
+        // The primary keeps the connection for its next copy to this node
+        // unless it asked to close.
+        self.answer_signed(conn, request, &body, !req.head.keep_alive())
+            .await
     }
 
     /// `GET /_percore/fetch`: this node's state of a key and its bytes (a

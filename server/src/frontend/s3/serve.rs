@@ -201,14 +201,24 @@ impl S3Front {
             query,
             request_id,
         };
-        if let Err(e) = self.internal(conn, &req, loopback).await {
-            if conn.last_status == 0 {
-                let _ = self
-                    .write_error(conn, &e, "", &req.request_id, true, false)
-                    .await;
+        match self.internal(conn, &req, loopback).await {
+            // A copy answered in full on a connection its sender keeps
+            // (`peer_http::pool_put`); every other internal answer closes.
+            Ok(()) => {
+                req.head.path == "/_percore/push"
+                    && req.head.keep_alive()
+                    && conn.last_status == 200
+                    && conn.body_finished()
+            }
+            Err(e) => {
+                if conn.last_status == 0 {
+                    let _ = self
+                        .write_error(conn, &e, "", &req.request_id, true, false)
+                        .await;
+                }
+                false
             }
         }
-        false
     }
 
     /// Authenticates the request, then runs its operation. Copies arrive
