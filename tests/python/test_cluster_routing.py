@@ -409,6 +409,11 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     for name, node in by_name.items():
         assert keys_on(node, "anynode") == {k for k, o in owners.items() if o == name}
         assert keys_stored(node, "anynode") == set(data), name
+    def kept_used() -> int:
+        return sum(v for n in nodes for k, v in cluster_gauges(n).items()
+                   if k.startswith("percore_cluster_kept_connections_used_total"))
+
+    kept_before = kept_used()
     for i, (k, v) in enumerate(data.items()):
         c = s3[(i + 1) % 3]
         got = c.get_object(Bucket="anynode", Key=k)
@@ -416,6 +421,9 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         head = s3[(i + 2) % 3].head_object(Bucket="anynode", Key=k)
         assert head["ContentLength"] == len(v)
         assert native.get("anynode", k) == v
+    # Forwarded GETs and HEADs went on connections the doors kept open
+    # from earlier ones (and every answer above was the right one).
+    assert kept_used() - kept_before >= 20, (kept_before, kept_used())
     k = "obj/010"
     part = s3[2].get_object(Bucket="anynode", Key=k, Range="bytes=5-99")["Body"].read()
     assert part == data[k][5:100]

@@ -318,10 +318,19 @@ impl Replays {
 /// `IO_TIMEOUT`; a network blip of a few seconds does not (each probe
 /// lost needs a second lost after it), and a live peer's kernel answers
 /// the probes however slow the peer process is. Data sent and not
-/// acknowledged is not probed: the I/O timeouts bound that wait.
+/// acknowledged is not probed: the I/O timeouts bound that wait, except
+/// on kept connections (`pool_put`).
 const KEEPALIVE_IDLE_S: libc::c_int = 5;
 const KEEPALIVE_INTERVAL_S: libc::c_int = 2;
 const KEEPALIVE_PROBES: libc::c_int = 3;
+/// TCP_USER_TIMEOUT of a kept connection: a request sent on one just after
+/// its peer was cut off (packets dropped) fails when its bytes go
+/// unacknowledged this long, not after the 60 s `IO_TIMEOUT` (a new
+/// connection would have failed its connect in 5 s). The kernel also cuts
+/// a connection whose peer reads nothing for this long (its window
+/// closed): a copy to a replica that stalls that long fails, as its
+/// deadline would make it soon after.
+const UNACKED_MAX_MS: libc::c_int = 11_000;
 
 /// Turns on `fd`'s keepalive as above; an error is ignored (the I/O
 /// timeouts still bound the wait).
@@ -343,6 +352,23 @@ fn keepalive(fd: std::os::fd::RawFd) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
+}
+
+/// Bounds how long `fd`'s sent bytes may go unacknowledged
+/// (`UNACKED_MAX_MS`); an error is ignored (the I/O timeouts still bound
+/// the wait).
+fn bound_unacked(fd: std::os::fd::RawFd) {
+    let v: libc::c_int = UNACKED_MAX_MS;
+    // SAFETY: as in `keepalive`.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            std::ptr::addr_of!(v).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
 }
 
 /// Idle connections a shard keeps per peer address (`pool_put`).
@@ -377,17 +403,51 @@ pub fn pool_take(addr: SocketAddr) -> Option<TcpStream> {
 }
 
 /// Keeps a connection whose last answer was read to its end for the next
-/// request to `addr` (at most `POOL_PER_PEER` per peer; older ones and
-/// those over the bound are closed).
+/// request to `addr` (at most `POOL_PER_PEER` per peer: past that it is
+/// closed). Connections idle too long are closed here, to every peer (a
+/// node removed, or moved to another address, leaves none open).
 pub fn pool_put(addr: SocketAddr, s: TcpStream) {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
+        p.retain(|_, idle| {
+            idle.retain(|(_, at)| at.elapsed() < POOL_IDLE_MAX);
+            !idle.is_empty()
+        });
         let idle = p.entry(addr).or_default();
-        idle.retain(|(_, at)| at.elapsed() < POOL_IDLE_MAX);
         if idle.len() < POOL_PER_PEER {
+            bound_unacked(std::os::fd::AsRawFd::as_raw_fd(&s));
             idle.push((s, std::time::Instant::now()));
         }
     });
+}
+
+/// Closes every connection kept to `addr`: one of them failed or was
+/// refused (the peer restarted, or is stopping), so the others likely
+/// would too.
+pub fn pool_forget(addr: SocketAddr) {
+    POOL.with(|p| p.borrow_mut().remove(&addr));
+}
+
+/// Whether the peer's kernel acknowledged every byte sent on `fd` within
+/// `limit` (checked every 50 ms; a live peer acknowledges within a round
+/// trip however busy its process is, a peer cut off never does). For a
+/// request sent on a kept connection: polled beside the wait for its
+/// answer, so it adds nothing to a request answered in time.
+pub async fn acked_within(fd: std::os::fd::RawFd, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        let mut unacked: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ on a TCP socket) writes one c_int;
+        // `fd` is a socket the caller keeps open while this runs.
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, std::ptr::addr_of_mut!(unacked)) };
+        if r != 0 || unacked == 0 {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A connection to a peer's S3 port, with deadlines and keepalive.
@@ -492,6 +552,17 @@ impl Response {
     pub fn is_chunked(&self) -> bool {
         self.header("transfer-encoding")
             .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
+    }
+
+    /// The connection, once this answer was read to its end (what its
+    /// head says was read, and nothing more came), if the peer keeps it
+    /// open (`pool_put`).
+    #[must_use]
+    pub fn into_reusable(self) -> Option<TcpStream> {
+        let closes = self
+            .header("connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        (!closes && !self.is_chunked() && self.at >= self.leftover.len()).then_some(self.stream)
     }
 
     /// Raw body bytes (still chunk-encoded if the peer chunked them);

@@ -449,7 +449,19 @@ async fn push_one(
             Ok(None) => (KeyState::tombstone(map.epoch, crate::store::now_ms()), None),
             Err(e) => return Pushed::Local(format!("reading the key here: {e:?}")),
         };
-        match send_push(ckey, map, to.id, addr, (bucket, key), &state, src, replace).await {
+        match send_push(
+            shard,
+            ckey,
+            map,
+            to.id,
+            addr,
+            (bucket, key),
+            &state,
+            src,
+            replace,
+        )
+        .await
+        {
             Ok((200, body)) => {
                 let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let stamp = v["stamp"].as_u64();
@@ -509,6 +521,7 @@ async fn push_one(
 /// is still stamped `seen` (None: nothing stored).
 #[allow(clippy::too_many_arguments)]
 async fn send_push(
+    shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
     to: u32,
@@ -530,8 +543,14 @@ async fn send_push(
     // before the copy is answered, which is then sent again on a new
     // connection (a copy taken twice changes nothing: stamps).
     if let Some(s) = peer_http::pool_take(addr) {
+        crate::metrics::ShardMetrics::add(&shard.metrics().cluster_kept_connections_used, 1);
         let target = &target;
-        match push_on(s, ckey, map, (to, addr), target, state, src.as_mut()).await {
+        let got = push_on(s, ckey, map, (to, addr), target, state, src.as_mut()).await;
+        if !matches!(got, Ok((200, _))) {
+            // (A peer that is stopping answers 503 on kept connections.)
+            peer_http::pool_forget(addr);
+        }
+        match got {
             Err(e) if e.get_ref().is_some_and(|i| i.is::<LocalRead>()) => return Err(e),
             Err(e)
                 if matches!(
@@ -2079,7 +2098,19 @@ async fn repair(
             };
             // A key that cannot be repaired does not hold up the others;
             // the pass fails (and runs again) at its end.
-            match send_push(ckey, map, peer, addr, (b, k), &state, src, Some(seen)).await {
+            match send_push(
+                shard,
+                ckey,
+                map,
+                peer,
+                addr,
+                (b, k),
+                &state,
+                src,
+                Some(seen),
+            )
+            .await
+            {
                 Ok((200, _)) => fixed += 1,
                 Ok((status, body)) => {
                     failed.get_or_insert(format!(

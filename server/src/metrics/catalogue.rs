@@ -72,6 +72,11 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
         |m| m.cluster_node_refused.get(),
     ),
     (
+        "percore_cluster_kept_connections_used_total",
+        "Node-to-node requests (copies to replicas, forwarded GETs and HEADs) sent on a connection kept open from an earlier one instead of a new connection.",
+        |m| m.cluster_kept_connections_used.get(),
+    ),
+    (
         "percore_cluster_writes_replicated_total",
         "Writes this node ordered as a placement group's primary that a majority of the group took, and every other up replica too or was recorded in etcd as having missed (acknowledged).",
         |m| m.cluster_replicated.get(),

@@ -123,6 +123,9 @@ pub struct ShardMetrics {
     pub cluster_fanned_out: Cell<u64>,
     pub cluster_node_requests: Cell<u64>,
     pub cluster_node_refused: Cell<u64>,
+    /// Node-to-node requests sent on a connection kept from an earlier
+    /// one (`peer_http::pool_take`).
+    pub cluster_kept_connections_used: Cell<u64>,
     /// Replication (`cluster::replicate`): writes whose copies the
     /// replicas took (acknowledged), writes refused for want of them, and
     /// copies this node's replicas took from others.

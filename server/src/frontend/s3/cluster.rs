@@ -383,6 +383,7 @@ impl S3Front {
         to: u32,
         content_length: Option<u64>,
         relay: Option<u32>,
+        keep: bool,
     ) -> Vec<u8> {
         let mut h = Vec::with_capacity(1024);
         h.extend_from_slice(
@@ -420,9 +421,10 @@ impl S3Front {
                 },
             )
         });
-        h.extend_from_slice(
-            format!("connection: close\r\n{}: {mac}\r\n", peer_http::HEADER).as_bytes(),
-        );
+        if !keep {
+            h.extend_from_slice(b"connection: close\r\n");
+        }
+        h.extend_from_slice(format!("{}: {mac}\r\n", peer_http::HEADER).as_bytes());
         if let Some(owner) = relay {
             h.extend_from_slice(format!("{RELAY_HEADER}: {owner}\r\n").as_bytes());
         }
@@ -455,8 +457,18 @@ impl S3Front {
         // and covers it: `node_claim`.)
         let relayed = req.head.header_str(RELAY_HEADER).is_some()
             && req.head.header_str(peer_http::HEADER).is_some();
+        // A GET or HEAD without a body goes on a connection kept from an
+        // earlier one to the owner where this shard has one, and its
+        // connection is kept after (reads are most of the forwards).
+        let keep = matches!(req.head.method.as_str(), "GET" | "HEAD")
+            && req.head.body_framing().ok() == Some(BodyFraming::Empty);
+        if keep {
+            if let Some(done) = self.forward_kept(conn, req, &peer).await {
+                return done;
+            }
+        }
         let (mut stream, head) = match open_to(peer.id, addr, !relayed).await {
-            Ok(s) => (s, self.peer_head(req, peer.id, None, None)),
+            Ok(s) => (s, self.peer_head(req, peer.id, None, None, keep)),
             // Cut off from the owner (a forward that came through another
             // node is not sent on again): through a node that may reach it.
             Err(e) if !relayed => self
@@ -477,7 +489,71 @@ impl S3Front {
             Ok(r) => r,
             Err(e) => return Err(unreachable(sent.err().unwrap_or(e))),
         };
-        self.relay(conn, req, resp, &mut buf).await
+        let kept = self.relay(conn, req, resp, &mut buf).await?;
+        if let Some(s) = kept.filter(|_| keep) {
+            peer_http::pool_put(addr, s);
+        }
+        Ok(())
+    }
+
+    /// `forward` of a GET or HEAD without a body on a connection this
+    /// shard kept to the owner (`peer_http::pool_take`): None if it has
+    /// none, or if the owner closed it before answering (sent again on a
+    /// new connection by the caller: nothing reached the client yet).
+    async fn forward_kept(
+        &self,
+        conn: &mut Conn,
+        req: &Request,
+        peer: &Peer,
+    ) -> Option<Result<(), S3Error>> {
+        let mut stream = peer_http::pool_take(peer.addr)?;
+        ShardMetrics::add(&self.shard.metrics().cluster_kept_connections_used, 1);
+        let head = self.peer_head(req, peer.id, None, None, true);
+        if stream.write_all(&head).await.is_err() || stream.flush().await.is_err() {
+            peer_http::pool_forget(peer.addr);
+            return None;
+        }
+        // A kept connection to an owner cut off since (packets dropped)
+        // takes the request without a word: if the owner's kernel has not
+        // acknowledged it by the time a new connection would have been
+        // given (`RECONNECT_TIMEOUT`), it goes on a new connection (whose
+        // connect fails or is relayed) rather than waiting out the I/O
+        // timeouts.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let answer = futures_lite::future::or(
+            async { Some(peer_http::read_response(stream).await) },
+            async {
+                if peer_http::acked_within(fd, RECONNECT_TIMEOUT).await {
+                    futures_lite::future::pending::<()>().await;
+                }
+                None
+            },
+        )
+        .await;
+        let Some(Ok(resp)) = answer else {
+            peer_http::pool_forget(peer.addr);
+            return None;
+        };
+        // An owner that is stopping answers 503 on kept connections (and
+        // closes): sent again on a new connection, or through a relay.
+        if resp.status == 503
+            && resp
+                .header("connection")
+                .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
+        {
+            peer_http::pool_forget(peer.addr);
+            return None;
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        Some(match self.relay(conn, req, resp, &mut buf).await {
+            Ok(kept) => {
+                if let Some(s) = kept {
+                    peer_http::pool_put(peer.addr, s);
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        })
     }
 
     /// A connection to another synced up node (at most `RELAYS_TRIED`,
@@ -512,7 +588,7 @@ impl S3Front {
                 continue;
             };
             if let Ok(s) = open_to(n.id, addr, true).await {
-                let head = self.peer_head(req, n.id, None, Some(owner.id));
+                let head = self.peer_head(req, n.id, None, Some(owner.id), false);
                 ShardMetrics::add(&self.shard.metrics().cluster_relayed, 1);
                 return Some((s, head));
             }
@@ -520,14 +596,16 @@ impl S3Front {
         None
     }
 
-    /// Writes a peer's answer to the client.
+    /// Writes a peer's answer to the client; returns the connection to
+    /// the peer if the answer was read to its end and the peer keeps it
+    /// open (`peer_http::Response::into_reusable`).
     async fn relay(
         &self,
         conn: &mut Conn,
         req: &Request,
         mut resp: peer_http::Response,
         buf: &mut [u8],
-    ) -> Result<(), S3Error> {
+    ) -> Result<Option<TcpStream>, S3Error> {
         let mut head = ResponseHead::new(resp.status);
         for (n, v) in &resp.headers {
             if OWN_RESPONSE_HEADERS.contains(&n.as_str()) || n.starts_with("access-control-") {
@@ -543,7 +621,13 @@ impl S3Front {
         if bodiless {
             conn.write_response(&head, resp.content_length().unwrap_or(0), close)
                 .await?;
-            return Ok(conn.flush().await?);
+            conn.flush().await?;
+            // A 1xx is not the end of the owner's answer.
+            return Ok(if resp.status >= 200 {
+                resp.into_reusable()
+            } else {
+                None
+            });
         }
         if resp.is_chunked() {
             if !conn.request_is_http11() {
@@ -575,7 +659,9 @@ impl S3Front {
                 .map_err(|e| unavailable(format!("the owner node's answer failed: {e}")))?;
             conn.write_response(&head, body.len() as u64, close).await?;
             conn.write_body(&body).await?;
-            return Ok(conn.flush().await?);
+            conn.flush().await?;
+            // Read to the owner's close: nothing to keep.
+            return Ok(None);
         };
         conn.write_response(&head, len, close).await?;
         let mut left = len;
@@ -592,7 +678,8 @@ impl S3Front {
             conn.write_body(&buf[..n]).await?;
             left -= n as u64;
         }
-        Ok(conn.flush().await?)
+        conn.flush().await?;
+        Ok(resp.into_reusable())
     }
 
     /// Sends a bucket change to every node that may hold keys (this one
@@ -616,7 +703,7 @@ impl S3Front {
             let body = &body;
             async move {
                 let _permit = self.peer_calls.acquire_permit(1).await;
-                let head = self.peer_head(req, peer.id, Some(body.len() as u64), None);
+                let head = self.peer_head(req, peer.id, Some(body.len() as u64), None, false);
                 let mut s = peer_http::open(peer.addr).await?;
                 s.write_all(&head).await?;
                 s.write_all(body).await?;

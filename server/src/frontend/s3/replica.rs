@@ -227,9 +227,10 @@ impl S3Front {
         let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
             .to_string();
         // The primary keeps the connection for its next copy to this node
-        // unless it asked to close.
-        self.answer_signed(conn, request, &body, !req.head.keep_alive())
-            .await
+        // unless it asked to close, or the copy's bytes were not read (this
+        // node held the version already): the connection closes then.
+        let close = !req.head.keep_alive() || !conn.body_finished();
+        self.answer_signed(conn, request, &body, close).await
     }
 
     /// `GET /_percore/fetch`: this node's state of a key and its bytes (a
