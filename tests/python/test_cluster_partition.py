@@ -1020,8 +1020,12 @@ def test_forwards_to_an_owner_whose_packets_are_dropped_wait_once(netcluster):
     (so nobody is skipped or unsynced). A GET through n2's door of a key n1
     leads waits the whole 5 s connect timeout, then goes through n3
     (relayed); from then on that door's shard gives n1 only 1.2 s to
-    connect before it relays, instead of 5 s for every request. Once n1 is
-    reachable again, forwards go to it directly again."""
+    connect before it relays, instead of 5 s for every request. GETs just
+    before the drop leave n2 connections to n1 it keeps for the next
+    forwards: the first GET after the drop goes on one, which n1's kernel
+    never acknowledges, so after 1.2 s it goes on a new connection (not
+    after the 60 s I/O timeout). Once n1 is reachable again, forwards go
+    to it directly again."""
     cluster = netcluster
     lab = cluster.lab
     n1, n2, _ = cluster.nodes
@@ -1035,6 +1039,10 @@ def test_forwards_to_an_owner_whose_packets_are_dropped_wait_once(netcluster):
     before = counter(n2, relayed)
     client = n2.client(max_attempts=0, connect_timeout=2, read_timeout=30)
     took = []
+    kept = "percore_cluster_kept_connections_used_total"
+    for k in led:  # kept connections from n2 to n1, fresh
+        assert client.get_object(Bucket=bucket, Key=k)["Body"].read() == bodies[k], k
+    kept_before = counter(n2, kept)
     lab.drop_to("n2", "n1")
     try:
         for k in led:
@@ -1049,8 +1057,11 @@ def test_forwards_to_an_owner_whose_packets_are_dropped_wait_once(netcluster):
             print(f"\nundrop failed: {e}")
     during = counter(n2, relayed) - before
     print(f"\nforwards from n2 to n1 with n2's packets dropped: {len(led)} GETs took {took} s; "
-          f"{during} relayed through n3")
+          f"{during} relayed through n3; {counter(n2, kept) - kept_before} tried a kept connection")
     assert during >= len(led), f"only {during} of {len(led)} GETs were relayed"
+    # The first went on a kept connection, given up unacknowledged.
+    assert counter(n2, kept) > kept_before, "no GET tried a kept connection"
+    assert max(took) < 10, f"a GET waited on a kept connection to a cut owner: {took}"
     # The whole connect timeout at most once per shard of n2's door.
     slow = [t for t in took if t >= 4]
     assert len(slow) <= n2.shards, f"{len(slow)} GETs waited the connect timeout: {took}"

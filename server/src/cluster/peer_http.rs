@@ -318,19 +318,16 @@ impl Replays {
 /// `IO_TIMEOUT`; a network blip of a few seconds does not (each probe
 /// lost needs a second lost after it), and a live peer's kernel answers
 /// the probes however slow the peer process is. Data sent and not
-/// acknowledged is not probed: the I/O timeouts bound that wait, except
-/// on kept connections (`pool_put`).
+/// acknowledged is not probed: the I/O timeouts bound that wait (on a
+/// kept connection, `read_response_acked` checks the request was).
 const KEEPALIVE_IDLE_S: libc::c_int = 5;
 const KEEPALIVE_INTERVAL_S: libc::c_int = 2;
 const KEEPALIVE_PROBES: libc::c_int = 3;
-/// TCP_USER_TIMEOUT of a kept connection: a request sent on one just after
-/// its peer was cut off (packets dropped) fails when its bytes go
-/// unacknowledged this long, not after the 60 s `IO_TIMEOUT` (a new
-/// connection would have failed its connect in 5 s). The kernel also cuts
-/// a connection whose peer reads nothing for this long (its window
-/// closed): a copy to a replica that stalls that long fails, as its
-/// deadline would make it soon after.
-const UNACKED_MAX_MS: libc::c_int = 11_000;
+/// How long a request sent on a kept connection may go unacknowledged by
+/// the peer's kernel (`read_response_acked`): a new connection would
+/// have been given about that long to connect (room for one SYN sent
+/// again).
+pub const KEPT_ACK_TIMEOUT: Duration = Duration::from_millis(1200);
 
 /// Turns on `fd`'s keepalive as above; an error is ignored (the I/O
 /// timeouts still bound the wait).
@@ -352,23 +349,6 @@ fn keepalive(fd: std::os::fd::RawFd) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_S);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
-}
-
-/// Bounds how long `fd`'s sent bytes may go unacknowledged
-/// (`UNACKED_MAX_MS`); an error is ignored (the I/O timeouts still bound
-/// the wait).
-fn bound_unacked(fd: std::os::fd::RawFd) {
-    let v: libc::c_int = UNACKED_MAX_MS;
-    // SAFETY: as in `keepalive`.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            std::ptr::addr_of!(v).cast::<libc::c_void>(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
 }
 
 /// Idle connections a shard keeps per peer address (`pool_put`).
@@ -415,7 +395,6 @@ pub fn pool_put(addr: SocketAddr, s: TcpStream) {
         });
         let idle = p.entry(addr).or_default();
         if idle.len() < POOL_PER_PEER {
-            bound_unacked(std::os::fd::AsRawFd::as_raw_fd(&s));
             idle.push((s, std::time::Instant::now()));
         }
     });
@@ -428,12 +407,33 @@ pub fn pool_forget(addr: SocketAddr) {
     POOL.with(|p| p.borrow_mut().remove(&addr));
 }
 
+/// `read_response` of a request sent on a kept connection: fails
+/// (`TimedOut`) if the peer's kernel has not acknowledged all of it within
+/// `KEPT_ACK_TIMEOUT`. A kept connection to a peer cut off since (its
+/// packets dropped) takes the request without a word, and would wait out
+/// the I/O timeout; a new connection would have failed its connect. The
+/// check runs beside the wait for the answer: nothing is added to a
+/// request answered in time.
+pub async fn read_response_acked(stream: TcpStream) -> io::Result<Response> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+    // (`or` polls the read first and ends with it: `fd` is open while the
+    // check runs.)
+    futures_lite::future::or(read_response(stream), async {
+        if acked_within(fd, KEPT_ACK_TIMEOUT).await {
+            futures_lite::future::pending::<()>().await;
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the peer did not acknowledge the request on a kept connection (cut off?)",
+        ))
+    })
+    .await
+}
+
 /// Whether the peer's kernel acknowledged every byte sent on `fd` within
 /// `limit` (checked every 50 ms; a live peer acknowledges within a round
-/// trip however busy its process is, a peer cut off never does). For a
-/// request sent on a kept connection: polled beside the wait for its
-/// answer, so it adds nothing to a request answered in time.
-pub async fn acked_within(fd: std::os::fd::RawFd, limit: Duration) -> bool {
+/// trip however busy its process is, a peer cut off never does).
+async fn acked_within(fd: std::os::fd::RawFd, limit: Duration) -> bool {
     let start = std::time::Instant::now();
     loop {
         let mut unacked: libc::c_int = 0;

@@ -95,6 +95,8 @@ pub const FETCH_ABSENT: &str = "absent";
 pub fn fetch_covered(state_value: &str) -> String {
     format!("state {state_value}")
 }
+/// Largest copy sent on a kept connection (`send_push`).
+const KEPT_PUSH_BYTES_MAX: u64 = 256 * 1024;
 /// Bytes read from the store per step of a copy.
 const COPY_CHUNK_BYTES: u64 = 1 << 20;
 /// How long a write waits for its copies (and for a newer map, when a
@@ -541,17 +543,28 @@ async fn send_push(
     // On a connection kept from an earlier copy, if the peer has one
     // (`peer_http::pool_take`); one the peer closed meanwhile fails
     // before the copy is answered, which is then sent again on a new
-    // connection (a copy taken twice changes nothing: stamps).
-    if let Some(s) = peer_http::pool_take(addr) {
+    // connection (a copy taken twice changes nothing: stamps). Small
+    // copies only: all of one fits the peer's socket buffers, so its
+    // kernel acknowledges it at once (`read_response_acked`) however busy
+    // the peer's disk; a large one gains little from a kept connection.
+    let size = if state.etag.is_some() { state.size } else { 0 };
+    let pooled = if size <= KEPT_PUSH_BYTES_MAX {
+        peer_http::pool_take(addr)
+    } else {
+        None
+    };
+    if let Some(s) = pooled {
         crate::metrics::ShardMetrics::add(&shard.metrics().cluster_kept_connections_used, 1);
         let target = &target;
-        let got = push_on(s, ckey, map, (to, addr), target, state, src.as_mut()).await;
-        if !matches!(got, Ok((200, _))) {
+        let got = push_on(s, true, ckey, map, (to, addr), target, state, src.as_mut()).await;
+        if matches!(got, Err(_) | Ok((503, _))) {
             // (A peer that is stopping answers 503 on kept connections.)
             peer_http::pool_forget(addr);
         }
         match got {
             Err(e) if e.get_ref().is_some_and(|i| i.is::<LocalRead>()) => return Err(e),
+            // Closed meanwhile, or not acknowledged (cut off since): on a
+            // new connection, whose connect fails at once or times out.
             Err(e)
                 if matches!(
                     e.kind(),
@@ -559,6 +572,7 @@ async fn send_push(
                         | std::io::ErrorKind::ConnectionAborted
                         | std::io::ErrorKind::BrokenPipe
                         | std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::TimedOut
                 ) => {}
             other => return other,
         }
@@ -566,13 +580,25 @@ async fn send_push(
     let s = peer_http::open(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), ConnectFailed(e.to_string())))?;
-    push_on(s, ckey, map, (to, addr), &target, state, src.as_mut()).await
+    push_on(
+        s,
+        false,
+        ckey,
+        map,
+        (to, addr),
+        &target,
+        state,
+        src.as_mut(),
+    )
+    .await
 }
 
 /// `send_push` on connection `s`, which is kept for the next copy to the
 /// same address once its answer is read (`peer_http::pool_put`).
+#[allow(clippy::too_many_arguments)]
 async fn push_on(
     mut s: glommio::net::TcpStream,
+    kept: bool,
     ckey: &[u8; 32],
     map: &ShardMap,
     (to, addr): (u32, SocketAddr),
@@ -601,9 +627,13 @@ async fn push_on(
         }
     }
     s.flush().await?;
-    let r = peer_http::read_response(s).await?;
-    let (status, body, kept) = r.body_signed_reusable(ckey, &mac, 64 * 1024).await?;
-    if let Some(s) = kept {
+    let r = if kept {
+        peer_http::read_response_acked(s).await?
+    } else {
+        peer_http::read_response(s).await?
+    };
+    let (status, body, back) = r.body_signed_reusable(ckey, &mac, 64 * 1024).await?;
+    if let Some(s) = back {
         peer_http::pool_put(addr, s);
     }
     Ok((status, body))

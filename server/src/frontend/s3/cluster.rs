@@ -467,14 +467,18 @@ impl S3Front {
                 return done;
             }
         }
-        let (mut stream, head) = match open_to(peer.id, addr, !relayed).await {
-            Ok(s) => (s, self.peer_head(req, peer.id, None, None, keep)),
+        let (mut stream, head, keep) = match open_to(peer.id, addr, !relayed).await {
+            Ok(s) => (s, self.peer_head(req, peer.id, None, None, keep), keep),
             // Cut off from the owner (a forward that came through another
-            // node is not sent on again): through a node that may reach it.
-            Err(e) if !relayed => self
-                .open_relay(req, &peer)
-                .await
-                .ok_or_else(|| unreachable(e))?,
+            // node is not sent on again): through a node that may reach it
+            // (a connection to the relay, which closes it: never kept).
+            Err(e) if !relayed => {
+                let (s, head) = self
+                    .open_relay(req, &peer)
+                    .await
+                    .ok_or_else(|| unreachable(e))?;
+                (s, head, false)
+            }
             Err(e) => return Err(unreachable(e)),
         };
         stream.write_all(&head).await.map_err(unreachable)?;
@@ -489,7 +493,7 @@ impl S3Front {
             Ok(r) => r,
             Err(e) => return Err(unreachable(sent.err().unwrap_or(e))),
         };
-        let kept = self.relay(conn, req, resp, &mut buf).await?;
+        let kept = self.relay(conn, req, resp, &mut buf, keep).await?;
         if let Some(s) = kept.filter(|_| keep) {
             peer_http::pool_put(addr, s);
         }
@@ -513,24 +517,9 @@ impl S3Front {
             peer_http::pool_forget(peer.addr);
             return None;
         }
-        // A kept connection to an owner cut off since (packets dropped)
-        // takes the request without a word: if the owner's kernel has not
-        // acknowledged it by the time a new connection would have been
-        // given (`RECONNECT_TIMEOUT`), it goes on a new connection (whose
-        // connect fails or is relayed) rather than waiting out the I/O
-        // timeouts.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        let answer = futures_lite::future::or(
-            async { Some(peer_http::read_response(stream).await) },
-            async {
-                if peer_http::acked_within(fd, RECONNECT_TIMEOUT).await {
-                    futures_lite::future::pending::<()>().await;
-                }
-                None
-            },
-        )
-        .await;
-        let Some(Ok(resp)) = answer else {
+        // Not acknowledged in time (the owner cut off since): on a new
+        // connection, whose connect fails or is relayed.
+        let Ok(resp) = peer_http::read_response_acked(stream).await else {
             peer_http::pool_forget(peer.addr);
             return None;
         };
@@ -545,7 +534,7 @@ impl S3Front {
             return None;
         }
         let mut buf = vec![0u8; 64 * 1024];
-        Some(match self.relay(conn, req, resp, &mut buf).await {
+        Some(match self.relay(conn, req, resp, &mut buf, true).await {
             Ok(kept) => {
                 if let Some(s) = kept {
                     peer_http::pool_put(peer.addr, s);
@@ -598,13 +587,17 @@ impl S3Front {
 
     /// Writes a peer's answer to the client; returns the connection to
     /// the peer if the answer was read to its end and the peer keeps it
-    /// open (`peer_http::Response::into_reusable`).
+    /// open (`peer_http::Response::into_reusable`). `kept`: the request
+    /// did not ask the peer to close, so an answer whose end is the
+    /// peer's close (chunked, or without a length) cannot be relayed (no
+    /// answer to a GET or HEAD is, today).
     async fn relay(
         &self,
         conn: &mut Conn,
         req: &Request,
         mut resp: peer_http::Response,
         buf: &mut [u8],
+        kept: bool,
     ) -> Result<Option<TcpStream>, S3Error> {
         let mut head = ResponseHead::new(resp.status);
         for (n, v) in &resp.headers {
@@ -628,6 +621,11 @@ impl S3Front {
             } else {
                 None
             });
+        }
+        if kept && (resp.is_chunked() || resp.content_length().is_none()) {
+            return Err(unavailable(
+                "the owner node answered a kept request without a length; retry",
+            ));
         }
         if resp.is_chunked() {
             if !conn.request_is_http11() {
