@@ -376,7 +376,8 @@ impl S3Front {
     }
 
     /// The request head as node `to` gets it: the client's own, minus the
-    /// hop-by-hop fields, plus `Connection: close` and the node header.
+    /// hop-by-hop fields, plus the node header (and the relay header for
+    /// a relay), and `Connection: close` unless `keep`.
     fn peer_head(
         &self,
         req: &Request,
