@@ -292,10 +292,12 @@ class NetLab:
             if r.returncode != 0:
                 left.append(f"netns {ns}: {r.stderr.strip()}")
         for veth in self.veths:
-            # Gone with its peer's namespace, normally.
+            # Gone with its peer's namespace, normally (the kernel removes
+            # it after `netns del` returns: it may vanish between the show
+            # and the delete).
             if ip_cmd("link", "show", veth, check=False).returncode == 0:
                 r = ip_cmd("link", "del", veth, check=False)
-                if r.returncode != 0:
+                if r.returncode != 0 and "Cannot find device" not in r.stderr:
                     left.append(f"link {veth}: {r.stderr.strip()}")
         if self.bridge_made:
             r = ip_cmd("link", "del", self.bridge, check=False)
