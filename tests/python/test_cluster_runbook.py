@@ -204,6 +204,9 @@ def run(e: Etcd, cluster: Cluster) -> None:
         f"{ {k: sorted(set(v))[:5] for k, v in after.items() if k not in recovered} }")
 
     wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    # Every node's shards run the map that says so (until then a node may
+    # answer 503 "not synced" for a moment: not a lost write).
+    settle(cluster, nodes)
     for n in nodes:
         assert cluster_gauges(n).get("percore_cluster_leased") == 1, n.node_name
     problems = []

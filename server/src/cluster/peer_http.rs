@@ -2,9 +2,10 @@
 //! S3 requests forwarded to the node that owns their key, bucket changes
 //! fanned out to every node, and the internal listing each node answers
 //! for its own data. One connection per request (`Connection: close`), so
-//! a response ends where the peer closes; except copies to replicas
-//! (the most frequent), whose connections each shard keeps open for the
-//! next copy to the same node (`pool_take`, `pool_put`).
+//! a response ends where the peer closes; except copies to replicas of up
+//! to 256 KiB and forwarded GETs and HEADs without a body (the most
+//! frequent), whose connections each shard keeps open for the next such
+//! request to the same node (`pool_take`, `pool_put`).
 //!
 //! Every such request carries `x-percore-node`, a MAC keyed with the
 //! cluster key (derived from the nodes' shared root secret key) over the
