@@ -560,10 +560,15 @@ impl Response {
     /// open (`pool_put`).
     #[must_use]
     pub fn into_reusable(self) -> Option<TcpStream> {
-        let closes = self
-            .header("connection")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
-        (!closes && !self.is_chunked() && self.at >= self.leftover.len()).then_some(self.stream)
+        (!self.closes() && !self.is_chunked() && self.at >= self.leftover.len())
+            .then_some(self.stream)
+    }
+
+    /// Whether the peer says it closes the connection after this answer.
+    #[must_use]
+    pub fn closes(&self) -> bool {
+        self.header("connection")
+            .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
     }
 
     /// Raw body bytes (still chunk-encoded if the peer chunked them);
@@ -602,11 +607,7 @@ impl Response {
     ) -> io::Result<(u16, Vec<u8>, Option<TcpStream>)> {
         let status = self.status;
         let tag = self.header(REPLY_HEADER).map(str::to_string);
-        let framed = self.content_length().is_some()
-            && !self.is_chunked()
-            && !self
-                .header("connection")
-                .is_some_and(|v| v.to_ascii_lowercase().contains("close"));
+        let framed = self.content_length().is_some() && !self.is_chunked() && !self.closes();
         let body = self.body_of(max).await?;
         if (200..300).contains(&status) {
             verify_reply(key, node_header, status, &body_hash(&body), tag.as_deref())?;

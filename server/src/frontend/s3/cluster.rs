@@ -102,8 +102,9 @@ const UNREACHABLE_KEPT: Duration = Duration::from_secs(30);
 /// forward goes through a relay: time for a SYN sent again (after 1 s)
 /// to a node that dropped the first (a full accept queue), far less than
 /// the whole `peer_http::CONNECT_TIMEOUT` every forward would otherwise
-/// wait while a cut drops packets.
-const RECONNECT_TIMEOUT: Duration = Duration::from_millis(1200);
+/// wait while a cut drops packets (the same time a request on a kept
+/// connection gets to be acknowledged).
+const RECONNECT_TIMEOUT: Duration = peer_http::KEPT_ACK_TIMEOUT;
 
 thread_local! {
     /// Per shard: the nodes its forwards' connects timed out on, and when
@@ -526,11 +527,7 @@ impl S3Front {
         };
         // An owner that is stopping answers 503 on kept connections (and
         // closes): sent again on a new connection, or through a relay.
-        if resp.status == 503
-            && resp
-                .header("connection")
-                .is_some_and(|v| v.to_ascii_lowercase().contains("close"))
-        {
+        if resp.status == 503 && resp.closes() {
             peer_http::pool_forget(peer.addr);
             return None;
         }
