@@ -580,20 +580,17 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     st, body = internal(nodes[0], "POST", "/_percore/release",
                         body=json.dumps({"epoch": epoch + 10_000}).encode())
     assert st == 503 and b"too far ahead" in body, (st, body)
-    # The bucket list a joining node copies: malformed requests are bad
-    # requests, an unsigned one is refused; pages move on by name.
-    for bad_body in [b"", b"[", b'{"after":1}', b'{"after":null,"x":1}']:
-        st, body = internal(nodes[0], "POST", "/_percore/buckets", body=bad_body)
-        assert st == 400 and b"bad buckets request" in body, (bad_body, st, body)
-    first = b'{"after":null}'
-    h = node_header("POST", "/_percore/buckets", me, body=first, secret="wrong")
-    assert internal(nodes[0], "POST", "/_percore/buckets", body=first, header=h)[0] == 403
-    st, body = internal(nodes[0], "POST", "/_percore/buckets", body=first)
-    page = json.loads(body)
-    assert st == 200 and page["more"] is False, (st, body)
-    assert "anynode" in [b["name"] for b in page["buckets"]], page
-    st, body = internal(nodes[0], "POST", "/_percore/buckets", body=b'{"after":"anynode"}')
-    assert st == 200 and all(b["name"] > "anynode" for b in json.loads(body)["buckets"])
+    # A door's word that a bucket change is in the catalog: malformed
+    # requests are bad requests, an unsigned one is refused, and one for a
+    # revision the node applied is answered with the revision it has.
+    for bad_body in [b"", b"[", b'{"rev":"x"}', b'{"rev":1,"x":1}']:
+        st, body = internal(nodes[0], "POST", "/_percore/catalog", body=bad_body)
+        assert st == 400 and b"bad catalog request" in body, (bad_body, st, body)
+    first = b'{"rev":1}'
+    h = node_header("POST", "/_percore/catalog", me, body=first, secret="wrong")
+    assert internal(nodes[0], "POST", "/_percore/catalog", body=first, header=h)[0] == 403
+    st, body = internal(nodes[0], "POST", "/_percore/catalog", body=first)
+    assert st == 200 and json.loads(body)["applied"] > 1, (st, body)
     # Everything still there.
     left = set(data) - set(gone)
     assert {o["Key"] for o in s3[0].list_objects_v2(Bucket="anynode", Prefix="obj/")

@@ -77,8 +77,8 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
     // Signals go to the main thread only: block them before spawning shards.
     let sigset = block_signals();
     let listeners = bind_listeners(&cfg, &plan)?;
-    let (feed, map_rx) = crate::cluster::shardmap::feed(plan.placements.len());
-    let shards = spawn_shards(&cfg, plan, &listeners, map_rx)?;
+    let (feed, map_rx, catalog_rx) = crate::cluster::shardmap::feed(plan.placements.len());
+    let shards = spawn_shards(&cfg, plan, &listeners, map_rx, catalog_rx)?;
     shards.wait_ready(&sigset)?;
     let leaver = match join_cluster(&cfg, &listeners.native_ports, feed) {
         Ok(l) => l,
@@ -284,7 +284,9 @@ fn spawn_shards(
     plan: Plan,
     l: &Listeners,
     map_rx: Vec<mpsc::Receiver<std::sync::Arc<crate::cluster::shardmap::ShardMap>>>,
+    catalog_rx: crate::cluster::shardmap::CatalogRx,
 ) -> Result<Shards, String> {
+    let mut catalog_rx = Some(catalog_rx);
     let n = plan.placements.len();
     let s3_cfg = s3_config(cfg);
     let (events_tx, events_rx) = mpsc::channel();
@@ -300,6 +302,11 @@ fn spawn_shards(
             seed: plan.hash_seed,
             cluster_pgs: plan.cluster_pgs,
             map_rx,
+            catalog_rx: if id == crate::shard::BUCKET_OWNER_SHARD {
+                catalog_rx.take()
+            } else {
+                None
+            },
             shard_dir: cfg.data.join(format!("shard-{id:03}")),
             direct_io: plan.direct_io,
             s3_cfg: s3_cfg.clone(),

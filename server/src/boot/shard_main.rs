@@ -35,6 +35,9 @@ pub struct ShardSetup {
     /// the control thread sends maps on.
     pub cluster_pgs: u32,
     pub map_rx: mpsc::Receiver<std::sync::Arc<crate::cluster::shardmap::ShardMap>>,
+    /// The bucket-owner shard's: the bucket catalogs the control thread
+    /// reads from etcd.
+    pub catalog_rx: Option<crate::cluster::shardmap::CatalogRx>,
     pub shard_dir: std::path::PathBuf,
     pub direct_io: bool,
     pub s3_cfg: S3Config,
@@ -99,6 +102,9 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
             crate::cluster::replicate::start_catch_up(shard.clone(), ckey);
             crate::cluster::replicate::start_repair(shard.clone(), ckey);
             crate::cluster::replicate::start_releases(shard.clone(), ckey);
+        }
+        if let Some(rx) = s.catalog_rx.take() {
+            crate::cluster::catalog::start_feed(shard.clone(), rx);
         }
     }
     let fronts = Fronts::start(&s, &shard);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use percore_protocol::placement::NodeState;
 use tracing::{error, info, warn};
 
+use super::catalog;
 use super::etcd::Etcd;
 use super::map::{self, JoinError, Joining, Keys, View};
 use super::shardmap::{MapFeed, Report, ShardMap, SkipAsk, SKIP_DONE, SKIP_FAILED};
@@ -372,7 +373,17 @@ struct Control {
     /// The node stops: who to tell once the lease is given up, and when
     /// to give it up at the latest (`leave`).
     leaving: Option<(std::sync::mpsc::Sender<bool>, Instant)>,
+    /// The bucket catalog last handed to the bucket-owner shard: its
+    /// revision, and when (`sync_catalog`).
+    catalog_sent: Option<(i64, Instant)>,
+    /// The catalog's revision as last read from etcd (0: none yet, or no
+    /// catalog: a cluster made before it).
+    catalog_seen: i64,
 }
+
+/// A catalog handed to the bucket-owner shard and not applied within
+/// this is handed again (the shard failed to apply it, or it is slow).
+const CATALOG_RESEND: Duration = Duration::from_secs(1);
 
 /// Lets the node leave the cluster when it stops (`Report::Leave`).
 pub struct Leaver {
@@ -500,6 +511,8 @@ pub fn start(
         view: None,
         view_read_at: Instant::now(),
         leaving: None,
+        catalog_sent: None,
+        catalog_seen: 0,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -515,6 +528,9 @@ pub fn start(
         }
         Err(e) => warn!(error = %e, "cluster: cannot read the map yet; retrying"),
     }
+    // And the cluster's buckets (until the bucket-owner shard applied
+    // them, the node answers no bucket change and no bucket list).
+    control.check_catalog();
     let leaver = Leaver {
         tx: control.feed.synced_tx.clone(),
     };
@@ -672,6 +688,15 @@ impl Control {
             }
             _ => None,
         };
+        // Nothing written since the last whole read: the bucket catalog is
+        // unchanged too (but read again while this node has not applied
+        // what it last saw).
+        if unchanged.is_none()
+            || self.catalog_seen == 0
+            || catalog::APPLIED.rev.load(Ordering::Acquire) < self.catalog_seen
+        {
+            self.check_catalog();
+        }
         let view = match unchanged {
             Some(v) => {
                 status.map_reads[1].fetch_add(1, Ordering::Relaxed);
@@ -767,6 +792,42 @@ impl Control {
             }
             Report::Release(epoch) => self.release(status, epoch),
             Report::Skip(ask) => self.skip(status, ask),
+            Report::Bucket(ask) => {
+                let got = catalog::commit(&self.etcd, &self.keys, &ask.change);
+                if got.is_err() {
+                    status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let rev = got.as_ref().map(|(_, rev)| *rev).ok();
+                let _ = ask.reply.send(got);
+                // This node's own shard first: the door waits for it.
+                if let Some(rev) = rev {
+                    self.sync_catalog(rev);
+                }
+                None
+            }
+            Report::CatalogSync(rev) => {
+                self.sync_catalog(rev);
+                None
+            }
+            Report::Seed(buckets) => {
+                let budget = Duration::from_millis(self.ttl_s.saturating_mul(1000) / 8);
+                match catalog::seed(&self.etcd, &self.keys, &buckets, budget) {
+                    Ok(true) => {
+                        info!(
+                            buckets = buckets.len(),
+                            "cluster: the bucket catalog in etcd is made (this node's buckets went in)"
+                        );
+                        self.catalog_sent = None;
+                        self.check_catalog();
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(error = %e, "cluster: cannot seed the bucket catalog; the next map read tries again");
+                    }
+                }
+                None
+            }
             Report::Leave(done) => {
                 // Leads nothing from now on.
                 status.lead_until_ms.store(0, Ordering::Release);
@@ -798,6 +859,9 @@ impl Control {
             match self.feed.synced_rx.recv_timeout(wait) {
                 Ok(Report::Drained) => break,
                 Ok(Report::Skip(ask)) => ask.done.store(SKIP_FAILED, Ordering::Release),
+                Ok(Report::Bucket(ask)) => {
+                    let _ = ask.reply.send(Err("this node is stopping".into()));
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }
@@ -820,8 +884,12 @@ impl Control {
             }
         };
         while let Ok(r) = self.feed.synced_rx.try_recv() {
-            if let Report::Skip(ask) = r {
-                ask.done.store(SKIP_FAILED, Ordering::Release);
+            match r {
+                Report::Skip(ask) => ask.done.store(SKIP_FAILED, Ordering::Release),
+                Report::Bucket(ask) => {
+                    let _ = ask.reply.send(Err("this node is stopping".into()));
+                }
+                _ => {}
             }
         }
         gave_up
@@ -917,6 +985,54 @@ impl Control {
             }
         }
         read_at
+    }
+
+    /// Reads the bucket catalog's revision, and hands the catalog to the
+    /// bucket-owner shard if it has not applied that one (or etcd has no
+    /// catalog yet: the shard then seeds it). An etcd error is logged:
+    /// the next map read tries again.
+    fn check_catalog(&mut self) {
+        match catalog::revision(&self.etcd, &self.keys) {
+            Ok(rev) => {
+                self.catalog_seen = rev;
+                self.sync_catalog(if rev == 0 { i64::MAX } else { rev });
+            }
+            Err(e) => {
+                warn!(error = %e, "cluster: cannot read the bucket catalog's revision; retrying at the next map read")
+            }
+        }
+    }
+
+    /// Hands the bucket catalog to the bucket-owner shard unless it has
+    /// applied revision `want` already, or was handed one at least that
+    /// new within `CATALOG_RESEND`. The read carries the contents of what
+    /// changed since the revision the shard applied (everything if it
+    /// asked for a whole read).
+    fn sync_catalog(&mut self, want: i64) {
+        let applied = catalog::APPLIED.rev.load(Ordering::Acquire);
+        if applied >= want {
+            return;
+        }
+        if self
+            .catalog_sent
+            .is_some_and(|(rev, at)| rev >= want && at.elapsed() < CATALOG_RESEND)
+        {
+            return;
+        }
+        let since = if catalog::APPLIED.full.load(Ordering::Acquire) {
+            0
+        } else {
+            applied
+        };
+        match catalog::read(&self.etcd, &self.keys, since) {
+            Ok(cat) => {
+                self.catalog_sent = Some((if cat.seeded { cat.rev } else { 0 }, Instant::now()));
+                let _ = self.feed.catalog_tx.send(std::sync::Arc::new(cat));
+            }
+            Err(e) => {
+                warn!(error = %e, "cluster: cannot read the bucket catalog; retrying at the next map read")
+            }
+        }
     }
 
     /// Hands the map to the shards (when it changed).

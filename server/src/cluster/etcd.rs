@@ -78,6 +78,12 @@ pub mod txn {
         json!({"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
     }
 
+    /// The key exists.
+    #[must_use]
+    pub fn present(key: &[u8]) -> Value {
+        json!({"key": b64(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"})
+    }
+
     /// The key was last modified at `revision` (0: does not exist).
     #[must_use]
     pub fn unchanged(key: &[u8], revision: i64) -> Value {
@@ -98,6 +104,12 @@ pub mod txn {
     #[must_use]
     pub fn delete(key: &[u8]) -> Value {
         json!({"request_delete_range": {"key": b64(key)}})
+    }
+
+    /// Every key that starts with `prefix`.
+    #[must_use]
+    pub fn delete_prefix(prefix: &[u8]) -> Value {
+        json!({"request_delete_range": {"key": b64(prefix), "range_end": b64(&super::prefix_end(prefix))}})
     }
 }
 
@@ -227,6 +239,48 @@ impl Etcd {
         Ok((kvs, int(&v["header"]["revision"])))
     }
 
+    /// One page of keys in `[key, range_end)`, in key order: at most
+    /// `limit`, as of `revision` (0: now), only those modified after
+    /// `after` (0: all), without their values if `keys_only`. The store's
+    /// revision, and whether more keys follow.
+    pub fn range_page(
+        &self,
+        (key, range_end): (&[u8], &[u8]),
+        limit: usize,
+        revision: i64,
+        after: i64,
+        keys_only: bool,
+    ) -> Result<(Vec<Kv>, i64, bool), String> {
+        let mut body =
+            json!({"key": b64(key), "range_end": b64(range_end), "limit": limit.to_string()});
+        if revision > 0 {
+            body["revision"] = json!(revision.to_string());
+        }
+        if after > 0 {
+            body["min_mod_revision"] = json!((after + 1).to_string());
+        }
+        if keys_only {
+            body["keys_only"] = json!(true);
+        }
+        let v = self.call("/v3/kv/range", &body)?;
+        let kvs = v
+            .get("kvs")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|kv| Kv {
+                        key: unb64(&kv["key"]),
+                        value: unb64(&kv["value"]),
+                        mod_revision: int(&kv["mod_revision"]),
+                        lease: int(&kv["lease"]),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let more = v.get("more").and_then(Value::as_bool).unwrap_or(false);
+        Ok((kvs, int(&v["header"]["revision"]), more))
+    }
+
     /// The store's revision now (a linearizable read of nothing: a count
     /// of `key`). Any write to etcd since a read at revision `r` makes it
     /// larger than `r`.
@@ -268,6 +322,24 @@ impl Etcd {
             &json!({"compare": compare, "success": success, "failure": failure}),
         )?;
         Ok(v.get("succeeded").and_then(Value::as_bool).unwrap_or(false))
+    }
+
+    /// `txn`, with the store's revision after it (the revision of its
+    /// writes when the compares held).
+    pub fn txn_rev(
+        &self,
+        compare: Vec<Value>,
+        success: Vec<Value>,
+        failure: Vec<Value>,
+    ) -> Result<(bool, i64), String> {
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({"compare": compare, "success": success, "failure": failure}),
+        )?;
+        Ok((
+            v.get("succeeded").and_then(Value::as_bool).unwrap_or(false),
+            int(&v["header"]["revision"]),
+        ))
     }
 
     /// A lease of `ttl_s` seconds; its id.

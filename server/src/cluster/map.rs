@@ -231,6 +231,28 @@ impl Keys {
     fn skips(&self) -> Vec<u8> {
         self.key("skipped/")
     }
+    /// The bucket catalog (`catalog`): written by every bucket change, so
+    /// its revision is the catalog's; its presence says the catalog holds
+    /// the cluster's buckets (a cluster made before it had none: its nodes
+    /// seed it from theirs).
+    pub(crate) fn catalog(&self) -> Vec<u8> {
+        self.key("catalog")
+    }
+    /// Every bucket's record (`buckets/NAME`) and documents
+    /// (`buckets/NAME/KIND`).
+    pub(crate) fn buckets(&self) -> Vec<u8> {
+        self.key("buckets/")
+    }
+    pub(crate) fn bucket(&self, name: &str) -> Vec<u8> {
+        self.key(&format!("buckets/{name}"))
+    }
+    /// The prefix of a bucket's documents.
+    pub(crate) fn bucket_docs(&self, name: &str) -> Vec<u8> {
+        self.key(&format!("buckets/{name}/"))
+    }
+    pub(crate) fn bucket_doc(&self, name: &str, kind: &str) -> Vec<u8> {
+        self.key(&format!("buckets/{name}/{kind}"))
+    }
 }
 
 pub fn now_ms() -> u64 {
@@ -292,11 +314,14 @@ pub fn init(
             txn::absent(&keys.config()),
             txn::absent(&keys.epoch()),
             txn::absent(&keys.next_id()),
+            txn::absent(&keys.catalog()),
         ],
         vec![
             txn::put(&keys.config(), &json),
             txn::put(&keys.epoch(), b"1"),
             txn::put(&keys.next_id(), b"1"),
+            // No buckets yet: the catalog holds them from the start.
+            txn::put(&keys.catalog(), b"1"),
         ],
         vec![],
     )?;

@@ -3,6 +3,7 @@
 //! thread. The placement function itself is shared with clients
 //! (`percore_protocol::placement`).
 
+pub mod catalog;
 pub mod control;
 pub mod etcd;
 pub mod map;

@@ -76,7 +76,6 @@ use serde_json::{json, Value};
 
 use super::peer_http::{self, Signed};
 use super::shardmap::{MapNode, Report, ShardMap, SkipAsk, SKIP_DONE};
-use crate::bucket_config::ConfigKind;
 use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
@@ -310,11 +309,10 @@ impl Applier {
         )
         .await;
         if matches!(opened, Err(ShardError::NoSuchBucket)) {
-            // Buckets are cluster-wide: a node that joined with new data
-            // (or missed a creation while down) takes the primary's; its
-            // owner and configuration come with the next bucket copy
-            // (`sync_buckets`), which this create does not hold off.
-            shard.create_bucket_for_copy(bucket).await?;
+            // Buckets are cluster-wide: a copy may come before this node
+            // applied the catalog that made the bucket; its owner and
+            // configuration come when it does (`catalog::apply`).
+            shard.create_bucket(bucket, None).await?;
             opened = ObjectSink::open_part(shard, bucket, key, meta, None, Some(condition)).await;
         }
         match opened {
@@ -1055,220 +1053,6 @@ pub async fn answer_digest(
     Ok(json!({"items": items, "next": next.map(|(b, k)| json!([b, k]))}))
 }
 
-/// `POST /_percore/buckets` pages: about this many bytes of documents.
-const BUCKET_DOCS_PAGE: usize = 4 << 20;
-/// A catch-up that keeps failing copies the buckets again this often.
-const BUCKETS_AGAIN: Duration = Duration::from_secs(30);
-/// The largest answer taken: a page, one bucket's documents more (seven
-/// of at most 256 KiB), in base64, with room.
-const BUCKETS_ANSWER_MAX: usize = 16 << 20;
-/// A bucket change asked of this node this long before a bucket copy
-/// began (or since) may be newer than the peer's answer: its bucket is
-/// left to it. Longer than a bucket change's fan-out may take to reach
-/// another node (its connect and I/O timeouts; one that takes longer
-/// fails, and the change is not in force).
-pub const BUCKET_TOUCH_MARGIN: Duration =
-    Duration::from_secs(peer_http::CONNECT_TIMEOUT.as_secs() + peer_http::IO_TIMEOUT.as_secs() + 5);
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BucketsRequest {
-    after: Option<String>,
-}
-
-/// Answers `POST /_percore/buckets {"after": NAME|null}`: this node's
-/// buckets after `after`, by name, each with its configuration documents
-/// (owner, policy, ACL, tagging, CORS, lifecycle, versioning; base64), a
-/// page of about `BUCKET_DOCS_PAGE` bytes, and whether more follow.
-pub async fn answer_buckets(
-    shard: &Rc<Shard>,
-    map: &ShardMap,
-    body: &[u8],
-) -> Result<Value, String> {
-    let req: BucketsRequest =
-        serde_json::from_slice(body).map_err(|e| format!("bad buckets request: {e}"))?;
-    // The asker picked a synced node by its map; this one's may be newer.
-    if !map.node(map.node_id).is_some_and(|n| n.synced) {
-        return Err("this node is catching up itself; ask another".into());
-    }
-    let (buckets, more) = shard
-        .bucket_docs(req.after, BUCKET_DOCS_PAGE)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let buckets: Vec<Value> = buckets
-        .into_iter()
-        .map(|b| {
-            let docs: serde_json::Map<String, Value> = b
-                .docs
-                .iter()
-                .map(|(k, d)| (k.name().to_string(), Value::String(b64.encode(d))))
-                .collect();
-            json!({"name": b.name, "docs": docs})
-        })
-        .collect();
-    Ok(json!({"buckets": buckets, "more": more}))
-}
-
-/// One bucket of a `POST /_percore/buckets` answer: its name and
-/// documents (an unknown kind, from a newer peer, is skipped).
-fn bucket_of(b: &Value) -> Result<(String, Vec<(ConfigKind, Bytes)>), String> {
-    let name = b["name"]
-        .as_str()
-        .filter(|n| crate::frontend::common::valid_bucket_name(n))
-        .ok_or("a bucket without a valid name")?;
-    let mut docs = Vec::new();
-    for (kind, doc) in b["docs"].as_object().ok_or("a bucket without documents")? {
-        let Some(kind) = ConfigKind::from_name(kind) else {
-            continue;
-        };
-        let doc = doc
-            .as_str()
-            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
-            .ok_or("a document that is not base64")?;
-        docs.push((kind, Bytes::from(doc)));
-    }
-    Ok((name.to_string(), docs))
-}
-
-/// Before a catch-up pass: every bucket a synced peer holds is made here
-/// too, with its owner, and each configuration document this node never
-/// had is taken (`Shard::fill_bucket_config`). A name that had a create,
-/// delete or configuration change asked of it here since
-/// `BUCKET_TOUCH_MARGIN` before the copy began is left alone (the peer's
-/// answer may be older than that change: a bucket deleted meanwhile must
-/// not come back); if such a name is missing here the pass fails, to be
-/// run again once the change has settled. A node that joins with an empty
-/// disk (replaced, or added) so has every bucket, empty ones too, and its
-/// configuration, before it serves any. Nothing is removed: a bucket or
-/// document this node has and the peer has not stays. Peers are tried in
-/// turn until one answers (an unsigned answer, or none, fails the pass:
-/// peers of an older version cannot serve this one); a bad bucket in an
-/// answer is logged and skipped. Returns (buckets created, documents
-/// offered).
-async fn sync_buckets(
-    shard: &Rc<Shard>,
-    ckey: &[u8; 32],
-    map: &ShardMap,
-) -> Result<(u64, u64), String> {
-    let peers: Vec<&MapNode> = map
-        .nodes
-        .iter()
-        .filter(|n| n.id != map.node_id && n.state == NodeState::Up && n.synced && n.s3.is_some())
-        .collect();
-    if peers.is_empty() {
-        // No synced peer (a new cluster, or one restarted whole): every
-        // node kept its own buckets.
-        return Ok((0, 0));
-    }
-    // Spread the nodes catching up over the peers.
-    let first = map.node_id as usize % peers.len();
-    let mut failed = None;
-    for i in 0..peers.len() {
-        let node = peers[(first + i) % peers.len()];
-        let since = Instant::now()
-            .checked_sub(BUCKET_TOUCH_MARGIN)
-            .unwrap_or_else(Instant::now);
-        shard.bucket_copy_since(Some(since));
-        let got = buckets_from(shard, ckey, map, node, since).await;
-        shard.bucket_copy_since(None);
-        match got {
-            Ok(done) => return Ok(done),
-            Err(e) => failed = Some(format!("buckets from node {}: {e}", node.name)),
-        }
-    }
-    Err(failed.unwrap_or_else(|| "no peer answered".into()))
-}
-
-/// `sync_buckets` from one peer. A 404 is an error like any other (it
-/// is not signed: taken as "nothing to copy", it would let someone on the
-/// path make a joining node skip every bucket).
-async fn buckets_from(
-    shard: &Rc<Shard>,
-    ckey: &[u8; 32],
-    map: &ShardMap,
-    node: &MapNode,
-    since: Instant,
-) -> Result<(u64, u64), String> {
-    let (mut created, mut taken, mut unsettled) = (0, 0, 0);
-    let mut after: Option<String> = None;
-    loop {
-        let body = json!({ "after": after });
-        let (status, answer) = post_signed(
-            ckey,
-            map,
-            node,
-            "/_percore/buckets",
-            &body,
-            BUCKETS_ANSWER_MAX,
-        )
-        .await?;
-        if status != 200 {
-            return Err(format!("{status} {}", String::from_utf8_lossy(&answer)));
-        }
-        let v: Value = serde_json::from_slice(&answer).map_err(|e| e.to_string())?;
-        let buckets = v["buckets"].as_array().ok_or("no bucket list")?;
-        for b in buckets {
-            let raw = b["name"].as_str().ok_or("a bucket without a name")?;
-            if after.as_deref().is_some_and(|a| raw <= a) {
-                return Err("the bucket list does not move on".into());
-            }
-            after = Some(raw.to_string());
-            let (name, docs) = match bucket_of(b) {
-                Ok(got) => got,
-                Err(e) => {
-                    tracing::warn!(bucket = raw, error = %e, "cluster: a peer's bucket skipped");
-                    continue;
-                }
-            };
-            let owner = docs
-                .iter()
-                .find(|(k, _)| *k == ConfigKind::Owner)
-                .and_then(|(_, d)| std::str::from_utf8(d).ok());
-            let made = match shard
-                .fill_bucket(&name, owner, since)
-                .await
-                .map_err(|e| format!("{e:?}"))?
-            {
-                Some(made) => made,
-                None => {
-                    unsettled += u64::from(!shard.bucket_exists(&name));
-                    continue;
-                }
-            };
-            created += u64::from(made);
-            for (kind, doc) in docs {
-                // A bucket made just now has its owner.
-                if made && kind == ConfigKind::Owner {
-                    continue;
-                }
-                match shard.fill_bucket_config(&name, kind, doc, since).await {
-                    Ok(()) => taken += 1,
-                    // Too large, or the bucket went meanwhile: that one.
-                    Err(e) => tracing::warn!(
-                        bucket = %name,
-                        kind = kind.name(),
-                        error = ?e,
-                        "cluster: a peer's bucket configuration skipped"
-                    ),
-                }
-            }
-        }
-        if !v["more"].as_bool().unwrap_or(false) {
-            break;
-        }
-        if buckets.is_empty() {
-            return Err("an empty page with more to follow".into());
-        }
-    }
-    if unsettled > 0 {
-        return Err(format!(
-            "{unsettled} buckets missing here changed while they were copied; copying again"
-        ));
-    }
-    Ok((created, taken))
-}
-
 /// A node that turns unsynced this soon after it synced is flapping.
 const FLAP_WINDOW: Duration = Duration::from_secs(60);
 /// The longest hold-down before a flapping node syncs again.
@@ -1293,13 +1077,9 @@ fn hold_down(flaps: u32) -> Duration {
 /// tells the control thread, which marks the node synced in etcd if the
 /// map has not changed since.
 pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
-    // Client creates wait until the buckets were copied from a peer.
-    shard.bucket_copy_pending.set(true);
     glommio::spawn_local(async move {
         // (epoch, skipped revision) reported, and when.
         let mut reported = ((0, 0), Instant::now());
-        // The last bucket copy that succeeded: (epoch, when).
-        let mut buckets_copied: Option<(u64, Instant)> = None;
         // Since when this node is synced, as its map says.
         let mut synced_since: Option<Instant> = None;
         // Times in a row it turned unsynced within FLAP_WINDOW of syncing
@@ -1340,7 +1120,7 @@ pub fn start_catch_up(shard: Rc<Shard>, ckey: [u8; 32]) {
                 continue;
             }
             let started = Instant::now();
-            match catch_up(&shard, &ckey, &map, &mut buckets_copied).await {
+            match catch_up(&shard, &ckey, &map).await {
                 Ok((fetched, dropped)) => {
                     tracing::info!(
                         epoch = map.epoch,
@@ -1376,25 +1156,11 @@ async fn catch_up(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
-    buckets_copied: &mut Option<(u64, Instant)>,
 ) -> Result<(u64, u64), String> {
-    // Passes that fail for another reason repeat every half second: the
-    // buckets are copied again only under a new map or after a while.
-    let (created, taken) = match *buckets_copied {
-        Some((epoch, at)) if epoch == map.epoch && at.elapsed() < BUCKETS_AGAIN => (0, 0),
-        _ => {
-            let done = sync_buckets(shard, ckey, map).await?;
-            *buckets_copied = Some((map.epoch, Instant::now()));
-            shard.bucket_copy_pending.set(false);
-            done
-        }
-    };
-    if created + taken > 0 {
-        tracing::info!(
-            created,
-            documents_offered = taken,
-            "cluster: buckets taken from a synced node"
-        );
+    // The cluster's buckets first (the catalog in etcd, applied by this
+    // shard as the control thread reads it): a node caught up serves them.
+    if !super::catalog::ready() {
+        return Err("the cluster's buckets are not read from etcd yet".into());
     }
     // Not worth a pass while a leading peer cannot be reached.
     reach_peers(map).await?;
@@ -1872,7 +1638,7 @@ pub fn start_releases(shard: Rc<Shard>, ckey: [u8; 32]) {
 
 /// A node-authenticated `POST target` of a JSON `body` to `node`: its
 /// status and answer (at most `answer_max` bytes).
-async fn post_signed(
+pub(crate) async fn post_signed(
     ckey: &[u8; 32],
     map: &ShardMap,
     node: &MapNode,

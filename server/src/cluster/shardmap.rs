@@ -40,6 +40,14 @@ pub enum Report {
     Leave(std::sync::mpsc::Sender<bool>),
     /// The stopping node's shards have stopped: nothing is served any more.
     Drained,
+    /// A door's bucket change, to record in etcd (`catalog::commit`).
+    Bucket(super::catalog::Ask),
+    /// Read the bucket catalog and hand it to the bucket-owner shard, if
+    /// it has not applied this revision yet.
+    CatalogSync(i64),
+    /// This node's buckets, to seed a catalog that is not made yet
+    /// (`catalog::seed`).
+    Seed(Vec<crate::shard::msg::BucketDocs>),
 }
 
 /// A write of group `pg` is to be acknowledged without `nodes`' copies
@@ -563,14 +571,20 @@ pub struct MapFeed {
     sent_skipped: i64,
     /// The map last sent.
     last: Option<Arc<ShardMap>>,
+    /// The bucket-owner shard's catalog channel.
+    pub catalog_tx: mpsc::Sender<Arc<super::catalog::Catalog>>,
 }
 
-/// One channel per shard: the feed, and each shard's receiver (index =
-/// shard id).
+/// The bucket-owner shard's end of the catalog channel.
+pub type CatalogRx = mpsc::Receiver<Arc<super::catalog::Catalog>>;
+
+/// One channel per shard: the feed, each shard's receiver (index =
+/// shard id), and the bucket-owner shard's catalog receiver.
 #[must_use]
-pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
+pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>, CatalogRx) {
     let (senders, receivers) = (0..shards).map(|_| mpsc::channel()).unzip();
     let (synced_tx, synced_rx) = mpsc::channel();
+    let (catalog_tx, catalog_rx) = mpsc::channel();
     (
         MapFeed {
             senders,
@@ -580,8 +594,10 @@ pub fn feed(shards: usize) -> (MapFeed, Vec<mpsc::Receiver<Arc<ShardMap>>>) {
             sent_json: String::new(),
             sent_skipped: 0,
             last: None,
+            catalog_tx,
         },
         receivers,
+        catalog_rx,
     )
 }
 

@@ -58,7 +58,7 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
     ),
     (
         "percore_cluster_s3_fanned_out_total",
-        "S3 bucket changes sent to every serving node.",
+        "S3 bucket changes recorded in the cluster's bucket catalog (etcd) and applied on every serving node.",
         |m| m.cluster_fanned_out.get(),
     ),
     (

@@ -100,31 +100,18 @@ impl Shard {
 
     /// Creates the bucket on the bucket-owner shard, which publishes it to
     /// every shard before answering, owned by `owner` (None: the root
-    /// principal). Ok(false): it existed already.
+    /// principal). Ok(false): it existed already. (On a cluster node this
+    /// changes this node only: clients' changes go to the catalog,
+    /// `cluster::catalog`; a replica's copy into a bucket this node has
+    /// not yet applied the catalog of makes it here.)
     pub async fn create_bucket(
         self: &Rc<Self>,
         name: &str,
         owner: Option<&str>,
     ) -> Result<bool, ShardError> {
-        self.create_bucket_op(name, owner, false).await
-    }
-
-    /// `create_bucket` for a replica's copy of a key into a bucket this
-    /// node lacks (owned by the root principal; not a client's change).
-    pub async fn create_bucket_for_copy(self: &Rc<Self>, name: &str) -> Result<bool, ShardError> {
-        self.create_bucket_op(name, None, true).await
-    }
-
-    async fn create_bucket_op(
-        self: &Rc<Self>,
-        name: &str,
-        owner: Option<&str>,
-        copy: bool,
-    ) -> Result<bool, ShardError> {
         let op = Op::BucketCreate {
             name: name.into(),
             owner: owner.map(str::to_string),
-            copy,
         };
         match self.call(BUCKET_OWNER_SHARD, op).await {
             Reply::Created(created) => Ok(created),

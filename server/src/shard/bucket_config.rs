@@ -91,37 +91,10 @@ impl Shard {
         kind: ConfigKind,
         doc: Option<Bytes>,
     ) -> Result<(), ShardError> {
-        self.config_set_op(bucket, kind, doc, None).await
-    }
-
-    /// Stores the `kind` configuration of `bucket` only if none was ever
-    /// applied to it here (a joining node filling its buckets from a
-    /// peer's: a change that reached this node meanwhile wins).
-    /// Also not if the bucket had a create, delete or configuration
-    /// change asked of it since `since` (`fill_bucket`).
-    pub async fn fill_bucket_config(
-        self: &Rc<Self>,
-        bucket: &str,
-        kind: ConfigKind,
-        doc: Bytes,
-        since: std::time::Instant,
-    ) -> Result<(), ShardError> {
-        self.config_set_op(bucket, kind, Some(doc), Some(since))
-            .await
-    }
-
-    async fn config_set_op(
-        self: &Rc<Self>,
-        bucket: &str,
-        kind: ConfigKind,
-        doc: Option<Bytes>,
-        fill: Option<std::time::Instant>,
-    ) -> Result<(), ShardError> {
         let op = Op::BucketConfigSet {
             name: bucket.into(),
             kind,
             doc,
-            fill,
         };
         match self.call(BUCKET_OWNER_SHARD, op).await {
             Reply::Ok => Ok(()),
@@ -154,12 +127,8 @@ impl Shard {
         name: String,
         kind: ConfigKind,
         doc: Option<Bytes>,
-        fill: Option<std::time::Instant>,
     ) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        if fill.is_none() {
-            self.touch_bucket(&name, Some(kind));
-        }
         let _serial = self.config_writes.lock().await;
         if self.creating.borrow().contains(&name) {
             // Not visible yet: wait for it (a copy's create, or a client's).
@@ -170,14 +139,6 @@ impl Shard {
         };
         // Writes of configurations are serialized here: what this shard's
         // view shows is every write before this one.
-        if let Some(since) = fill {
-            let set = self.buckets.borrow().get(&name).is_some_and(|b| {
-                b.config.is_set(kind) || (kind == ConfigKind::Owner && b.config.owner.is_some())
-            });
-            if set || self.touched_since(&name, Some(kind), since) {
-                return Reply::Ok;
-            }
-        }
         let seq = match self
             .store
             .bucket_config_set(&name, created_ms, kind.name(), doc.clone())

@@ -3,48 +3,10 @@
 //! and the per-bucket count of writes in progress that DeleteBucket checks.
 
 use std::rc::Rc;
-use std::time::{Duration, Instant};
 
 use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::ConfigKind;
-
-/// When a bucket name last changed (`Shard::bucket_touched`).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Touch {
-    /// A delete asked, or a create that made the bucket.
-    bucket: Option<Instant>,
-    /// A configuration change asked, per kind (`ConfigKind::ALL` order).
-    kinds: [Option<Instant>; ConfigKind::ALL.len()],
-}
-
-impl Touch {
-    fn latest(&self) -> Option<Instant> {
-        self.kinds
-            .iter()
-            .flatten()
-            .chain(&self.bucket)
-            .max()
-            .copied()
-    }
-}
-
-fn kind_index(kind: ConfigKind) -> usize {
-    ConfigKind::ALL
-        .iter()
-        .position(|k| *k == kind)
-        .expect("every kind is in ALL")
-}
-
-/// Most bucket names `Shard::bucket_touched` keeps; past it, entries
-/// older than `TOUCHED_KEPT` go (and if that is not enough, all, with
-/// `touched_floor` set so that every name counts as touched).
-const TOUCHED_MAX: usize = 4096;
-/// How long a touch matters: a catching-up node's bucket copy looks back
-/// `replicate::BUCKET_TOUCH_MARGIN` before it began, and a copy lasts
-/// seconds.
-const TOUCHED_KEPT: Duration =
-    Duration::from_secs(crate::cluster::replicate::BUCKET_TOUCH_MARGIN.as_secs() + 120);
 
 #[derive(Debug, Clone)]
 pub struct BucketView {
@@ -97,107 +59,11 @@ impl Shard {
         self.publish_users().await;
     }
 
-    /// Notes a change of `name` now (bucket-owner shard): of its `kind`
-    /// of configuration, or (None) of the bucket itself (a delete asked,
-    /// a create that made it).
-    pub(super) fn touch_bucket(&self, name: &str, kind: Option<ConfigKind>) {
-        let now = Instant::now();
-        let mut touched = self.bucket_touched.borrow_mut();
-        if touched.len() >= TOUCHED_MAX && !touched.contains_key(name) {
-            // Never what a running copy may need (since it began).
-            let keep = now.checked_sub(TOUCHED_KEPT).unwrap_or(now);
-            let keep = self.copy_since.get().map_or(keep, |c| keep.min(c));
-            touched.retain(|_, t| t.latest().is_some_and(|l| l >= keep));
-            if touched.len() >= TOUCHED_MAX {
-                // Keeping none is safe for the copy only if it then skips
-                // every name: `touched_floor` says so.
-                touched.clear();
-                self.touched_floor.set(Some(now));
-            }
-        }
-        let t = touched.entry(name.to_string()).or_default();
-        match kind {
-            None => t.bucket = Some(now),
-            Some(k) => t.kinds[kind_index(k)] = Some(now),
-        }
-    }
-
-    /// Whether `name` had a change (of the bucket itself, or of its
-    /// `kind` of configuration) at or after `since` (bucket-owner shard).
-    pub(super) fn touched_since(
-        &self,
-        name: &str,
-        kind: Option<ConfigKind>,
-        since: Instant,
-    ) -> bool {
-        if self.touched_floor.get().is_some_and(|f| f >= since) {
-            return true;
-        }
-        self.bucket_touched.borrow().get(name).is_some_and(|t| {
-            t.bucket.is_some_and(|b| b >= since)
-                || kind.is_some_and(|k| t.kinds[kind_index(k)].is_some_and(|at| at >= since))
-        })
-    }
-
-    /// A bucket copy from a peer begins (`Some(since)`: touches from then
-    /// on are kept) or ends (None).
-    pub fn bucket_copy_since(&self, since: Option<Instant>) {
-        self.copy_since.set(since);
-    }
-
-    /// A catching-up node's copy of a peer's bucket (on the bucket-owner
-    /// shard, which runs the catch-up): creates `name` owned by `owner`
-    /// unless it exists, is being created, or was deleted or created
-    /// since `since` (that change is newer than the peer's answer, or may
-    /// be). Client deletes and configuration changes of a name being
-    /// created wait (Busy), so none slips in before it is visible.
-    /// Ok(None): skipped; Ok(Some(made)).
-    pub async fn fill_bucket(
-        self: &Rc<Self>,
-        name: &str,
-        owner: Option<&str>,
-        since: Instant,
-    ) -> Result<Option<bool>, ShardError> {
-        debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        if self.creating.borrow().contains(name) || self.touched_since(name, None, since) {
-            return Ok(None);
-        }
-        if self.buckets.borrow().contains_key(name) {
-            return Ok(Some(false));
-        }
-        match self
-            .create_untouched(name.to_string(), owner.map(str::to_string))
-            .await
-        {
-            Reply::Created(made) => Ok(Some(made)),
-            Reply::Err(ShardError::ConditionalConflict) => Ok(None),
-            Reply::Err(e) => Err(e),
-            other => Err(ShardError::Internal(format!("unexpected reply {other:?}"))),
-        }
-    }
-
     pub(super) async fn bucket_create(
         self: &Rc<Self>,
         name: String,
         owner: Option<String>,
     ) -> Reply {
-        if self.bucket_copy_pending.get() {
-            return Reply::Err(ShardError::Busy);
-        }
-        let reply = self.create_untouched(name.clone(), owner).await;
-        // Only a create that made the bucket changed anything (one of an
-        // existing name must not hold off a copy); one in progress is in
-        // `creating`, which the copy checks.
-        if matches!(reply, Reply::Created(true)) {
-            self.touch_bucket(&name, None);
-        }
-        reply
-    }
-
-    /// A create not noted in `bucket_touched` (a catching-up node's own, or
-    /// one for a replica's copy: the documents copied next must not be
-    /// skipped for it).
-    async fn create_untouched(self: &Rc<Self>, name: String, owner: Option<String>) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
         if !self.creating.borrow_mut().insert(name.clone()) {
             return Reply::Err(ShardError::ConditionalConflict);
@@ -249,7 +115,6 @@ impl Shard {
     /// parts (`BucketApply` with no `created_ms`; see `store::mpu`).
     pub(super) async fn bucket_delete(self: &Rc<Self>, name: String) -> Reply {
         debug_assert_eq!(self.id, BUCKET_OWNER_SHARD);
-        self.touch_bucket(&name, None);
         if self.creating.borrow().contains(&name) {
             // Not visible yet: answering NoSuchBucket would let the create
             // land after the delete was counted done.
@@ -402,13 +267,7 @@ impl Shard {
     /// The bucket operations of `execute`.
     pub(super) async fn execute_bucket_op(self: &Rc<Self>, op: Op) -> Reply {
         match op {
-            Op::BucketCreate { name, owner, copy } => {
-                if copy {
-                    self.create_untouched(name, owner).await
-                } else {
-                    self.bucket_create(name, owner).await
-                }
-            }
+            Op::BucketCreate { name, owner } => self.bucket_create(name, owner).await,
             Op::BucketDelete { name } => self.bucket_delete(name).await,
             Op::BucketApply {
                 name,
@@ -422,12 +281,9 @@ impl Shard {
             }
             Op::BucketLock { name } => self.bucket_lock(name),
             Op::BucketUnlock { name } => self.bucket_unlock(name),
-            Op::BucketConfigSet {
-                name,
-                kind,
-                doc,
-                fill,
-            } => self.bucket_config_set(name, kind, doc, fill).await,
+            Op::BucketConfigSet { name, kind, doc } => {
+                self.bucket_config_set(name, kind, doc).await
+            }
             Op::BucketDocs { after, budget } => self.bucket_docs_here(after, budget).await,
             Op::BucketConfigApply {
                 name,

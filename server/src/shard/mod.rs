@@ -84,23 +84,6 @@ pub struct Shard {
     /// it): each write reads back its own seq and is applied everywhere
     /// before the next starts, so every shard applies them in one order.
     config_writes: futures::lock::Mutex<()>,
-    /// Bucket-owner shard: when each bucket name last had a delete asked
-    /// of it, a create make it, or a configuration change of each kind
-    /// asked of it, for a catching-up node's bucket copy (`fill_bucket`):
-    /// what was touched during or just before the copy is left to those
-    /// changes. Bounded (`buckets::TOUCHED_MAX`).
-    bucket_touched: RefCell<HashMap<String, buckets::Touch>>,
-    /// Bucket-owner shard: when the bucket copy running now began (its
-    /// touches are never dropped).
-    copy_since: Cell<Option<std::time::Instant>>,
-    /// Bucket-owner shard of a cluster node: set until its first bucket
-    /// copy from a synced peer succeeded; client creates are refused
-    /// (Busy) meanwhile, so that this node cannot take a create of a name
-    /// that exists elsewhere, owned by another user.
-    pub(crate) bucket_copy_pending: Cell<bool>,
-    /// Set when `bucket_touched` had to be emptied: every name counts as
-    /// touched at this time.
-    touched_floor: Cell<Option<std::time::Instant>>,
     /// PUTs in progress per bucket on this shard (for DeleteBucket).
     puts_in_flight: RefCell<HashMap<String, usize>>,
     sessions: RefCell<HashMap<SessionId, SessionSlot>>,
@@ -156,10 +139,6 @@ impl Shard {
             users: RefCell::new(Default::default()),
             creating: RefCell::new(Default::default()),
             config_writes: futures::lock::Mutex::new(()),
-            bucket_touched: RefCell::new(HashMap::new()),
-            copy_since: Cell::new(None),
-            bucket_copy_pending: Cell::new(false),
-            touched_floor: Cell::new(None),
             puts_in_flight: RefCell::new(HashMap::new()),
             sessions: RefCell::new(HashMap::new()),
             next_session: Cell::new(1),

@@ -117,7 +117,6 @@ pub enum Op {
     BucketCreate {
         name: String,
         owner: Option<String>,
-        copy: bool,
     },
     /// To the bucket-owner shard.
     BucketDelete {
@@ -155,11 +154,6 @@ pub enum Op {
         name: String,
         kind: crate::bucket_config::ConfigKind,
         doc: Option<Bytes>,
-        /// Some(since): only if no document of `kind` was ever applied to
-        /// the bucket here and it had no create, delete or configuration
-        /// change asked of it since then (a joining node filling its
-        /// buckets from a peer's).
-        fill: Option<std::time::Instant>,
     },
     /// To the bucket-owner shard: the buckets after `after` (by name), each
     /// with its owner and stored documents, until about `budget` bytes of

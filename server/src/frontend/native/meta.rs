@@ -167,6 +167,20 @@ impl NativeFront {
             Principal::User(name) => Some(&**name),
             _ => None,
         };
+        if self.shard.is_cluster() {
+            // Recorded in etcd, then applied on every node that is up.
+            use crate::cluster::catalog::{self, Change, Outcome};
+            let ckey = crate::cluster::peer_http::cluster_key(&self.cfg.credentials.secret_key);
+            let change = Change::Create {
+                name: bucket,
+                owner: owner.map(str::to_string),
+            };
+            return match catalog::change(&self.shard, &ckey, change).await {
+                Ok(Outcome::Done) => Reply::default(),
+                Ok(_) => Reply::error(Status::BucketExists, "bucket already exists"),
+                Err(e) => Reply::error(Status::Busy, &e),
+            };
+        }
         match self.shard.create_bucket(&bucket, owner).await {
             Ok(true) => Reply::default(),
             Ok(false) => Reply::error(Status::BucketExists, "bucket already exists"),

@@ -304,6 +304,13 @@ impl NativeFront {
         if !self.shard.is_cluster() {
             return None;
         }
+        if !crate::cluster::catalog::ready() && !matches!(req, Request::ClusterMap) {
+            // Every answer goes by the cluster's buckets.
+            return Some(Reply::error(
+                Status::Busy,
+                "this cluster node has not read the cluster's buckets yet; retry shortly",
+            ));
+        }
         let keys: Vec<(&str, &str)> = match req {
             Request::Get { bucket, item } => vec![(bucket, &item.key)],
             Request::BatchGet { bucket, items } => items

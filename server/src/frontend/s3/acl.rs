@@ -107,8 +107,7 @@ impl S3Front {
         };
         if on_bucket {
             let doc = public.then(|| Bytes::from_static(b"public-read"));
-            self.shard
-                .set_bucket_config(&req.bucket, ConfigKind::Acl, doc)
+            self.set_bucket_doc(&req.bucket, ConfigKind::Acl, doc)
                 .await?;
         }
         self.respond(conn, req, ResponseHead::new(200), b"").await

@@ -104,14 +104,24 @@ impl S3Front {
             Principal::User(name) => Some(&**name),
             _ => None,
         };
-        if self.shard.create_bucket(&req.bucket, owner).await? {
+        let change = crate::cluster::catalog::Change::Create {
+            name: req.bucket.clone(),
+            owner: owner.map(str::to_string),
+        };
+        let existing_owner = match self.cluster_bucket_change(change).await? {
+            None if self.shard.create_bucket(&req.bucket, owner).await? => None,
+            None => Some(
+                self.shard
+                    .bucket_config(&req.bucket)
+                    .and_then(|c| c.owner.as_deref().map(str::to_string)),
+            ),
+            Some(crate::cluster::catalog::Outcome::Exists(o)) => Some(o),
+            Some(_) => None,
+        };
+        let Some(existing_owner) = existing_owner else {
             let head = ResponseHead::new(200).with_header("Location", format!("/{}", req.bucket));
             return self.respond(conn, req, head, b"").await;
-        }
-        let existing_owner = self
-            .shard
-            .bucket_config(&req.bucket)
-            .and_then(|c| c.owner.clone());
+        };
         if auth.principal.owns(existing_owner.as_deref()) {
             Err(S3Error::new(
                 409,
@@ -139,7 +149,9 @@ impl S3Front {
         conn: &mut Conn,
         req: &Request,
     ) -> Result<(), S3Error> {
-        self.shard.delete_bucket(&req.bucket).await?;
+        if !self.cluster_delete_bucket(&req.bucket).await? {
+            self.shard.delete_bucket(&req.bucket).await?;
+        }
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
@@ -189,13 +201,12 @@ impl S3Front {
         if status != "Enabled" && status != "Suspended" {
             return Err(malformed("Status must be Enabled or Suspended"));
         }
-        self.shard
-            .set_bucket_config(
-                &req.bucket,
-                ConfigKind::Versioning,
-                Some(Bytes::from(status)),
-            )
-            .await?;
+        self.set_bucket_doc(
+            &req.bucket,
+            ConfigKind::Versioning,
+            Some(Bytes::from(status)),
+        )
+        .await?;
         self.respond(conn, req, ResponseHead::new(200), b"").await
     }
 

@@ -27,6 +27,8 @@ use serde_json::{json, Value};
 
 use super::route::S3Op;
 use super::{Conn, Request, S3Front};
+use crate::bucket_config::ConfigKind;
+use crate::cluster::catalog;
 use crate::cluster::peer_http::{self, Claim};
 use crate::cluster::replicate;
 use crate::cluster::shardmap::{MapNode, ShardMap};
@@ -39,8 +41,6 @@ use crate::store::ListItem;
 
 /// Largest internal answer (a listing page of 1,000 keys is ~200 KB).
 const INTERNAL_ANSWER_MAX: usize = 16 << 20;
-/// Largest bucket-change body fanned out (the XML documents).
-const FANOUT_BODY_MAX: usize = 1 << 20;
 /// Largest internal request body (1,000 deletes of 1 KiB keys).
 const INTERNAL_BODY_MAX: usize = 2 << 20;
 /// A forward sent through another node (`S3Front::forward`): that node
@@ -89,8 +89,6 @@ pub(super) enum Plan {
     Here,
     /// Forward it to the key's owner.
     Forward(Peer),
-    /// Send it to every node that may hold keys (a bucket change).
-    FanOut(Vec<Peer>),
 }
 
 /// How long after a forward's connect to a node timed out this shard
@@ -183,24 +181,6 @@ fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
     })
 }
 
-fn is_bucket_change(op: S3Op) -> bool {
-    matches!(
-        op,
-        S3Op::CreateBucket
-            | S3Op::DeleteBucket
-            | S3Op::PutBucketVersioning
-            | S3Op::PutBucketAcl
-            | S3Op::PutBucketTagging
-            | S3Op::PutBucketCors
-            | S3Op::PutBucketLifecycleConfiguration
-            | S3Op::PutBucketPolicy
-            | S3Op::DeleteBucketTagging
-            | S3Op::DeleteBucketCors
-            | S3Op::DeleteBucketLifecycle
-            | S3Op::DeleteBucketPolicy
-    )
-}
-
 /// The static code of an error a peer reported (unknown ones are
 /// internal errors).
 fn static_code(code: &str) -> &'static str {
@@ -235,6 +215,67 @@ impl S3Front {
 
     pub(super) fn cluster_key(&self) -> [u8; 32] {
         peer_http::cluster_key(&self.cfg.credentials.secret_key)
+    }
+
+    /// A bucket change on a cluster node: recorded in etcd and applied on
+    /// every node that is up (`catalog::change`; 503 if that failed).
+    /// None on a single node: the caller changes its shards.
+    pub(super) async fn cluster_bucket_change(
+        &self,
+        change: catalog::Change,
+    ) -> Result<Option<catalog::Outcome>, S3Error> {
+        if !self.shard.is_cluster() {
+            return Ok(None);
+        }
+        ShardMetrics::add(&self.shard.metrics().cluster_fanned_out, 1);
+        catalog::change(&self.shard, &self.cluster_key(), change)
+            .await
+            .map(Some)
+            .map_err(unavailable)
+    }
+
+    /// Stores (Some) or removes (None) a bucket's `kind` document: in the
+    /// cluster's catalog on a cluster node, else on the shards.
+    pub(super) async fn set_bucket_doc(
+        &self,
+        bucket: &str,
+        kind: ConfigKind,
+        doc: Option<bytes::Bytes>,
+    ) -> Result<(), S3Error> {
+        let change = catalog::Change::Doc {
+            name: bucket.to_string(),
+            kind,
+            doc: doc.clone(),
+        };
+        match self.cluster_bucket_change(change).await? {
+            None => Ok(self.shard.set_bucket_config(bucket, kind, doc).await?),
+            Some(catalog::Outcome::NoSuchBucket) => Err(S3Error::no_such_bucket()),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// DeleteBucket on a cluster node: refused unless every node that may
+    /// hold keys (down ones included) holds none of the bucket, then
+    /// deleted in the catalog. Ok(false) on a single node.
+    pub(super) async fn cluster_delete_bucket(&self, bucket: &str) -> Result<bool, S3Error> {
+        let Some(map) = self.map()? else {
+            return Ok(false);
+        };
+        let mut to = Vec::new();
+        if let Some(me) = map.node(map.node_id) {
+            to.push(peer_of(me)?);
+        }
+        for n in map.holding_peers() {
+            to.push(peer_of(n)?);
+        }
+        self.check_empty_everywhere(bucket, &to).await?;
+        let change = catalog::Change::Delete {
+            name: bucket.to_string(),
+        };
+        match self.cluster_bucket_change(change).await? {
+            Some(catalog::Outcome::NoSuchBucket) => Err(S3Error::no_such_bucket()),
+            _ => Ok(true),
+        }
     }
 
     /// The node header for a request from this node to `to`.
@@ -301,6 +342,12 @@ impl S3Front {
         let Some(map) = self.map()? else {
             return Ok(Plan::Here);
         };
+        // Every answer, forwarded ones too, goes by the cluster's buckets.
+        if !catalog::ready() {
+            return Err(unavailable(
+                "This cluster node has not read the cluster's buckets from etcd yet; retry shortly.",
+            ));
+        }
         if req.op == S3Op::BatchGet {
             return Err(S3Error::not_implemented(
                 "the S3 batch read on a cluster (GET each key, or use the native client's get_batch)",
@@ -320,16 +367,6 @@ impl S3Front {
                     | S3Op::ListObjectVersions
             ) {
                 lead_check(&map, None)?;
-            }
-            if claim.is_none() && is_bucket_change(req.op) {
-                let mut to = Vec::new();
-                if let Some(me) = map.node(map.node_id) {
-                    to.push(peer_of(me)?);
-                }
-                for n in map.holding_peers() {
-                    to.push(peer_of(n)?);
-                }
-                return Ok(Plan::FanOut(to));
             }
             return Ok(Plan::Here);
         }
@@ -678,72 +715,6 @@ impl S3Front {
         Ok(resp.into_reusable())
     }
 
-    /// Sends a bucket change to every node that may hold keys (this one
-    /// included, through its own S3 port) and answers with one node's
-    /// answer: a success when every node succeeded (a node that already
-    /// had the bucket, or had already lost it, counts for a create or a
-    /// delete), else the first failure. A node that cannot be reached
-    /// fails it (503: retry).
-    pub(super) async fn fan_out(
-        &self,
-        conn: &mut Conn,
-        req: &Request,
-        to: Vec<Peer>,
-    ) -> Result<(), S3Error> {
-        ShardMetrics::add(&self.shard.metrics().cluster_fanned_out, 1);
-        let body = self.read_small_body(conn, req, FANOUT_BODY_MAX).await?;
-        if req.op == S3Op::DeleteBucket {
-            self.check_empty_everywhere(&req.bucket, &to).await?;
-        }
-        let calls = to.iter().map(|peer| {
-            let body = &body;
-            async move {
-                let _permit = self.peer_calls.acquire_permit(1).await;
-                let head = self.peer_head(req, peer.id, Some(body.len() as u64), None, false);
-                let mut s = peer_http::open(peer.addr).await?;
-                s.write_all(&head).await?;
-                s.write_all(body).await?;
-                s.flush().await?;
-                let r = peer_http::read_response(s).await?;
-                let (status, headers) = (r.status, r.headers.clone());
-                Ok::<_, std::io::Error>((status, headers, r.body(INTERNAL_ANSWER_MAX).await?))
-            }
-        });
-        let answers = futures::future::join_all(calls).await;
-        let (mut ok, mut failed, mut benign) = (None, None, None);
-        for (peer, got) in to.iter().zip(answers) {
-            let (status, headers, body) = got.map_err(|e| unavailable(format!("cluster node {} did not take the bucket change: {e}; retry (until it succeeds the change holds on some nodes only)", peer.name)))?;
-            let text = String::from_utf8_lossy(&body);
-            // A node that already had the new bucket, or had already lost
-            // the deleted one (a retry after a partial change).
-            let done_before = match req.op {
-                S3Op::CreateBucket => text.contains("<Code>BucketAlreadyOwnedByYou</Code>"),
-                S3Op::DeleteBucket => text.contains("<Code>NoSuchBucket</Code>"),
-                _ => false,
-            };
-            let slot = match (status, done_before) {
-                (200..=299, _) => &mut ok,
-                (_, true) => &mut benign,
-                _ => &mut failed,
-            };
-            slot.get_or_insert((status, headers, body));
-        }
-        let Some((status, headers, body)) = failed.or(ok).or(benign) else {
-            return Err(unavailable("no cluster node took the bucket change"));
-        };
-        let mut head = ResponseHead::new(status);
-        for (n, v) in headers {
-            if !OWN_RESPONSE_HEADERS.contains(&n.as_str()) && !n.starts_with("access-control-") {
-                head.push_header(n, v);
-            }
-        }
-        conn.write_response(&head, body.len() as u64, false).await?;
-        if req.head.method != "HEAD" {
-            conn.write_body(&body).await?;
-        }
-        Ok(conn.flush().await?)
-    }
-
     /// One internal GET listing of `peer`'s own keys.
     async fn peer_list(
         &self,
@@ -1008,60 +979,65 @@ impl S3Front {
                 )
                 .await;
         }
-        let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
-            ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
-                .await
-                .map_err(S3Error::invalid_argument)?,
-            ("POST", "/_percore/buckets") => replicate::answer_buckets(&self.shard, &map, &body)
-                .await
-                .map_err(S3Error::invalid_argument)?,
-            ("POST", "/_percore/release") => {
-                replicate::answer_release(&map, &body)
+        let answer =
+            match (req.head.method.as_str(), req.head.path.as_str()) {
+                ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
+                    .await
+                    .map_err(S3Error::invalid_argument)?,
+                ("POST", "/_percore/catalog") => {
+                    catalog::answer_sync(&map, &body).await.map_err(|e| {
+                        if e.starts_with("bad catalog request") {
+                            S3Error::invalid_argument(e)
+                        } else {
+                            unavailable(e)
+                        }
+                    })?
+                }
+                ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
                     .await
                     .map_err(|e| match e {
                         replicate::ReleaseRefused::Bad(m) => S3Error::invalid_argument(m),
                         replicate::ReleaseRefused::Busy(m) => slow_down(m),
-                    })?
-            }
-            ("GET", "/_percore/list") => {
-                lead_check(&map, None)?;
-                let max: usize = q("max")
-                    .parse()
-                    .map_err(|_| S3Error::invalid_argument("bad max"))?;
-                let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
-                // versions=1: every version and delete marker counts.
-                let versions = (q("versions") == "1").then_some(None);
-                let bucket = q("bucket");
-                let got = self
-                    .shard
-                    .list_merged(
-                        &bucket,
-                        &q("prefix"),
-                        &q("from"),
-                        delimiter,
-                        max.clamp(1, 10_000),
-                        versions,
-                    )
-                    .await;
-                match got {
-                    Ok((items, truncated)) => {
-                        list_answer(&own_items(&map, &bucket, items), truncated)
+                    })?,
+                ("GET", "/_percore/list") => {
+                    lead_check(&map, None)?;
+                    let max: usize = q("max")
+                        .parse()
+                        .map_err(|_| S3Error::invalid_argument("bad max"))?;
+                    let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
+                    // versions=1: every version and delete marker counts.
+                    let versions = (q("versions") == "1").then_some(None);
+                    let bucket = q("bucket");
+                    let got = self
+                        .shard
+                        .list_merged(
+                            &bucket,
+                            &q("prefix"),
+                            &q("from"),
+                            delimiter,
+                            max.clamp(1, 10_000),
+                            versions,
+                        )
+                        .await;
+                    match got {
+                        Ok((items, truncated)) => {
+                            list_answer(&own_items(&map, &bucket, items), truncated)
+                        }
+                        Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
+                        Err(e) => return Err(e.into()),
                     }
-                    Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
-                    Err(e) => return Err(e.into()),
                 }
-            }
-            ("POST", "/_percore/delete") => {
-                let items: Vec<Value> = serde_json::from_slice(&body)
-                    .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
-                if items.len() > 1000 {
-                    return Err(S3Error::invalid_argument("more than 1000 deletes"));
+                ("POST", "/_percore/delete") => {
+                    let items: Vec<Value> = serde_json::from_slice(&body)
+                        .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
+                    if items.len() > 1000 {
+                        return Err(S3Error::invalid_argument("more than 1000 deletes"));
+                    }
+                    lead_check(&map, None)?;
+                    self.delete_owned(&map, &q("bucket"), &items).await
                 }
-                lead_check(&map, None)?;
-                self.delete_owned(&map, &q("bucket"), &items).await
-            }
-            _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
-        };
+                _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
+            };
         self.answer_signed(conn, &claim.mac, &answer.to_string(), true)
             .await
     }

@@ -220,8 +220,7 @@ impl S3Front {
                 return Err(S3Error::internal("not a document kind"))
             }
         };
-        self.shard
-            .set_bucket_config(&req.bucket, kind, Some(Bytes::from(doc)))
+        self.set_bucket_doc(&req.bucket, kind, Some(Bytes::from(doc)))
             .await?;
         let status = if matches!(kind, ConfigKind::Tagging | ConfigKind::Policy) {
             204
@@ -239,9 +238,7 @@ impl S3Front {
         kind: ConfigKind,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.shard
-            .set_bucket_config(&req.bucket, kind, None)
-            .await?;
+        self.set_bucket_doc(&req.bucket, kind, None).await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 

@@ -242,13 +242,12 @@ impl S3Front {
         if req.q("versionId").is_some_and(|v| Pick::parse(v).is_none()) {
             return Err(S3Error::invalid_argument("Invalid version id specified"));
         }
-        // A cluster node: the key's owner serves it, every node takes a
-        // bucket change (`cluster`).
+        // A cluster node: the key's owner serves it; a bucket change goes
+        // to the cluster's catalog in etcd (`cluster`).
         let claim = self.node_claim(req, loopback)?;
         match self.plan(req, claim.as_ref())? {
             super::cluster::Plan::Here => {}
             super::cluster::Plan::Forward(peer) => return self.forward(conn, req, peer).await,
-            super::cluster::Plan::FanOut(to) => return self.fan_out(conn, req, to).await,
         }
         match req.op {
             S3Op::ListBuckets => self.list_buckets(conn, req, &auth).await,
