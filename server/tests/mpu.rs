@@ -446,13 +446,7 @@ async fn shard_on(store: &Store) -> Rc<Shard> {
 async fn create_bucket(shard: &Rc<Shard>, name: &str) {
     let name = name.to_string();
     assert!(matches!(
-        shard
-            .execute(Op::BucketCreate {
-                name,
-                owner: None,
-                copy: false,
-            })
-            .await,
+        shard.execute(Op::BucketCreate { name, owner: None }).await,
         Reply::Created(true)
     ));
 }

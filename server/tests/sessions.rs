@@ -174,7 +174,6 @@ async fn create_bucket(shard: &Rc<Shard>, name: &str) {
             Op::BucketCreate {
                 name: name.into(),
                 owner: None,
-                copy: false,
             },
         )
         .await

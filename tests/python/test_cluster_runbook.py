@@ -30,6 +30,7 @@ members' return each door took writes again.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -57,6 +58,7 @@ from test_cluster_replication import (
     load_client,
     settle,
 )
+from conftest import SECRET_KEY, percore_bin
 from test_cluster_routing import digest, wait_synced
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -325,6 +327,8 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     s3.create_bucket(Bucket="stays-empty")
     n3.kill9()
     wait_for_state(cluster.urls, "n3", "down")
+    # Writes go on without n3 once the doors run the map that says so.
+    settle(cluster, [n1, n2])
 
     started = time.monotonic()
     s3.create_bucket(Bucket="while-down")
@@ -332,6 +336,14 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     s3.put_bucket_cors(Bucket="while-down", CORSConfiguration={"CORSRules": [
         {"AllowedMethods": ["GET"], "AllowedOrigins": ["https://example.com"]}]})
     s3.delete_bucket_tagging(Bucket="before-down")
+    # A user's bucket (users are per node yet: alice is on n1 only).
+    alice = json.loads(subprocess.run(
+        [str(percore_bin()), "user", "add", "alice", "--admin", f"{n1.ip}:{n1.admin_port}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={"PATH": "/usr/bin:/bin", "PERCORE_SECRET_KEY": SECRET_KEY}).stdout)
+    as_alice = n1.client(access_key=alice["access_key"], secret_key=alice["secret_key"])
+    as_alice.create_bucket(Bucket="alices")
+    as_alice.put_object(Bucket="alices", Key="a", Body=b"alice's")
     bodies = {f"k/{i:02d}": os.urandom(100 + i) for i in range(20)}
     for key, body in bodies.items():
         s3.put_object(Bucket="while-down", Key=key, Body=body)
@@ -364,6 +376,7 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
         "https://example.com"]
     with pytest.raises(ClientError, match="NoSuchTagSet"):
         door.get_bucket_tagging(Bucket="before-down")
+    assert door.get_bucket_acl(Bucket="alices")["Owner"]["ID"] == "alice"
 
     n1.start()
     n2.start()
@@ -371,8 +384,63 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     settle(cluster, cluster.nodes)
     bad = [k for k, body in bodies.items() if fetch(door, "while-down", k) != Blob.of(body)]
     assert not bad, f"keys served wrong through n3: {bad}"
+    assert as_alice.get_object(Bucket="alices", Key="a")["Body"].read() == b"alice's"
     door.delete_bucket(Bucket="stays-empty")
     for n in cluster.nodes:
         with pytest.raises(ClientError) as e:
             n.client().head_bucket(Bucket="stays-empty")
         assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket")
+
+
+def etcd_call(urls: str, path: str, body: dict) -> dict:
+    """One call to etcd's JSON gateway (keys in base64)."""
+    import base64
+    import urllib.request
+
+    def b64(v):
+        return base64.b64encode(v.encode()).decode() if isinstance(v, str) else v
+    body = {k: b64(v) if k in ("key", "range_end") else v for k, v in body.items()}
+    req = urllib.request.Request(urls.split(",")[0] + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # noqa: F811
+    """A cluster made by an older percore has its buckets on its nodes and
+    no catalog in etcd (made here by removing it with every node
+    stopped). Started again, its nodes put their buckets and documents
+    into etcd and mark the catalog made; then every door serves them, and
+    bucket changes work."""
+    from botocore.exceptions import ClientError
+
+    s3 = cluster.nodes[0].client()
+    s3.create_bucket(Bucket="old-one")
+    s3.put_bucket_tagging(Bucket="old-one", Tagging=TAGS)
+    s3.create_bucket(Bucket="old-two")
+    s3.put_object(Bucket="old-two", Key="k", Body=b"kept")
+    for n in cluster.nodes:
+        n.kill9()
+    root = "/percore/percore/"
+    for key in ("catalog", "buckets/"):
+        end = root + key[:-1] + chr(ord(key[-1]) + 1) if key.endswith("/") else None
+        body = {"key": root + key, **({"range_end": end} if end else {})}
+        etcd_call(cluster.urls, "/v3/kv/deleterange", body)
+    listed = etcd_call(cluster.urls, "/v3/kv/range",
+                       {"key": root + "buckets/", "range_end": root + "buckets0"})
+    assert not listed.get("kvs"), listed
+    for n in cluster.nodes:
+        n.start()
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    settle(cluster, cluster.nodes)
+    assert etcd_call(cluster.urls, "/v3/kv/range", {"key": root + "catalog"}).get("kvs")
+    for n in cluster.nodes:
+        door = n.client()
+        names = retry_unavailable(lambda: {b["Name"] for b in door.list_buckets()["Buckets"]})
+        assert {"old-one", "old-two"} <= names, (n.node_name, names)
+        assert door.get_bucket_tagging(Bucket="old-one")["TagSet"] == TAGS["TagSet"]
+        assert door.get_object(Bucket="old-two", Key="k")["Body"].read() == b"kept"
+    cluster.nodes[1].client().delete_bucket_tagging(Bucket="old-one")
+    for n in cluster.nodes:
+        with pytest.raises(ClientError, match="NoSuchTagSet"):
+            n.client().get_bucket_tagging(Bucket="old-one")

@@ -130,17 +130,23 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
     let done = match change {
         Change::Create { name, owner } => {
             let record = json!({ "created_ms": super::map::now_ms() }).to_string();
+            // No document of an earlier bucket of the name may stay (there
+            // should be none: a delete takes them). The owner's key is
+            // left out of the deletes, which may not overlap the put.
+            let docs = keys.bucket_docs(name);
+            let owner_key = keys.bucket_doc(name, ConfigKind::Owner.name());
+            let mut after_owner = owner_key.clone();
+            after_owner.push(0);
             let mut ops = vec![
                 txn::put(&keys.bucket(name), record.as_bytes()),
-                txn::delete_prefix(&keys.bucket_docs(name)),
+                txn::delete_range(&docs, &owner_key),
+                txn::delete_range(&after_owner, &prefix_end(&docs)),
                 stamp,
             ];
-            if let Some(o) = owner {
-                ops.push(txn::put(
-                    &keys.bucket_doc(name, ConfigKind::Owner.name()),
-                    o.as_bytes(),
-                ));
-            }
+            ops.push(match owner {
+                Some(o) => txn::put(&owner_key, o.as_bytes()),
+                None => txn::delete(&owner_key),
+            });
             let (done, rev) =
                 etcd.txn_rev(vec![seeded, txn::absent(&keys.bucket(name))], ops, vec![])?;
             if done {

@@ -109,7 +109,14 @@ pub mod txn {
     /// Every key that starts with `prefix`.
     #[must_use]
     pub fn delete_prefix(prefix: &[u8]) -> Value {
-        json!({"request_delete_range": {"key": b64(prefix), "range_end": b64(&super::prefix_end(prefix))}})
+        delete_range(prefix, &super::prefix_end(prefix))
+    }
+
+    /// Every key in `[key, range_end)` (etcd refuses a transaction whose
+    /// puts and deletes overlap).
+    #[must_use]
+    pub fn delete_range(key: &[u8], range_end: &[u8]) -> Value {
+        json!({"request_delete_range": {"key": b64(key), "range_end": b64(range_end)}})
     }
 }
 

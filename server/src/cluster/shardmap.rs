@@ -970,7 +970,7 @@ mod tests {
 
     #[test]
     fn feed_sends_only_changes() {
-        let (mut feed, rx) = feed(2);
+        let (mut feed, rx, _catalog) = feed(2);
         let map = |epoch: u64, json: &str, skipped: i64| ShardMap {
             epoch,
             node_id: 1,

@@ -452,43 +452,27 @@ impl Client {
         }
     }
 
-    /// Creates `bucket`. On a cluster, on every node that may hold keys
-    /// (buckets are not cluster-wide records yet): BucketExists only if
-    /// every node had it.
+    /// Creates `bucket` (BucketExists if it exists). On a cluster, through
+    /// one node that is up: buckets are cluster-wide (the node records the
+    /// bucket in the cluster's catalog and every up node applies it before
+    /// it answers).
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         let req = Request::CreateBucket {
             bucket: bucket.to_string(),
         };
         let r = self.routes();
-        let Some(c) = r.cluster_ref() else {
-            return self.simple(&r, r.first(), &req).await.map(|_| ());
-        };
-        let calls = c
-            .serving_nodes()
-            .into_iter()
-            .map(|n| self.simple(&r, c.base[n], &req));
-        let mut existed = 0;
-        let mut answers = 0;
-        for got in futures::future::join_all(calls).await {
-            answers += 1;
-            match got {
-                Ok(_) => {}
-                Err(e) if e.status() == Some(Status::BucketExists) => existed += 1,
-                Err(e) => return Err(e),
+        let slot = match r.cluster_ref() {
+            None => r.first(),
+            Some(c) => {
+                let Some(&n) = c.up_nodes().first() else {
+                    return Err(Error::Protocol(
+                        "the cluster map has no node up to create the bucket on".into(),
+                    ));
+                };
+                c.base[n]
             }
-        }
-        if answers == 0 {
-            return Err(Error::Protocol(
-                "the cluster map has no node to create the bucket on".into(),
-            ));
-        }
-        if existed == answers {
-            return Err(Error::Server {
-                status: Status::BucketExists.0,
-                message: "bucket already exists".into(),
-            });
-        }
-        Ok(())
+        };
+        self.simple(&r, slot, &req).await.map(|_| ())
     }
 
     pub async fn list_buckets(&self) -> Result<Vec<BucketEntry>> {

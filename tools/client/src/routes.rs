@@ -201,23 +201,4 @@ impl Cluster {
     pub(crate) fn listing_nodes(&self) -> Vec<usize> {
         self.up_nodes()
     }
-
-    /// The nodes a bucket creation goes to: those that may hold keys, up,
-    /// draining or down (a down one fails it: its replicas would lack the
-    /// bucket when it returns).
-    pub(crate) fn serving_nodes(&self) -> Vec<usize> {
-        self.placed
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| {
-                matches!(
-                    n.state,
-                    placement::NodeState::Up
-                        | placement::NodeState::Draining
-                        | placement::NodeState::Down
-                )
-            })
-            .map(|(i, _)| i)
-            .collect()
-    }
 }

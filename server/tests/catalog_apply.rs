@@ -1,0 +1,155 @@
+//! A cluster node's bucket-owner shard making its buckets the cluster's
+//! catalog's (`cluster::catalog::apply`), on a real store: buckets the
+//! catalog has and the node lacks are made with their owner and
+//! documents, changed documents are stored, documents and empty buckets
+//! the catalog no longer has are removed, a bucket that still holds keys
+//! is kept, a read that carries only what changed leaves the rest as it
+//! is, and a document the read should have carried makes the next read a
+//! whole one.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use percore_server::bucket_config::ConfigKind;
+use percore_server::cluster::catalog::{apply, Catalog, Entry, APPLIED};
+use percore_server::shard::msg::{Op, Reply};
+use percore_server::shard::object::ObjectSink;
+use percore_server::shard::Shard;
+use percore_server::store::record::ObjectMeta;
+use percore_server::store::Store;
+
+mod common;
+use common::{run, small_config};
+
+use ConfigKind::{Cors, Owner, Policy, Tagging};
+
+async fn shard_on(store: &Store) -> Rc<Shard> {
+    let shard = Shard::new(0, 1, 7, store.clone());
+    shard.publish_buckets().await;
+    assert!(matches!(shard.execute(Op::Start).await, Reply::Ok));
+    shard
+}
+
+/// Every bucket of the shard with its documents, by name.
+async fn buckets(shard: &Rc<Shard>) -> BTreeMap<String, BTreeMap<&'static str, String>> {
+    let (all, more) = shard.bucket_docs(None, 1 << 30).await.unwrap();
+    assert!(!more);
+    all.into_iter()
+        .map(|b| {
+            let docs = b
+                .docs
+                .into_iter()
+                .map(|(k, d)| (k.name(), String::from_utf8(d.to_vec()).unwrap()))
+                .collect();
+            (b.name, docs)
+        })
+        .collect()
+}
+
+/// A bucket as a catalog read names it: its documents, each with its
+/// contents when the read carried them.
+type Named<'a> = (&'a str, &'a [(ConfigKind, Option<&'a str>)]);
+
+fn catalog(rev: i64, since: i64, buckets: &[Named]) -> Catalog {
+    Catalog {
+        rev,
+        since,
+        seeded: true,
+        buckets: buckets
+            .iter()
+            .map(|(name, docs)| {
+                let docs = docs
+                    .iter()
+                    .map(|(k, d)| (*k, d.map(|d| Bytes::from(d.to_string()))))
+                    .collect();
+                (name.to_string(), Entry { docs })
+            })
+            .collect(),
+    }
+}
+
+fn docs(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
+#[test]
+fn a_node_makes_its_buckets_the_catalogs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        // What the node held when it went down.
+        for b in ["keep", "gone", "full"] {
+            assert!(shard.create_bucket(b, None).await.unwrap());
+        }
+        shard
+            .set_bucket_config("keep", Policy, Some(Bytes::from_static(b"P1")))
+            .await
+            .unwrap();
+        shard
+            .set_bucket_config("keep", Cors, Some(Bytes::from_static(b"C-old")))
+            .await
+            .unwrap();
+        let mut sink = ObjectSink::open(&shard, "full", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        sink.write(Bytes::from_static(b"x")).await.unwrap();
+        sink.finish("etag".into()).await.unwrap();
+
+        // A whole read: "keep" changed, "new" made by bob, "gone" and
+        // "full" deleted in the cluster.
+        let whole = catalog(
+            10,
+            0,
+            &[
+                ("keep", &[(Policy, Some("P2")), (Tagging, Some("T"))]),
+                ("new", &[(Owner, Some("bob")), (Cors, Some("C"))]),
+            ],
+        );
+        apply(&shard, &whole).await.unwrap();
+        let got = buckets(&shard).await;
+        assert_eq!(got["keep"], docs(&[("policy", "P2"), ("tagging", "T")]));
+        assert_eq!(got["new"], docs(&[("owner", "bob"), ("cors", "C")]));
+        assert!(!got.contains_key("gone"));
+        // Still holds a key: kept (logged), not lost.
+        assert!(got.contains_key("full"));
+        assert_eq!(
+            shard.bucket_config("new").unwrap().owner.as_deref(),
+            Some("bob")
+        );
+
+        // A read of what changed since 10: the tagging went; nothing else
+        // is carried, and what is not carried stays as it is.
+        let changed = catalog(
+            20,
+            10,
+            &[
+                ("keep", &[(Policy, None)]),
+                ("new", &[(Owner, None), (Cors, None)]),
+            ],
+        );
+        apply(&shard, &changed).await.unwrap();
+        let got = buckets(&shard).await;
+        assert_eq!(got["keep"], docs(&[("policy", "P2")]));
+        assert_eq!(got["new"], docs(&[("owner", "bob"), ("cors", "C")]));
+        assert!(!APPLIED.full.load(Ordering::Acquire));
+
+        // A bucket this node lacks whose owner the read did not carry:
+        // not made up; the next read must be whole.
+        let short = catalog(
+            30,
+            20,
+            &[
+                ("keep", &[(Policy, None)]),
+                ("new", &[(Owner, None), (Cors, None)]),
+                ("fresh", &[(Owner, None)]),
+            ],
+        );
+        assert!(apply(&shard, &short).await.is_err());
+        assert!(APPLIED.full.load(Ordering::Acquire));
+        assert!(!buckets(&shard).await.contains_key("fresh"));
+    });
+}
