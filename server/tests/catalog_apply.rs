@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use percore_server::access::users::User;
 use percore_server::bucket_config::ConfigKind;
 use percore_server::cluster::catalog::{apply, Catalog, Entry, APPLIED};
 use percore_server::shard::msg::{Op, Reply};
@@ -64,9 +65,14 @@ fn catalog(rev: i64, since: i64, buckets: &[Named]) -> Catalog {
                     .iter()
                     .map(|(k, d)| (*k, d.map(|d| Bytes::from(d.to_string()))))
                     .collect();
-                (name.to_string(), Entry { docs })
+                let entry = Entry {
+                    docs,
+                    created_ms: None,
+                };
+                (name.to_string(), entry)
             })
             .collect(),
+        users: BTreeMap::new(),
     }
 }
 
@@ -151,5 +157,45 @@ fn a_node_makes_its_buckets_the_catalogs() {
         assert!(apply(&shard, &short).await.is_err());
         assert!(APPLIED.full.load(Ordering::Acquire));
         assert!(!buckets(&shard).await.contains_key("fresh"));
+
+        // The catalog's "new" and "full" were deleted and made again by
+        // carol, long after this node made its own: the empty one is made
+        // again for her; the one still holding a key here is left as it
+        // is (its key must not pass to her).
+        let later = percore_server::store::now_ms() + 10 * 60 * 1000;
+        let mut again = catalog(
+            40,
+            0,
+            &[
+                ("keep", &[(Policy, Some("P2"))]),
+                ("new", &[(Owner, Some("carol"))]),
+                ("full", &[(Owner, Some("carol"))]),
+            ],
+        );
+        for b in ["new", "full"] {
+            again.buckets.get_mut(b).unwrap().created_ms = Some(later);
+        }
+        apply(&shard, &again).await.unwrap();
+        let got = buckets(&shard).await;
+        assert_eq!(got["new"], docs(&[("owner", "carol")]));
+        assert_eq!(got["full"], docs(&[]));
+        assert_eq!(shard.bucket_config("full").unwrap().owner.as_deref(), None);
+
+        // Users: one the catalog has is added, one it has not goes.
+        let dave = User::generate("dave", 1);
+        shard.set_user("dave", Some(&dave)).await.unwrap();
+        let erin = User::generate("erin", 2);
+        let mut users = catalog(50, 0, &[("keep", &[(Policy, Some("P2"))])]);
+        users
+            .users
+            .insert("erin".into(), Some(Bytes::from(erin.to_doc())));
+        apply(&shard, &users).await.unwrap();
+        let names: Vec<String> = shard.user_list().iter().map(|u| u.name.clone()).collect();
+        assert_eq!(names, ["erin"]);
+        assert_eq!(
+            shard.user_by_access_key(&erin.access_key).unwrap().name,
+            "erin"
+        );
+        assert!(shard.user_by_access_key(&dave.access_key).is_none());
     });
 }

@@ -336,7 +336,8 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     s3.put_bucket_cors(Bucket="while-down", CORSConfiguration={"CORSRules": [
         {"AllowedMethods": ["GET"], "AllowedOrigins": ["https://example.com"]}]})
     s3.delete_bucket_tagging(Bucket="before-down")
-    # A user's bucket (users are per node yet: alice is on n1 only).
+    # Users are cluster-wide too: alice, made through n1's admin port while
+    # n3 is down, works on every door.
     alice = json.loads(subprocess.run(
         [str(percore_bin()), "user", "add", "alice", "--admin", f"{n1.ip}:{n1.admin_port}"],
         capture_output=True, text=True, timeout=60, check=True,
@@ -344,6 +345,8 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     as_alice = n1.client(access_key=alice["access_key"], secret_key=alice["secret_key"])
     as_alice.create_bucket(Bucket="alices")
     as_alice.put_object(Bucket="alices", Key="a", Body=b"alice's")
+    alice_on_n2 = n2.client(access_key=alice["access_key"], secret_key=alice["secret_key"])
+    assert alice_on_n2.get_object(Bucket="alices", Key="a")["Body"].read() == b"alice's"
     bodies = {f"k/{i:02d}": os.urandom(100 + i) for i in range(20)}
     for key, body in bodies.items():
         s3.put_object(Bucket="while-down", Key=key, Body=body)
@@ -377,6 +380,11 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     with pytest.raises(ClientError, match="NoSuchTagSet"):
         door.get_bucket_tagging(Bucket="before-down")
     assert door.get_bucket_acl(Bucket="alices")["Owner"]["ID"] == "alice"
+    alice_on_n3 = n3.client(access_key=alice["access_key"], secret_key=alice["secret_key"])
+    alice_on_n3.head_bucket(Bucket="alices")
+    with pytest.raises(ClientError) as e:
+        alice_on_n3.head_bucket(Bucket="while-down")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
     n1.start()
     n2.start()
@@ -419,6 +427,11 @@ def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # 
     s3.put_bucket_tagging(Bucket="old-one", Tagging=TAGS)
     s3.create_bucket(Bucket="old-two")
     s3.put_object(Bucket="old-two", Key="k", Body=b"kept")
+    # Enough keys that a whole read takes the documents in pages.
+    many = [f"old-many-{i:02d}" for i in range(40)]
+    for b in many:
+        s3.create_bucket(Bucket=b)
+        s3.put_bucket_tagging(Bucket=b, Tagging={"TagSet": [{"Key": "n", "Value": b}]})
     for n in cluster.nodes:
         n.kill9()
     root = "/percore/percore/"
@@ -440,6 +453,16 @@ def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # 
         assert {"old-one", "old-two"} <= names, (n.node_name, names)
         assert door.get_bucket_tagging(Bucket="old-one")["TagSet"] == TAGS["TagSet"]
         assert door.get_object(Bucket="old-two", Key="k")["Body"].read() == b"kept"
+        assert set(many) <= names
+    # A node that restarts reads it whole (in pages) from etcd.
+    n3 = cluster.nodes[2]
+    n3.kill9()
+    n3.start()
+    door = n3.client()
+    names = retry_unavailable(lambda: {b["Name"] for b in door.list_buckets()["Buckets"]})
+    assert set(many) <= names
+    for b in many:
+        assert door.get_bucket_tagging(Bucket=b)["TagSet"] == [{"Key": "n", "Value": b}], b
     cluster.nodes[1].client().delete_bucket_tagging(Bucket="old-one")
     for n in cluster.nodes:
         with pytest.raises(ClientError, match="NoSuchTagSet"):

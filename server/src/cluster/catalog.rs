@@ -1,11 +1,12 @@
-//! The cluster's buckets, kept in etcd (the bucket catalog).
+//! The cluster's buckets and users, kept in etcd (the catalog).
 //!
 //! etcd holds every bucket of a cluster: `buckets/NAME` (its record) and
 //! `buckets/NAME/KIND` (each configuration document: owner, policy, ACL,
-//! tagging, CORS, lifecycle, versioning), and `catalog`, written by every
-//! change (its presence says etcd holds the cluster's buckets). A bucket
-//! change is one etcd transaction, conditional on the bucket's record
-//! (a create on its absence; a delete or a document on its presence), so
+//! tagging, CORS, lifecycle, versioning), every user (`users/NAME`, with
+//! its keys), and `catalog`, written by every change (its presence says
+//! etcd holds the cluster's buckets and users). A change is one etcd
+//! transaction, conditional on the bucket's record or the user's (a
+//! create on its absence; a delete or a document on its presence), so
 //! etcd decides which of two racing changes wins, on any node, whichever
 //! nodes are down. Each node keeps its own copy (the buckets of its
 //! store, which its shards serve from) and makes it etcd's: its control
@@ -49,13 +50,24 @@ pub enum Change {
         name: String,
         owner: Option<String>,
     },
+    /// `owner`: the bucket's owner as the door authorized the request
+    /// against (None: the root principal); a bucket of the name now owned
+    /// by another (deleted and made again meanwhile) is not touched.
     Delete {
         name: String,
+        owner: Option<String>,
     },
     /// Stores (Some) or removes (None) one configuration document.
     Doc {
         name: String,
         kind: ConfigKind,
+        doc: Option<Bytes>,
+        owner: Option<String>,
+    },
+    /// Adds a user (Some: its record, unless the name exists) or removes
+    /// one (None).
+    User {
+        name: String,
         doc: Option<Bytes>,
     },
 }
@@ -64,10 +76,14 @@ pub enum Change {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Done,
-    /// A create of a name that exists, owned by this user (None: the root
-    /// principal).
+    /// A create of a name that exists; for a bucket, owned by this user
+    /// (None: the root principal).
     Exists(Option<String>),
-    NoSuchBucket,
+    /// No such bucket (or user).
+    Missing,
+    /// The bucket is owned by another than the door authorized against
+    /// (it was deleted and made again meanwhile).
+    Conflict,
 }
 
 /// A door's change, for the control thread to record (`commit`); the
@@ -76,6 +92,9 @@ pub enum Outcome {
 pub struct Ask {
     pub change: Change,
     pub reply: mpsc::Sender<Result<(Outcome, i64), String>>,
+    /// Not begun after this (the door has given up and told its client
+    /// to retry: a late commit could undo the retry's change).
+    pub until: Instant,
 }
 
 /// The catalog as etcd held it at revision `rev`, for the bucket-owner
@@ -90,6 +109,8 @@ pub struct Catalog {
     /// catalog; its nodes seed it from their own).
     pub seeded: bool,
     pub buckets: BTreeMap<String, Entry>,
+    /// Every user, with its record if it changed since `since`.
+    pub users: BTreeMap<String, Option<Bytes>>,
 }
 
 /// One bucket of a `Catalog`.
@@ -97,6 +118,9 @@ pub struct Catalog {
 pub struct Entry {
     /// Its documents, each with its contents if it changed since `since`.
     pub docs: Vec<(ConfigKind, Option<Bytes>)>,
+    /// When it was made (as the door's clock had it), if its record was
+    /// carried (it was made since `since`).
+    pub created_ms: Option<u64>,
 }
 
 /// The catalog's revision applied by this node's bucket-owner shard (0:
@@ -121,6 +145,11 @@ pub fn ready() -> bool {
 /// most 256 KiB, base64 in the answer: well under etcd's answer bound).
 const NAMES_PAGE: usize = 1000;
 const DOCS_PAGE: usize = 32;
+/// A seeded bucket's documents go in its record's transaction up to this
+/// many bytes (etcd takes requests of 1.5 MiB by default; base64 in JSON).
+const SEED_TXN_BYTES: usize = 512 << 10;
+/// A read that needs at most this many values gets them one by one.
+const VALUE_GETS_MAX: usize = 64;
 
 /// Records `change` in etcd (on the control thread): what came of it and
 /// etcd's revision after it (a change that was done has that revision).
@@ -128,38 +157,13 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
     let seeded = txn::present(&keys.catalog());
     let stamp = txn::put(&keys.catalog(), b"1");
     let done = match change {
-        Change::Create { name, owner } => {
-            let record = json!({ "created_ms": super::map::now_ms() }).to_string();
-            // No document of an earlier bucket of the name may stay (there
-            // should be none: a delete takes them). The owner's key is
-            // left out of the deletes, which may not overlap the put.
-            let docs = keys.bucket_docs(name);
-            let owner_key = keys.bucket_doc(name, ConfigKind::Owner.name());
-            let mut after_owner = owner_key.clone();
-            after_owner.push(0);
-            let mut ops = vec![
-                txn::put(&keys.bucket(name), record.as_bytes()),
-                txn::delete_range(&docs, &owner_key),
-                txn::delete_range(&after_owner, &prefix_end(&docs)),
-                stamp,
-            ];
-            ops.push(match owner {
-                Some(o) => txn::put(&owner_key, o.as_bytes()),
-                None => txn::delete(&owner_key),
-            });
-            let (done, rev) =
-                etcd.txn_rev(vec![seeded, txn::absent(&keys.bucket(name))], ops, vec![])?;
-            if done {
-                return Ok((Outcome::Done, rev));
-            }
-            check_seeded(etcd, keys)?;
-            let owner = etcd
-                .get(&keys.bucket_doc(name, ConfigKind::Owner.name()))?
-                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
-            return Ok((Outcome::Exists(owner), rev));
-        }
-        Change::Delete { name } => etcd.txn_rev(
-            vec![seeded, txn::present(&keys.bucket(name))],
+        Change::Create { name, owner } => return commit_create(etcd, keys, name, owner.as_deref()),
+        Change::Delete { name, owner } => etcd.txn_rev(
+            vec![
+                seeded,
+                txn::present(&keys.bucket(name)),
+                owned_by(keys, name, owner.as_deref()),
+            ],
             vec![
                 txn::delete(&keys.bucket(name)),
                 txn::delete_prefix(&keys.bucket_docs(name)),
@@ -167,14 +171,43 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
             ],
             vec![],
         )?,
-        Change::Doc { name, kind, doc } => {
+        Change::User {
+            name,
+            doc: Some(doc),
+        } => {
+            let (done, rev) = etcd.txn_rev(
+                vec![seeded, txn::absent(&keys.user(name))],
+                vec![txn::put(&keys.user(name), doc), stamp],
+                vec![],
+            )?;
+            if done {
+                return Ok((Outcome::Done, rev));
+            }
+            check_seeded(etcd, keys)?;
+            return Ok((Outcome::Exists(None), rev));
+        }
+        Change::User { name, doc: None } => etcd.txn_rev(
+            vec![seeded, txn::present(&keys.user(name))],
+            vec![txn::delete(&keys.user(name)), stamp],
+            vec![],
+        )?,
+        Change::Doc {
+            name,
+            kind,
+            doc,
+            owner,
+        } => {
             let key = keys.bucket_doc(name, kind.name());
             let op = match doc {
                 Some(d) => txn::put(&key, d),
                 None => txn::delete(&key),
             };
             etcd.txn_rev(
-                vec![seeded, txn::present(&keys.bucket(name))],
+                vec![
+                    seeded,
+                    txn::present(&keys.bucket(name)),
+                    owned_by(keys, name, owner.as_deref()),
+                ],
                 vec![op, stamp],
                 vec![],
             )?
@@ -184,7 +217,68 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         return Ok((Outcome::Done, done.1));
     }
     check_seeded(etcd, keys)?;
-    Ok((Outcome::NoSuchBucket, done.1))
+    let present = match change {
+        Change::Delete { name, .. } | Change::Doc { name, .. } => {
+            etcd.get(&keys.bucket(name))?.is_some()
+        }
+        _ => false,
+    };
+    Ok((
+        if present {
+            Outcome::Conflict
+        } else {
+            Outcome::Missing
+        },
+        done.1,
+    ))
+}
+
+/// The compare that bucket `name` is owned by `owner` (None: the root
+/// principal: no owner document).
+fn owned_by(keys: &Keys, name: &str, owner: Option<&str>) -> Value {
+    let key = keys.bucket_doc(name, ConfigKind::Owner.name());
+    match owner {
+        Some(o) => txn::value_is(&key, o.as_bytes()),
+        None => txn::absent(&key),
+    }
+}
+
+/// `commit` of a create.
+fn commit_create(
+    etcd: &Etcd,
+    keys: &Keys,
+    name: &str,
+    owner: Option<&str>,
+) -> Result<(Outcome, i64), String> {
+    let seeded = txn::present(&keys.catalog());
+    let stamp = txn::put(&keys.catalog(), b"1");
+    let record = json!({ "created_ms": super::map::now_ms() }).to_string();
+    // No document of an earlier bucket of the name may stay (there
+    // should be none: a delete takes them). The owner's key is
+    // left out of the deletes, which may not overlap the put.
+    let docs = keys.bucket_docs(name);
+    let owner_key = keys.bucket_doc(name, ConfigKind::Owner.name());
+    let mut after_owner = owner_key.clone();
+    after_owner.push(0);
+    let mut ops = vec![
+        txn::put(&keys.bucket(name), record.as_bytes()),
+        txn::delete_range(&docs, &owner_key),
+        txn::delete_range(&after_owner, &prefix_end(&docs)),
+        stamp,
+    ];
+    ops.push(match owner {
+        Some(o) => txn::put(&owner_key, o.as_bytes()),
+        None => txn::delete(&owner_key),
+    });
+    let (done, rev) = etcd.txn_rev(vec![seeded, txn::absent(&keys.bucket(name))], ops, vec![])?;
+    if done {
+        return Ok((Outcome::Done, rev));
+    }
+    check_seeded(etcd, keys)?;
+    let owner = etcd
+        .get(&keys.bucket_doc(name, ConfigKind::Owner.name()))?
+        .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+    Ok((Outcome::Exists(owner), rev))
 }
 
 fn check_seeded(etcd: &Etcd, keys: &Keys) -> Result<(), String> {
@@ -199,74 +293,134 @@ pub fn revision(etcd: &Etcd, keys: &Keys) -> Result<i64, String> {
     Ok(etcd.get(&keys.catalog())?.map_or(0, |kv| kv.mod_revision))
 }
 
+/// Keys with their modification revisions.
+type Listed = Vec<(Vec<u8>, i64)>;
+
+/// Every key under `prefix` (with its modification revision) as of
+/// revision `rev` (0: now), in pages; and that revision.
+fn list(etcd: &Etcd, prefix: &[u8], rev: i64) -> Result<(Listed, i64), String> {
+    let end = prefix_end(prefix);
+    let mut out = Vec::new();
+    let mut at = rev;
+    let mut from = prefix.to_vec();
+    loop {
+        let (kvs, got, more) = etcd.range_page((&from, &end), NAMES_PAGE, at, 0, true)?;
+        if at == 0 {
+            at = got;
+        }
+        out.extend(kvs.iter().map(|kv| (kv.key.clone(), kv.mod_revision)));
+        match (more, kvs.last()) {
+            (true, Some(last)) => {
+                from.clone_from(&last.key);
+                from.push(0);
+            }
+            _ => return Ok((out, at)),
+        }
+    }
+}
+
+/// The values of `wanted` (keys under `prefix`) as of revision `rev`: a
+/// few one by one, more by reading the prefix in pages (a filtered range
+/// would make etcd load every value of it for each page).
+fn values(
+    etcd: &Etcd,
+    prefix: &[u8],
+    wanted: &[&[u8]],
+    rev: i64,
+) -> Result<std::collections::HashMap<Vec<u8>, Bytes>, String> {
+    let mut out = std::collections::HashMap::new();
+    if wanted.len() <= VALUE_GETS_MAX {
+        for key in wanted {
+            let mut end = key.to_vec();
+            end.push(0);
+            let (kvs, _, _) = etcd.range_page((key, &end), 1, rev, 0, false)?;
+            if let Some(kv) = kvs.into_iter().next() {
+                out.insert(kv.key, Bytes::from(kv.value));
+            }
+        }
+        return Ok(out);
+    }
+    let wanted: std::collections::HashSet<&[u8]> = wanted.iter().copied().collect();
+    let end = prefix_end(prefix);
+    let mut from = prefix.to_vec();
+    loop {
+        let (kvs, _, more) = etcd.range_page((&from, &end), DOCS_PAGE, rev, 0, false)?;
+        let last = kvs.last().map(|kv| kv.key.clone());
+        for kv in kvs {
+            if wanted.contains(kv.key.as_slice()) {
+                out.insert(kv.key, Bytes::from(kv.value));
+            }
+        }
+        match (more, last) {
+            (true, Some(last)) => {
+                from = last;
+                from.push(0);
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
 /// Reads the catalog (on the control thread): every name, and the
 /// contents of what changed after `since` (0: everything), all as of one
 /// revision.
 pub fn read(etcd: &Etcd, keys: &Keys, since: i64) -> Result<Catalog, String> {
     let prefix = keys.buckets();
-    let end = prefix_end(&prefix);
+    let users = keys.users();
+    let (bucket_keys, rev) = list(etcd, &prefix, 0)?;
+    let (user_keys, _) = list(etcd, &users, rev)?;
+    let (seeded, _) = list(etcd, &keys.catalog(), rev)?;
     let mut cat = Catalog {
+        rev,
         since,
+        seeded: seeded.iter().any(|(k, _)| *k == keys.catalog()),
         ..Catalog::default()
     };
-    let mut changed = false;
-    let mut from = prefix.clone();
-    loop {
-        let (kvs, rev, more) = etcd.range_page((&from, &end), NAMES_PAGE, cat.rev, 0, true)?;
-        if cat.rev == 0 {
-            cat.rev = rev;
-        }
-        for kv in &kvs {
-            let Some((name, kind)) = parse_key(&prefix, &kv.key) else {
-                tracing::warn!(key = %String::from_utf8_lossy(&kv.key), "cluster: a bucket catalog key not understood; skipped");
-                continue;
-            };
-            let entry = cat.buckets.entry(name).or_default();
-            changed |= kv.mod_revision > since;
-            if let Some(kind) = kind {
-                entry.docs.push((kind, None));
+    let changed = |all: &Listed| -> Vec<Vec<u8>> {
+        all.iter()
+            .filter(|(_, m)| *m > since)
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    let (wanted_b, wanted_u) = (changed(&bucket_keys), changed(&user_keys));
+    let got_b = values(etcd, &prefix, &refs(&wanted_b), rev)?;
+    let got_u = values(etcd, &users, &refs(&wanted_u), rev)?;
+    for (key, _) in &bucket_keys {
+        let Some((name, kind)) = parse_key(&prefix, key) else {
+            tracing::warn!(key = %String::from_utf8_lossy(key), "cluster: a bucket catalog key not understood; skipped");
+            continue;
+        };
+        let entry = cat.buckets.entry(name).or_default();
+        match kind {
+            Some(kind) => entry.docs.push((kind, got_b.get(key).cloned())),
+            None => {
+                entry.created_ms = got_b
+                    .get(key)
+                    .and_then(|v| serde_json::from_slice::<Value>(v).ok()?["created_ms"].as_u64());
             }
-        }
-        match (more, kvs.last()) {
-            (true, Some(last)) => {
-                from.clone_from(&last.key);
-                from.push(0);
-            }
-            _ => break,
         }
     }
-    let catalog_key = keys.catalog();
-    let mut catalog_end = catalog_key.clone();
-    catalog_end.push(0);
-    let (kvs, _, _) = etcd.range_page((&catalog_key, &catalog_end), 1, cat.rev, 0, true)?;
-    cat.seeded = !kvs.is_empty();
-    if !changed {
-        return Ok(cat);
-    }
-    let mut from = prefix.clone();
-    loop {
-        let (kvs, _, more) = etcd.range_page((&from, &end), DOCS_PAGE, cat.rev, since, false)?;
-        for kv in &kvs {
-            let Some((name, Some(kind))) = parse_key(&prefix, &kv.key) else {
-                continue;
-            };
-            if let Some(slot) = cat
-                .buckets
-                .get_mut(&name)
-                .and_then(|e| e.docs.iter_mut().find(|(k, _)| *k == kind))
-            {
-                slot.1 = Some(Bytes::from(kv.value.clone()));
+    for (key, _) in &user_keys {
+        match user_of(&users, key) {
+            Some(name) => {
+                cat.users.insert(name, got_u.get(key).cloned());
             }
-        }
-        match (more, kvs.last()) {
-            (true, Some(last)) => {
-                from.clone_from(&last.key);
-                from.push(0);
+            None => {
+                tracing::warn!(key = %String::from_utf8_lossy(key), "cluster: a catalog user key not understood; skipped")
             }
-            _ => break,
         }
     }
     Ok(cat)
+}
+
+fn refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
+    keys.iter().map(Vec::as_slice).collect()
+}
+
+/// `users/NAME` (None: not a valid user name).
+fn user_of(prefix: &[u8], key: &[u8]) -> Option<String> {
+    let name = std::str::from_utf8(key.strip_prefix(prefix)?).ok()?;
+    crate::access::users::valid_user_name(name).then(|| name.to_string())
 }
 
 /// `buckets/NAME` or `buckets/NAME/KIND` (None: not a valid name, or a
@@ -280,43 +434,75 @@ fn parse_key(prefix: &[u8], key: &[u8]) -> Option<(String, Option<ConfigKind>)> 
     crate::frontend::common::valid_bucket_name(name).then(|| (name.to_string(), kind))
 }
 
-/// Seeds the catalog from this node's buckets (on the control thread): a
-/// cluster made before the catalog had its buckets on every node. Each
-/// bucket and document goes in unless one is there already, and only
+/// Seeds the catalog from this node's buckets and users (on the control
+/// thread): a cluster made before the catalog had its buckets on every
+/// node, and its users on the nodes they were made on. Each user, bucket
+/// and document goes in unless one is there already, and only
 /// while the catalog is not marked made; once every bucket of this node
 /// went in, it is marked made. Stops after `budget` (the lease renewals
 /// share this thread): Ok(false), to go on at the next read.
 pub fn seed(
     etcd: &Etcd,
     keys: &Keys,
-    buckets: &[BucketDocs],
+    (buckets, users): (&[BucketDocs], &[(String, Bytes)]),
     budget: Duration,
 ) -> Result<bool, String> {
     let started = Instant::now();
-    for b in buckets {
+    // What is in already (another node's, or an earlier round's) is not
+    // put again, so each round moves on.
+    let (have_b, rev) = list(etcd, &keys.buckets(), 0)?;
+    let (have_u, _) = list(etcd, &keys.users(), rev)?;
+    let have: std::collections::HashSet<Vec<u8>> =
+        have_b.into_iter().chain(have_u).map(|(k, _)| k).collect();
+    let unmade = || txn::absent(&keys.catalog());
+    for (name, doc) in users {
+        let key = keys.user(name);
+        if have.contains(&key) {
+            continue;
+        }
         if started.elapsed() > budget {
             return Ok(false);
         }
-        let record = json!({ "created_ms": super::map::now_ms() }).to_string();
         etcd.txn(
-            vec![
-                txn::absent(&keys.catalog()),
-                txn::absent(&keys.bucket(&b.name)),
-            ],
-            vec![txn::put(&keys.bucket(&b.name), record.as_bytes())],
+            vec![unmade(), txn::absent(&key)],
+            vec![txn::put(&key, doc)],
             vec![],
         )?;
-        for (kind, doc) in &b.docs {
-            let key = keys.bucket_doc(&b.name, kind.name());
-            etcd.txn(
-                vec![txn::absent(&keys.catalog()), txn::absent(&key)],
-                vec![txn::put(&key, doc)],
-                vec![],
-            )?;
+    }
+    for b in buckets {
+        let record_key = keys.bucket(&b.name);
+        if have.contains(&record_key) {
+            continue;
+        }
+        if started.elapsed() > budget {
+            return Ok(false);
+        }
+        // The bucket with its documents in one transaction (one node's
+        // view of it, whole) when they fit in one etcd request; else the
+        // record, then each document.
+        // When it was made is not known (each node made it at its own
+        // time): 0, which no node takes for a later bucket of the name.
+        let record = json!({ "created_ms": 0 }).to_string();
+        let mut ops = vec![txn::put(&record_key, record.as_bytes())];
+        let size: usize = b.docs.iter().map(|(_, d)| d.len()).sum();
+        let docs = b
+            .docs
+            .iter()
+            .map(|(kind, doc)| txn::put(&keys.bucket_doc(&b.name, kind.name()), doc));
+        if size <= SEED_TXN_BYTES {
+            ops.extend(docs);
+            etcd.txn(vec![unmade(), txn::absent(&record_key)], ops, vec![])?;
+            continue;
+        }
+        let made = etcd.txn(vec![unmade(), txn::absent(&record_key)], ops, vec![])?;
+        if made {
+            for op in docs {
+                etcd.txn(vec![unmade()], vec![op], vec![])?;
+            }
         }
     }
     etcd.txn(
-        vec![txn::absent(&keys.catalog())],
+        vec![unmade()],
         vec![txn::put(&keys.catalog(), b"1")],
         vec![],
     )?;
@@ -340,6 +526,51 @@ async fn local_buckets(shard: &Rc<Shard>) -> Result<Vec<BucketDocs>, String> {
     }
 }
 
+/// Every user this node holds, as stored (its record).
+fn local_users(shard: &Rc<Shard>) -> Vec<(String, Bytes)> {
+    shard
+        .user_list()
+        .iter()
+        .map(|u| (u.name.clone(), Bytes::from(u.to_doc())))
+        .collect()
+}
+
+/// Makes this node's users the catalog's (bucket-owner shard): adds or
+/// replaces those whose record differs, removes those it no longer has.
+/// Returns how many records the read should have carried and did not.
+async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> {
+    let mut local: BTreeMap<String, Bytes> = local_users(shard).into_iter().collect();
+    let mut missing = 0;
+    for (name, doc) in &cat.users {
+        let have = local.remove(name);
+        match (doc, have) {
+            (Some(d), have) if have.as_ref() != Some(d) => {
+                let Some(user) = crate::access::users::User::from_doc(d) else {
+                    tracing::warn!(user = %name, "cluster: a catalog user record not understood; skipped");
+                    continue;
+                };
+                if user.name != *name {
+                    tracing::warn!(user = %name, "cluster: a catalog user record names another user; skipped");
+                    continue;
+                }
+                shard
+                    .set_user(name, Some(&user))
+                    .await
+                    .map_err(|e| format!("{e:?}"))?;
+            }
+            (None, None) => missing += 1,
+            _ => {}
+        }
+    }
+    for name in local.keys() {
+        shard
+            .set_user(name, None)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(missing)
+}
+
 /// Makes this node's buckets the catalog's (bucket-owner shard): creates
 /// what it lacks, stores the documents that changed, removes the
 /// documents and the buckets the catalog no longer has. A bucket that
@@ -352,7 +583,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
         let local = local_buckets(shard).await?;
         let map = shard.cluster_map().ok_or("no cluster map yet")?;
         map.synced_tx
-            .send(Report::Seed(local))
+            .send(Report::Seed(local, local_users(shard)))
             .map_err(|_| "this node's control thread is gone")?;
         return Err("the bucket catalog is being made from the nodes' buckets".into());
     }
@@ -361,10 +592,32 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
         .into_iter()
         .map(|b| (b.name, b.docs))
         .collect();
-    let mut missing = 0usize;
+    let created: std::collections::HashMap<String, u64> = shard.bucket_list().into_iter().collect();
+    let mut missing = apply_users(shard, cat).await?;
     let err = |e: ShardError| format!("{e:?}");
     for (name, entry) in &cat.buckets {
-        let have = match local.remove(name) {
+        let mut have = local.remove(name);
+        // A bucket here made well before the catalog's (an earlier bucket
+        // of the name, kept because it held keys when it was deleted, or
+        // deleted and made again between two reads): it goes first if it
+        // is empty; if not, it is left as it is (its keys must not pass
+        // to the new bucket's owner) and logged.
+        let older = entry.created_ms.filter(|&c| c > 0).is_some_and(|c| {
+            created
+                .get(name)
+                .is_some_and(|&here| here.saturating_add(INCARNATION_SKEW_MS) < c)
+        });
+        if have.is_some() && older {
+            match shard.delete_bucket(name).await {
+                Ok(()) | Err(ShardError::NoSuchBucket) => have = None,
+                Err(ShardError::BucketNotEmpty) => {
+                    tracing::warn!(bucket = %name, "cluster: an earlier bucket of this name still holds keys on this node; the new one is not applied here until they are deleted");
+                    continue;
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let have = match have {
             Some(have) => have,
             None => {
                 let owner = match entry.docs.iter().find(|(k, _)| *k == ConfigKind::Owner) {
@@ -375,18 +628,26 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                         continue;
                     }
                 };
-                shard
+                let made = shard
                     .create_bucket(name, owner.as_deref())
                     .await
                     .map_err(err)?;
-                owner
-                    .map(|o| vec![(ConfigKind::Owner, Bytes::from(o))])
-                    .unwrap_or_default()
+                // Made meanwhile by a replica's copy (owned by the root
+                // principal): its owner is set below like any document.
+                match owner {
+                    Some(o) if made => vec![(ConfigKind::Owner, Bytes::from(o))],
+                    _ => Vec::new(),
+                }
             }
         };
         for (kind, doc) in &entry.docs {
             let now = have.iter().find(|(k, _)| k == kind).map(|(_, d)| d);
             match (doc, now) {
+                (Some(d), _) if d.len() > crate::store::bucket_config::CONFIG_DOC_BYTES_MAX => {
+                    // Not from a door of this version (they refuse it);
+                    // storing it would fail on every read.
+                    tracing::warn!(bucket = %name, kind = kind.name(), bytes = d.len(), "cluster: a catalog document too large to store; skipped");
+                }
                 (Some(d), now) if now != Some(d) => shard
                     .set_bucket_config(name, *kind, Some(d.clone()))
                     .await
@@ -422,6 +683,10 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// A bucket made here this much before the catalog's record of it says
+/// (clocks of two nodes apart) is an earlier bucket of the name.
+const INCARNATION_SKEW_MS: u64 = 60_000;
 
 /// How often the bucket-owner shard looks for a catalog from the control
 /// thread (a door waits for it).
@@ -465,6 +730,9 @@ pub fn start_feed(shard: Rc<Shard>, rx: mpsc::Receiver<Arc<Catalog>>) {
 
 /// How long a door waits for etcd, and for each node to apply a change.
 const CHANGE_WAIT: Duration = Duration::from_secs(10);
+/// A change the control thread has not begun to record by then is not
+/// recorded (the control thread was busy: a slow etcd, a seed).
+const COMMIT_BEGIN_WAIT: Duration = Duration::from_secs(4);
 
 /// Waits until this node applied the catalog up to `rev`, asking the
 /// control thread to read it (at most `CHANGE_WAIT`).
@@ -496,10 +764,16 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         return Err("this node has not read the cluster's buckets yet".into());
     }
     let (tx, rx) = mpsc::channel();
-    map.synced_tx
-        .send(Report::Bucket(Ask { change, reply: tx }))
-        .map_err(|_| "this node's control thread is gone")?;
     let until = Instant::now() + CHANGE_WAIT;
+    map.synced_tx
+        .send(Report::Bucket(Ask {
+            change,
+            reply: tx,
+            // Begun by then, it ends within the etcd client's timeouts,
+            // which are well under the rest of the wait.
+            until: Instant::now() + COMMIT_BEGIN_WAIT,
+        }))
+        .map_err(|_| "this node's control thread is gone")?;
     let (outcome, rev) = loop {
         match rx.try_recv() {
             Ok(got) => break got.map_err(|e| format!("etcd did not take the bucket change: {e}"))?,
@@ -509,7 +783,7 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
             Err(_) => return Err("etcd did not answer the bucket change in time; it may or may not be in force: retry".into()),
         }
     };
-    if outcome == Outcome::NoSuchBucket {
+    if outcome == Outcome::Missing {
         return Ok(outcome);
     }
     // Every node that serves requests applies it before the answer (a
@@ -531,15 +805,22 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
             let target = "/_percore/catalog";
             let hash = super::peer_http::body_hash(body);
             let mac = super::replicate::sign(ckey, map, node.id, "POST", target, &hash);
-            let (status, answer) =
-                match super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096).await {
-                    Ok(got) => got,
-                    // Nothing listens there: the node is not running, so it
-                    // serves nothing stale, and it reads the catalog (this
-                    // change in it) before it serves again.
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
-                    Err(e) => return Err(e.to_string()),
-                };
+            let call = super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096);
+            let timed = async {
+                glommio::timer::sleep(CHANGE_WAIT).await;
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer in time",
+                ))
+            };
+            let (status, answer) = match futures_lite::future::or(call, timed).await {
+                Ok(got) => got,
+                // Nothing listens there: the node is not running, so it
+                // serves nothing stale, and it reads the catalog (this
+                // change in it) before it serves again.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            };
             let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
             if status == 200 && v["applied"].as_i64().is_some_and(|a| a >= rev) {
                 Ok(())

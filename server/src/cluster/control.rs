@@ -383,7 +383,7 @@ struct Control {
 
 /// A catalog handed to the bucket-owner shard and not applied within
 /// this is handed again (the shard failed to apply it, or it is slow).
-const CATALOG_RESEND: Duration = Duration::from_secs(1);
+const CATALOG_RESEND: Duration = Duration::from_secs(5);
 
 /// Lets the node leave the cluster when it stops (`Report::Leave`).
 pub struct Leaver {
@@ -652,6 +652,8 @@ impl Control {
         }
         status.lead(view.epoch, sent, self.ttl_s);
         self.rejoining = false;
+        // Bucket changes made while it was cut off.
+        self.check_catalog();
         Ok(())
     }
 
@@ -793,6 +795,12 @@ impl Control {
             Report::Release(epoch) => self.release(status, epoch),
             Report::Skip(ask) => self.skip(status, ask),
             Report::Bucket(ask) => {
+                if Instant::now() > ask.until {
+                    let _ = ask.reply.send(Err(
+                        "this node's control thread was busy; not recorded".into(),
+                    ));
+                    return None;
+                }
                 let got = catalog::commit(&self.etcd, &self.keys, &ask.change);
                 if got.is_err() {
                     status.etcd_errors.fetch_add(1, Ordering::Relaxed);
@@ -809,13 +817,14 @@ impl Control {
                 self.sync_catalog(rev);
                 None
             }
-            Report::Seed(buckets) => {
+            Report::Seed(buckets, users) => {
                 let budget = Duration::from_millis(self.ttl_s.saturating_mul(1000) / 8);
-                match catalog::seed(&self.etcd, &self.keys, &buckets, budget) {
+                match catalog::seed(&self.etcd, &self.keys, (&buckets, &users), budget) {
                     Ok(true) => {
                         info!(
                             buckets = buckets.len(),
-                            "cluster: the bucket catalog in etcd is made (this node's buckets went in)"
+                            users = users.len(),
+                            "cluster: the catalog in etcd is made (this node's buckets and users went in)"
                         );
                         self.catalog_sent = None;
                         self.check_catalog();

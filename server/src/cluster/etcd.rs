@@ -84,6 +84,12 @@ pub mod txn {
         json!({"key": b64(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"})
     }
 
+    /// The key holds `value`.
+    #[must_use]
+    pub fn value_is(key: &[u8], value: &[u8]) -> Value {
+        json!({"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)})
+    }
+
     /// The key was last modified at `revision` (0: does not exist).
     #[must_use]
     pub fn unchanged(key: &[u8], revision: i64) -> Value {

@@ -253,6 +253,13 @@ impl Keys {
     pub(crate) fn bucket_doc(&self, name: &str, kind: &str) -> Vec<u8> {
         self.key(&format!("buckets/{name}/{kind}"))
     }
+    /// Every user (`users/NAME`: its record, keys included).
+    pub(crate) fn users(&self) -> Vec<u8> {
+        self.key("users/")
+    }
+    pub(crate) fn user(&self, name: &str) -> Vec<u8> {
+        self.key(&format!("users/{name}"))
+    }
 }
 
 pub fn now_ms() -> u64 {

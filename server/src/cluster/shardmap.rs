@@ -45,9 +45,12 @@ pub enum Report {
     /// Read the bucket catalog and hand it to the bucket-owner shard, if
     /// it has not applied this revision yet.
     CatalogSync(i64),
-    /// This node's buckets, to seed a catalog that is not made yet
-    /// (`catalog::seed`).
-    Seed(Vec<crate::shard::msg::BucketDocs>),
+    /// This node's buckets and users, to seed a catalog that is not made
+    /// yet (`catalog::seed`).
+    Seed(
+        Vec<crate::shard::msg::BucketDocs>,
+        Vec<(String, bytes::Bytes)>,
+    ),
 }
 
 /// A write of group `pg` is to be acknowledged without `nodes`' copies

@@ -7,6 +7,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::cluster::catalog::{Change, Outcome};
 use crate::frontend::http::{HttpConn, Limits, RequestHead, ResponseHead};
 use crate::shard::Shard;
 
@@ -247,7 +248,25 @@ impl Admin {
             );
         }
         let user = User::generate(name, crate::store::now_ms());
-        if let Err(e) = shard.set_user(name, Some(&user)).await {
+        if shard.is_cluster() {
+            // Cluster-wide: recorded in etcd, then on every node that is up.
+            let change = Change::User {
+                name: name.to_string(),
+                doc: Some(bytes::Bytes::from(user.to_doc())),
+            };
+            match self.cluster_change(&shard, change).await {
+                Ok(Outcome::Done) => {}
+                Ok(_) => {
+                    return (
+                        409,
+                        "text/plain",
+                        format!("user {name} exists: remove it first to give it new keys\n")
+                            .into_bytes(),
+                    )
+                }
+                Err(reply) => return reply,
+            }
+        } else if let Err(e) = shard.set_user(name, Some(&user)).await {
             return (
                 500,
                 "text/plain",
@@ -270,7 +289,17 @@ impl Admin {
         if shard.user_by_name(name).is_none() {
             return (404, "text/plain", format!("no user {name}\n").into_bytes());
         }
-        if let Err(e) = shard.set_user(name, None).await {
+        if shard.is_cluster() {
+            let change = Change::User {
+                name: name.to_string(),
+                doc: None,
+            };
+            match self.cluster_change(&shard, change).await {
+                Ok(Outcome::Done) => {}
+                Ok(_) => return (404, "text/plain", format!("no user {name}\n").into_bytes()),
+                Err(reply) => return reply,
+            }
+        } else if let Err(e) = shard.set_user(name, None).await {
             return (
                 500,
                 "text/plain",
@@ -279,6 +308,15 @@ impl Admin {
         }
         tracing::info!(user = name, "user removed");
         (204, "text/plain", Vec::new())
+    }
+
+    /// A user change on a cluster node (`catalog::change`); Err: the 503
+    /// to answer.
+    async fn cluster_change(&self, shard: &Rc<Shard>, change: Change) -> Result<Outcome, Reply> {
+        let ckey = crate::cluster::peer_http::cluster_key(&self.writes.secret_key);
+        crate::cluster::catalog::change(shard, &ckey, change)
+            .await
+            .map_err(|e| (503, "text/plain", format!("{e}\n").into_bytes()))
     }
 
     /// PUT /log/level: the body is the new filter.

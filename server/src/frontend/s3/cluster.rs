@@ -181,6 +181,19 @@ fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
     })
 }
 
+/// The answer to a bucket change that etcd decided.
+fn outcome_result(outcome: catalog::Outcome) -> Result<(), S3Error> {
+    match outcome {
+        catalog::Outcome::Missing => Err(S3Error::no_such_bucket()),
+        catalog::Outcome::Conflict => Err(S3Error::new(
+            409,
+            "OperationAborted",
+            "The bucket was deleted and made again by another owner while this request was on its way; retry.",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The static code of an error a peer reported (unknown ones are
 /// internal errors).
 fn static_code(code: &str) -> &'static str {
@@ -242,16 +255,35 @@ impl S3Front {
         kind: ConfigKind,
         doc: Option<bytes::Bytes>,
     ) -> Result<(), S3Error> {
+        if self.shard.is_cluster()
+            && doc
+                .as_ref()
+                .is_some_and(|d| d.len() > crate::store::bucket_config::CONFIG_DOC_BYTES_MAX)
+        {
+            // Every node must be able to store what etcd takes.
+            return Err(S3Error::invalid_argument(format!(
+                "a bucket configuration document is at most {} bytes as stored",
+                crate::store::bucket_config::CONFIG_DOC_BYTES_MAX
+            )));
+        }
         let change = catalog::Change::Doc {
             name: bucket.to_string(),
             kind,
             doc: doc.clone(),
+            owner: self.authorized_owner(bucket),
         };
         match self.cluster_bucket_change(change).await? {
             None => Ok(self.shard.set_bucket_config(bucket, kind, doc).await?),
-            Some(catalog::Outcome::NoSuchBucket) => Err(S3Error::no_such_bucket()),
-            Some(_) => Ok(()),
+            Some(outcome) => outcome_result(outcome),
         }
+    }
+
+    /// The owner of `bucket` in this node's view, which the request was
+    /// authorized against (None: the root principal).
+    fn authorized_owner(&self, bucket: &str) -> Option<String> {
+        self.shard
+            .bucket_config(bucket)
+            .and_then(|c| c.owner.as_deref().map(str::to_string))
     }
 
     /// DeleteBucket on a cluster node: refused unless every node that may
@@ -271,10 +303,11 @@ impl S3Front {
         self.check_empty_everywhere(bucket, &to).await?;
         let change = catalog::Change::Delete {
             name: bucket.to_string(),
+            owner: self.authorized_owner(bucket),
         };
         match self.cluster_bucket_change(change).await? {
-            Some(catalog::Outcome::NoSuchBucket) => Err(S3Error::no_such_bucket()),
-            _ => Ok(true),
+            Some(outcome) => outcome_result(outcome).map(|()| true),
+            None => Ok(false),
         }
     }
 
@@ -342,12 +375,6 @@ impl S3Front {
         let Some(map) = self.map()? else {
             return Ok(Plan::Here);
         };
-        // Every answer, forwarded ones too, goes by the cluster's buckets.
-        if !catalog::ready() {
-            return Err(unavailable(
-                "This cluster node has not read the cluster's buckets from etcd yet; retry shortly.",
-            ));
-        }
         if req.op == S3Op::BatchGet {
             return Err(S3Error::not_implemented(
                 "the S3 batch read on a cluster (GET each key, or use the native client's get_batch)",

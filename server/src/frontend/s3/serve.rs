@@ -230,6 +230,14 @@ impl S3Front {
         req: &Request,
         loopback: bool,
     ) -> Result<(), S3Error> {
+        // A cluster node answers by the cluster's buckets only.
+        if self.shard.is_cluster() && !crate::cluster::catalog::ready() {
+            return Err(S3Error::new(
+                503,
+                "ServiceUnavailable",
+                "This cluster node has not read the cluster's buckets from etcd yet; retry shortly.",
+            ));
+        }
         self.add_cors_headers(conn, req);
         if req.op == S3Op::CorsPreflight {
             return self.cors_preflight(conn, req).await;
