@@ -162,7 +162,7 @@ fn a_node_makes_its_buckets_the_catalogs() {
         // carol, long after this node made its own: the empty one is made
         // again for her; the one still holding a key here is left as it
         // is (its key must not pass to her).
-        let later = percore_server::store::now_ms() + 10 * 60 * 1000;
+        let later = percore_server::store::now_ms() + 60 * 60 * 1000;
         let mut again = catalog(
             40,
             0,

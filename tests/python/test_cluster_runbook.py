@@ -415,11 +415,12 @@ def etcd_call(urls: str, path: str, body: dict) -> dict:
 
 
 def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # noqa: F811
-    """A cluster made by an older percore has its buckets on its nodes and
-    no catalog in etcd (made here by removing it with every node
-    stopped). Started again, its nodes put their buckets and documents
-    into etcd and mark the catalog made; then every door serves them, and
-    bucket changes work."""
+    """A cluster made by an older percore has its buckets on its nodes,
+    users on the node they were made on, and no catalog in etcd (made here
+    by removing it with every node stopped, after a user was added on n2
+    alone). Started again, its nodes put their buckets, documents and
+    users into etcd and mark the catalog made once all have; then every
+    door serves them (the user's keys too), and bucket changes work."""
     from botocore.exceptions import ClientError
 
     s3 = cluster.nodes[0].client()
@@ -432,10 +433,17 @@ def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # 
     for b in many:
         s3.create_bucket(Bucket=b)
         s3.put_bucket_tagging(Bucket=b, Tagging={"TagSet": [{"Key": "n", "Value": b}]})
-    for n in cluster.nodes:
-        n.kill9()
+    # A user only n2 holds (as users were per node before the catalog).
+    n1, n2, n3 = cluster.nodes
+    n1.kill9()
+    n3.kill9()
+    uma = json.loads(subprocess.run(
+        [str(percore_bin()), "user", "add", "uma", "--admin", f"{n2.ip}:{n2.admin_port}"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={"PATH": "/usr/bin:/bin", "PERCORE_SECRET_KEY": SECRET_KEY}).stdout)
+    n2.kill9()
     root = "/percore/percore/"
-    for key in ("catalog", "buckets/"):
+    for key in ("catalog", "buckets/", "users/", "seeded/"):
         end = root + key[:-1] + chr(ord(key[-1]) + 1) if key.endswith("/") else None
         body = {"key": root + key, **({"range_end": end} if end else {})}
         etcd_call(cluster.urls, "/v3/kv/deleterange", body)
@@ -463,6 +471,10 @@ def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # 
     assert set(many) <= names
     for b in many:
         assert door.get_bucket_tagging(Bucket=b)["TagSet"] == [{"Key": "n", "Value": b}], b
+    # Every running node's users were kept: uma's keys work on n1 and n3.
+    for n in (n1, n3):
+        as_uma = n.client(access_key=uma["access_key"], secret_key=uma["secret_key"])
+        as_uma.create_bucket(Bucket=f"uma-{n.node_name}")
     cluster.nodes[1].client().delete_bucket_tagging(Bucket="old-one")
     for n in cluster.nodes:
         with pytest.raises(ClientError, match="NoSuchTagSet"):

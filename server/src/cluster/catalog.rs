@@ -435,71 +435,94 @@ fn parse_key(prefix: &[u8], key: &[u8]) -> Option<(String, Option<ConfigKind>)> 
 }
 
 /// Seeds the catalog from this node's buckets and users (on the control
-/// thread): a cluster made before the catalog had its buckets on every
-/// node, and its users on the nodes they were made on. Each user, bucket
-/// and document goes in unless one is there already, and only
-/// while the catalog is not marked made; once every bucket of this node
-/// went in, it is marked made. Stops after `budget` (the lease renewals
-/// share this thread): Ok(false), to go on at the next read.
+/// thread of node `me`): a cluster made before the catalog had its
+/// buckets on every node, and its users on the nodes they were made on.
+/// Each user, bucket and document goes in unless one is there already
+/// (so each round moves on, and each bucket comes with the documents of
+/// the node that put it first), and only while the catalog is not
+/// marked made. Then this node says it is done (`seeded/ID`), and the
+/// catalog is marked made once every up or draining node has: so every
+/// running node's users and buckets are in. Stops after `budget` (the
+/// lease renewals share this thread), to go on at the next read.
+/// Returns whether the catalog is made.
 pub fn seed(
     etcd: &Etcd,
     keys: &Keys,
+    me: u32,
     (buckets, users): (&[BucketDocs], &[(String, Bytes)]),
     budget: Duration,
 ) -> Result<bool, String> {
     let started = Instant::now();
-    // What is in already (another node's, or an earlier round's) is not
-    // put again, so each round moves on.
     let (have_b, rev) = list(etcd, &keys.buckets(), 0)?;
     let (have_u, _) = list(etcd, &keys.users(), rev)?;
     let have: std::collections::HashSet<Vec<u8>> =
         have_b.into_iter().chain(have_u).map(|(k, _)| k).collect();
     let unmade = || txn::absent(&keys.catalog());
+    let mut puts: Vec<(Vec<u8>, Vec<Value>)> = Vec::new();
     for (name, doc) in users {
         let key = keys.user(name);
-        if have.contains(&key) {
-            continue;
+        if !have.contains(&key) {
+            let op = txn::put(&key, doc);
+            puts.push((key, vec![op]));
         }
-        if started.elapsed() > budget {
-            return Ok(false);
-        }
-        etcd.txn(
-            vec![unmade(), txn::absent(&key)],
-            vec![txn::put(&key, doc)],
-            vec![],
-        )?;
     }
     for b in buckets {
         let record_key = keys.bucket(&b.name);
-        if have.contains(&record_key) {
+        let docs: Vec<(Vec<u8>, Value)> = b
+            .docs
+            .iter()
+            .map(|(kind, doc)| {
+                let key = keys.bucket_doc(&b.name, kind.name());
+                let op = txn::put(&key, doc);
+                (key, op)
+            })
+            .filter(|(key, _)| !have.contains(key))
+            .collect();
+        let size: usize = b.docs.iter().map(|(_, d)| d.len()).sum();
+        if !have.contains(&record_key) && size <= SEED_TXN_BYTES {
+            // The bucket with its documents in one transaction.
+            // When it was made is not known (each node made it at its own
+            // time): 0, which no node takes for a later bucket of the name.
+            let record = json!({ "created_ms": 0 }).to_string();
+            let mut ops = vec![txn::put(&record_key, record.as_bytes())];
+            ops.extend(docs.into_iter().map(|(_, op)| op));
+            puts.push((record_key, ops));
             continue;
         }
+        if !have.contains(&record_key) {
+            let record = json!({ "created_ms": 0 }).to_string();
+            let op = txn::put(&record_key, record.as_bytes());
+            puts.push((record_key, vec![op]));
+        }
+        // Too large for one request, or another node's record: each
+        // document it lacks.
+        puts.extend(docs.into_iter().map(|(key, op)| (key, vec![op])));
+    }
+    for (key, ops) in puts {
         if started.elapsed() > budget {
             return Ok(false);
         }
-        // The bucket with its documents in one transaction (one node's
-        // view of it, whole) when they fit in one etcd request; else the
-        // record, then each document.
-        // When it was made is not known (each node made it at its own
-        // time): 0, which no node takes for a later bucket of the name.
-        let record = json!({ "created_ms": 0 }).to_string();
-        let mut ops = vec![txn::put(&record_key, record.as_bytes())];
-        let size: usize = b.docs.iter().map(|(_, d)| d.len()).sum();
-        let docs = b
-            .docs
-            .iter()
-            .map(|(kind, doc)| txn::put(&keys.bucket_doc(&b.name, kind.name()), doc));
-        if size <= SEED_TXN_BYTES {
-            ops.extend(docs);
-            etcd.txn(vec![unmade(), txn::absent(&record_key)], ops, vec![])?;
-            continue;
-        }
-        let made = etcd.txn(vec![unmade(), txn::absent(&record_key)], ops, vec![])?;
-        if made {
-            for op in docs {
-                etcd.txn(vec![unmade()], vec![op], vec![])?;
-            }
-        }
+        etcd.txn(vec![unmade(), txn::absent(&key)], ops, vec![])?;
+    }
+    etcd.txn(
+        vec![unmade()],
+        vec![txn::put(&keys.seeded(me), b"1")],
+        vec![],
+    )?;
+    let view = super::map::load(etcd, keys)?;
+    let (done, _) = list(etcd, &keys.seededs(), 0)?;
+    let waiting: Vec<&str> = view
+        .nodes
+        .iter()
+        .filter(|(n, _)| {
+            matches!(n.node_state(), NodeState::Up | NodeState::Draining)
+                && !done.iter().any(|(k, _)| *k == keys.seeded(n.id))
+        })
+        .map(|(n, _)| n.name.as_str())
+        .collect();
+    if !waiting.is_empty() {
+        tracing::info!(waiting = ?waiting, "cluster: the catalog is made once these nodes put their buckets and users in");
+        return Ok(false);
     }
     etcd.txn(
         vec![unmade()],
@@ -539,6 +562,12 @@ fn local_users(shard: &Rc<Shard>) -> Vec<(String, Bytes)> {
 /// replaces those whose record differs, removes those it no longer has.
 /// Returns how many records the read should have carried and did not.
 async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> {
+    let skip = |name: &str, why: &str| {
+        tracing::warn!(user = %name, "cluster: a catalog user record {why}; skipped");
+        // Not here, it would look missing to a read that does not carry
+        // it: every read is whole while it stays.
+        APPLIED.full.store(true, Ordering::Release);
+    };
     let mut local: BTreeMap<String, Bytes> = local_users(shard).into_iter().collect();
     let mut missing = 0;
     for (name, doc) in &cat.users {
@@ -546,11 +575,11 @@ async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> 
         match (doc, have) {
             (Some(d), have) if have.as_ref() != Some(d) => {
                 let Some(user) = crate::access::users::User::from_doc(d) else {
-                    tracing::warn!(user = %name, "cluster: a catalog user record not understood; skipped");
+                    skip(name, "not understood");
                     continue;
                 };
                 if user.name != *name {
-                    tracing::warn!(user = %name, "cluster: a catalog user record names another user; skipped");
+                    skip(name, "that names another user");
                     continue;
                 }
                 shard
@@ -582,6 +611,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
     if !cat.seeded {
         let local = local_buckets(shard).await?;
         let map = shard.cluster_map().ok_or("no cluster map yet")?;
+        // (Every node puts its own in: see `seed`.)
         map.synced_tx
             .send(Report::Seed(local, local_users(shard)))
             .map_err(|_| "this node's control thread is gone")?;
@@ -611,7 +641,10 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
             match shard.delete_bucket(name).await {
                 Ok(()) | Err(ShardError::NoSuchBucket) => have = None,
                 Err(ShardError::BucketNotEmpty) => {
-                    tracing::warn!(bucket = %name, "cluster: an earlier bucket of this name still holds keys on this node; the new one is not applied here until they are deleted");
+                    tracing::warn!(bucket = %name, "cluster: an earlier bucket of this name still holds keys on this node; the new one is not applied here until they are deleted (looked at again at each catalog change)");
+                    // Only a read that carries the record tells the two
+                    // apart: every read is whole while it stays.
+                    APPLIED.full.store(true, Ordering::Release);
                     continue;
                 }
                 Err(e) => return Err(err(e)),
@@ -647,6 +680,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                     // Not from a door of this version (they refuse it);
                     // storing it would fail on every read.
                     tracing::warn!(bucket = %name, kind = kind.name(), bytes = d.len(), "cluster: a catalog document too large to store; skipped");
+                    APPLIED.full.store(true, Ordering::Release);
                 }
                 (Some(d), now) if now != Some(d) => shard
                     .set_bucket_config(name, *kind, Some(d.clone()))
@@ -686,7 +720,8 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
 
 /// A bucket made here this much before the catalog's record of it says
 /// (clocks of two nodes apart) is an earlier bucket of the name.
-const INCARNATION_SKEW_MS: u64 = 60_000;
+/// Wider than the clock difference nodes accept between them (5 min).
+const INCARNATION_SKEW_MS: u64 = 10 * 60_000;
 
 /// How often the bucket-owner shard looks for a catalog from the control
 /// thread (a door waits for it).
@@ -707,12 +742,13 @@ pub fn start_feed(shard: Rc<Shard>, rx: mpsc::Receiver<Arc<Catalog>>) {
             };
             if let Some(cat) = latest {
                 if cat.rev > APPLIED.rev.load(Ordering::Acquire) {
+                    // A whole read: what it skips sets the flag again.
+                    if cat.since == 0 {
+                        APPLIED.full.store(false, Ordering::Release);
+                    }
                     match apply(&shard, &cat).await {
                         Ok(()) => {
                             APPLIED.rev.fetch_max(cat.rev, Ordering::AcqRel);
-                            if cat.since == 0 {
-                                APPLIED.full.store(false, Ordering::Release);
-                            }
                             tracing::debug!(rev = cat.rev, "cluster: bucket catalog applied");
                         }
                         Err(e) => tracing::warn!(error = %e, "cluster: the bucket catalog could not be applied; the next map read tries again"),

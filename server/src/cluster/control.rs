@@ -819,12 +819,12 @@ impl Control {
             }
             Report::Seed(buckets, users) => {
                 let budget = Duration::from_millis(self.ttl_s.saturating_mul(1000) / 8);
-                match catalog::seed(&self.etcd, &self.keys, (&buckets, &users), budget) {
+                match catalog::seed(&self.etcd, &self.keys, self.id, (&buckets, &users), budget) {
                     Ok(true) => {
                         info!(
                             buckets = buckets.len(),
                             users = users.len(),
-                            "cluster: the catalog in etcd is made (this node's buckets and users went in)"
+                            "cluster: the catalog in etcd is made (every running node's buckets and users went in)"
                         );
                         self.catalog_sent = None;
                         self.check_catalog();

@@ -260,6 +260,14 @@ impl Keys {
     pub(crate) fn user(&self, name: &str) -> Vec<u8> {
         self.key(&format!("users/{name}"))
     }
+    /// Node ID put its buckets and users into a catalog being made
+    /// (`catalog::seed`).
+    pub(crate) fn seeded(&self, id: u32) -> Vec<u8> {
+        self.key(&format!("seeded/{id}"))
+    }
+    pub(crate) fn seededs(&self) -> Vec<u8> {
+        self.key("seeded/")
+    }
 }
 
 pub fn now_ms() -> u64 {

@@ -69,6 +69,7 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
     ) -> Result<(), S3Error> {
+        let owner = self.authorized_owner(&req.bucket);
         let body = self
             .read_verified_body(
                 conn,
@@ -107,7 +108,7 @@ impl S3Front {
         };
         if on_bucket {
             let doc = public.then(|| Bytes::from_static(b"public-read"));
-            self.set_bucket_doc(&req.bucket, ConfigKind::Acl, doc)
+            self.set_bucket_doc((&req.bucket, owner), ConfigKind::Acl, doc)
                 .await?;
         }
         self.respond(conn, req, ResponseHead::new(200), b"").await

@@ -188,6 +188,7 @@ impl S3Front {
         req: &Request,
         auth: &Verified,
     ) -> Result<(), S3Error> {
+        let owner = self.authorized_owner(&req.bucket);
         let body = self.read_config_body(conn, req, auth).await?;
         let root = crate::bucket_config::parse_root(&body, "VersioningConfiguration")?;
         if let Some(mfa) = crate::bucket_config::only_child(&root, "MfaDelete")? {
@@ -202,7 +203,7 @@ impl S3Front {
             return Err(malformed("Status must be Enabled or Suspended"));
         }
         self.set_bucket_doc(
-            &req.bucket,
+            (&req.bucket, owner),
             ConfigKind::Versioning,
             Some(Bytes::from(status)),
         )

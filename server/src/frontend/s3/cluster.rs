@@ -248,10 +248,12 @@ impl S3Front {
     }
 
     /// Stores (Some) or removes (None) a bucket's `kind` document: in the
-    /// cluster's catalog on a cluster node, else on the shards.
+    /// cluster's catalog on a cluster node, else on the shards. `owner`:
+    /// the bucket's owner when the request was authorized
+    /// (`authorized_owner`, taken before the handler's first wait).
     pub(super) async fn set_bucket_doc(
         &self,
-        bucket: &str,
+        (bucket, owner): (&str, Option<String>),
         kind: ConfigKind,
         doc: Option<bytes::Bytes>,
     ) -> Result<(), S3Error> {
@@ -270,7 +272,7 @@ impl S3Front {
             name: bucket.to_string(),
             kind,
             doc: doc.clone(),
-            owner: self.authorized_owner(bucket),
+            owner,
         };
         match self.cluster_bucket_change(change).await? {
             None => Ok(self.shard.set_bucket_config(bucket, kind, doc).await?),
@@ -279,8 +281,9 @@ impl S3Front {
     }
 
     /// The owner of `bucket` in this node's view, which the request was
-    /// authorized against (None: the root principal).
-    fn authorized_owner(&self, bucket: &str) -> Option<String> {
+    /// authorized against when taken before any wait (None: the root
+    /// principal).
+    pub(super) fn authorized_owner(&self, bucket: &str) -> Option<String> {
         self.shard
             .bucket_config(bucket)
             .and_then(|c| c.owner.as_deref().map(str::to_string))
@@ -293,6 +296,7 @@ impl S3Front {
         let Some(map) = self.map()? else {
             return Ok(false);
         };
+        let owner = self.authorized_owner(bucket);
         let mut to = Vec::new();
         if let Some(me) = map.node(map.node_id) {
             to.push(peer_of(me)?);
@@ -303,7 +307,7 @@ impl S3Front {
         self.check_empty_everywhere(bucket, &to).await?;
         let change = catalog::Change::Delete {
             name: bucket.to_string(),
-            owner: self.authorized_owner(bucket),
+            owner,
         };
         match self.cluster_bucket_change(change).await? {
             Some(outcome) => outcome_result(outcome).map(|()| true),

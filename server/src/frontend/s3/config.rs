@@ -205,6 +205,7 @@ impl S3Front {
         auth: &Verified,
         kind: ConfigKind,
     ) -> Result<(), S3Error> {
+        let owner = self.authorized_owner(&req.bucket);
         let body = self.read_config_body(conn, req, auth).await?;
         let doc = match kind {
             ConfigKind::Tagging => TagSet::parse_xml(&body, BUCKET_TAGS_MAX)?.to_xml(),
@@ -220,7 +221,7 @@ impl S3Front {
                 return Err(S3Error::internal("not a document kind"))
             }
         };
-        self.set_bucket_doc(&req.bucket, kind, Some(Bytes::from(doc)))
+        self.set_bucket_doc((&req.bucket, owner), kind, Some(Bytes::from(doc)))
             .await?;
         let status = if matches!(kind, ConfigKind::Tagging | ConfigKind::Policy) {
             204
@@ -238,7 +239,9 @@ impl S3Front {
         kind: ConfigKind,
     ) -> Result<(), S3Error> {
         self.require_bucket(req)?;
-        self.set_bucket_doc(&req.bucket, kind, None).await?;
+        let owner = self.authorized_owner(&req.bucket);
+        self.set_bucket_doc((&req.bucket, owner), kind, None)
+            .await?;
         self.respond(conn, req, ResponseHead::new(204), b"").await
     }
 
