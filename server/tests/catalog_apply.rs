@@ -58,6 +58,7 @@ fn catalog(rev: i64, since: i64, buckets: &[Named]) -> Catalog {
         rev,
         since,
         seeded: true,
+        users_seeded: true,
         buckets: buckets
             .iter()
             .map(|(name, docs)| {

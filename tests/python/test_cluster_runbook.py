@@ -419,8 +419,9 @@ def test_a_cluster_made_before_the_catalog_seeds_it_from_its_nodes(cluster):  # 
     users on the node they were made on, and no catalog in etcd (made here
     by removing it with every node stopped, after a user was added on n2
     alone). Started again, its nodes put their buckets, documents and
-    users into etcd and mark the catalog made once all have; then every
-    door serves them (the user's keys too), and bucket changes work."""
+    users into etcd (each its own users, whichever node marks the catalog
+    made first); then every door serves them (the user's keys too), and
+    bucket changes work."""
     from botocore.exceptions import ClientError
 
     s3 = cluster.nodes[0].client()

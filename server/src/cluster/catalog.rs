@@ -108,6 +108,9 @@ pub struct Catalog {
     /// etcd holds the cluster's buckets (false: a cluster made before the
     /// catalog; its nodes seed it from their own).
     pub seeded: bool,
+    /// This node has put its own users in (`seed`; until then its users
+    /// are not made the catalog's).
+    pub users_seeded: bool,
     pub buckets: BTreeMap<String, Entry>,
     /// Every user, with its record if it changed since `since`.
     pub users: BTreeMap<String, Option<Bytes>>,
@@ -130,6 +133,8 @@ pub struct Entry {
 pub struct Applied {
     pub rev: AtomicI64,
     pub full: AtomicBool,
+    /// The apply running now skipped something (`apply`).
+    pub skipped: AtomicBool,
 }
 
 /// This node's `Applied` (one per process: one node).
@@ -177,7 +182,11 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         } => {
             let (done, rev) = etcd.txn_rev(
                 vec![seeded, txn::absent(&keys.user(name))],
-                vec![txn::put(&keys.user(name), doc), stamp],
+                vec![
+                    txn::put(&keys.user(name), doc),
+                    txn::delete(&keys.user_removed(name)),
+                    stamp,
+                ],
                 vec![],
             )?;
             if done {
@@ -188,7 +197,11 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         }
         Change::User { name, doc: None } => etcd.txn_rev(
             vec![seeded, txn::present(&keys.user(name))],
-            vec![txn::delete(&keys.user(name)), stamp],
+            vec![
+                txn::delete(&keys.user(name)),
+                txn::put(&keys.user_removed(name), b"1"),
+                stamp,
+            ],
             vec![],
         )?,
         Change::Doc {
@@ -364,16 +377,18 @@ fn values(
 /// Reads the catalog (on the control thread): every name, and the
 /// contents of what changed after `since` (0: everything), all as of one
 /// revision.
-pub fn read(etcd: &Etcd, keys: &Keys, since: i64) -> Result<Catalog, String> {
+pub fn read(etcd: &Etcd, keys: &Keys, me: u32, since: i64) -> Result<Catalog, String> {
     let prefix = keys.buckets();
     let users = keys.users();
     let (bucket_keys, rev) = list(etcd, &prefix, 0)?;
     let (user_keys, _) = list(etcd, &users, rev)?;
     let (seeded, _) = list(etcd, &keys.catalog(), rev)?;
+    let (mine, _) = list(etcd, &keys.seeded(me), rev)?;
     let mut cat = Catalog {
         rev,
         since,
         seeded: seeded.iter().any(|(k, _)| *k == keys.catalog()),
+        users_seeded: mine.iter().any(|(k, _)| *k == keys.seeded(me)),
         ..Catalog::default()
     };
     let changed = |all: &Listed| -> Vec<Vec<u8>> {
@@ -400,6 +415,16 @@ pub fn read(etcd: &Etcd, keys: &Keys, since: i64) -> Result<Catalog, String> {
             }
         }
     }
+    // Documents without their bucket's record (a seed under way) are not
+    // a bucket.
+    let records: std::collections::HashSet<String> = bucket_keys
+        .iter()
+        .filter_map(|(k, _)| match parse_key(&prefix, k) {
+            Some((name, None)) => Some(name),
+            _ => None,
+        })
+        .collect();
+    cat.buckets.retain(|name, _| records.contains(name));
     for (key, _) in &user_keys {
         match user_of(&users, key) {
             Some(name) => {
@@ -434,22 +459,31 @@ fn parse_key(prefix: &[u8], key: &[u8]) -> Option<(String, Option<ConfigKind>)> 
     crate::frontend::common::valid_bucket_name(name).then(|| (name.to_string(), kind))
 }
 
-/// Seeds the catalog from this node's buckets and users (on the control
-/// thread of node `me`): a cluster made before the catalog had its
-/// buckets on every node, and its users on the nodes they were made on.
-/// Each user, bucket and document goes in unless one is there already
-/// (so each round moves on, and each bucket comes with the documents of
-/// the node that put it first), and only while the catalog is not
-/// marked made. Then this node says it is done (`seeded/ID`), and the
-/// catalog is marked made once every up or draining node has: so every
-/// running node's users and buckets are in. Stops after `budget` (the
-/// lease renewals share this thread), to go on at the next read.
-/// Returns whether the catalog is made.
+/// A user's name and record.
+pub type UserRecord = (String, Bytes);
+
+/// Seeds the catalog from this node's users and buckets (on the control
+/// thread of node `me`).
+///
+/// Users: each node puts its own in once (users were per node before the
+/// catalog), each only if the name is not there and was never removed
+/// through the catalog, then says so (`seeded/ID`); until then its own
+/// users are not made the catalog's. A new node has none.
+///
+/// Buckets, for a cluster made before the catalog (every node held every
+/// bucket): each bucket with its documents goes in unless it is there
+/// already (so each round moves on, and each bucket comes whole from one
+/// node), only while the catalog is not marked made; the first node to
+/// have put all of its own marks it made.
+///
+/// Stops after `budget` (the lease renewals share this thread), to go on
+/// at the next read. Returns whether the catalog is made and this node's
+/// users are in.
 pub fn seed(
     etcd: &Etcd,
     keys: &Keys,
     me: u32,
-    (buckets, users): (&[BucketDocs], &[(String, Bytes)]),
+    (buckets, users): (Option<&[BucketDocs]>, Option<&[UserRecord]>),
     budget: Duration,
 ) -> Result<bool, String> {
     let started = Instant::now();
@@ -457,17 +491,40 @@ pub fn seed(
     let (have_u, _) = list(etcd, &keys.users(), rev)?;
     let have: std::collections::HashSet<Vec<u8>> =
         have_b.into_iter().chain(have_u).map(|(k, _)| k).collect();
-    let unmade = || txn::absent(&keys.catalog());
-    let mut puts: Vec<(Vec<u8>, Vec<Value>)> = Vec::new();
-    for (name, doc) in users {
-        let key = keys.user(name);
-        if !have.contains(&key) {
-            let op = txn::put(&key, doc);
-            puts.push((key, vec![op]));
+    if let Some(users) = users {
+        for (name, doc) in users {
+            let key = keys.user(name);
+            if have.contains(&key) {
+                continue;
+            }
+            if started.elapsed() > budget {
+                return Ok(false);
+            }
+            etcd.txn(
+                vec![txn::absent(&key), txn::absent(&keys.user_removed(name))],
+                vec![txn::put(&key, doc)],
+                vec![],
+            )?;
         }
+        etcd.put(&keys.seeded(me), b"1", 0)?;
     }
+    let Some(buckets) = buckets else {
+        return Ok(true);
+    };
+    let unmade = || txn::absent(&keys.catalog());
     for b in buckets {
         let record_key = keys.bucket(&b.name);
+        if have.contains(&record_key) {
+            // Another node's (or this one's, with its documents).
+            continue;
+        }
+        if started.elapsed() > budget {
+            return Ok(false);
+        }
+        // When it was made is not known (each node made it at its own
+        // time): 0, which no node takes for a later bucket of the name.
+        let record = json!({ "created_ms": 0 }).to_string();
+        let record_op = txn::put(&record_key, record.as_bytes());
         let docs: Vec<(Vec<u8>, Value)> = b
             .docs
             .iter()
@@ -476,53 +533,25 @@ pub fn seed(
                 let op = txn::put(&key, doc);
                 (key, op)
             })
-            .filter(|(key, _)| !have.contains(key))
             .collect();
         let size: usize = b.docs.iter().map(|(_, d)| d.len()).sum();
-        if !have.contains(&record_key) && size <= SEED_TXN_BYTES {
+        if size <= SEED_TXN_BYTES {
             // The bucket with its documents in one transaction.
-            // When it was made is not known (each node made it at its own
-            // time): 0, which no node takes for a later bucket of the name.
-            let record = json!({ "created_ms": 0 }).to_string();
-            let mut ops = vec![txn::put(&record_key, record.as_bytes())];
+            let mut ops = vec![record_op];
             ops.extend(docs.into_iter().map(|(_, op)| op));
-            puts.push((record_key, ops));
-            continue;
+            etcd.txn(vec![unmade(), txn::absent(&record_key)], ops, vec![])?;
+        } else {
+            // Too large for one request: the documents first (a catalog
+            // read takes no document without its record), the record last.
+            for (_, op) in docs {
+                etcd.txn(vec![unmade()], vec![op], vec![])?;
+            }
+            etcd.txn(
+                vec![unmade(), txn::absent(&record_key)],
+                vec![record_op],
+                vec![],
+            )?;
         }
-        if !have.contains(&record_key) {
-            let record = json!({ "created_ms": 0 }).to_string();
-            let op = txn::put(&record_key, record.as_bytes());
-            puts.push((record_key, vec![op]));
-        }
-        // Too large for one request, or another node's record: each
-        // document it lacks.
-        puts.extend(docs.into_iter().map(|(key, op)| (key, vec![op])));
-    }
-    for (key, ops) in puts {
-        if started.elapsed() > budget {
-            return Ok(false);
-        }
-        etcd.txn(vec![unmade(), txn::absent(&key)], ops, vec![])?;
-    }
-    etcd.txn(
-        vec![unmade()],
-        vec![txn::put(&keys.seeded(me), b"1")],
-        vec![],
-    )?;
-    let view = super::map::load(etcd, keys)?;
-    let (done, _) = list(etcd, &keys.seededs(), 0)?;
-    let waiting: Vec<&str> = view
-        .nodes
-        .iter()
-        .filter(|(n, _)| {
-            matches!(n.node_state(), NodeState::Up | NodeState::Draining)
-                && !done.iter().any(|(k, _)| *k == keys.seeded(n.id))
-        })
-        .map(|(n, _)| n.name.as_str())
-        .collect();
-    if !waiting.is_empty() {
-        tracing::info!(waiting = ?waiting, "cluster: the catalog is made once these nodes put their buckets and users in");
-        return Ok(false);
     }
     etcd.txn(
         vec![unmade()],
@@ -549,6 +578,23 @@ async fn local_buckets(shard: &Rc<Shard>) -> Result<Vec<BucketDocs>, String> {
     }
 }
 
+/// Asks the control thread to put this node's buckets (a catalog not made
+/// yet) and users (not put in yet) into the catalog (`seed`); Err: the
+/// catalog is not applied meanwhile.
+async fn ask_seed(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
+    let buckets = if cat.seeded {
+        None
+    } else {
+        Some(local_buckets(shard).await?)
+    };
+    let users = (!cat.users_seeded).then(|| local_users(shard));
+    let map = shard.cluster_map().ok_or("no cluster map yet")?;
+    map.synced_tx
+        .send(Report::Seed(buckets, users))
+        .map_err(|_| "this node's control thread is gone")?;
+    Err("this node's users and buckets are being put into the catalog".into())
+}
+
 /// Every user this node holds, as stored (its record).
 fn local_users(shard: &Rc<Shard>) -> Vec<(String, Bytes)> {
     shard
@@ -566,7 +612,7 @@ async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> 
         tracing::warn!(user = %name, "cluster: a catalog user record {why}; skipped");
         // Not here, it would look missing to a read that does not carry
         // it: every read is whole while it stays.
-        APPLIED.full.store(true, Ordering::Release);
+        APPLIED.skipped.store(true, Ordering::Release);
     };
     let mut local: BTreeMap<String, Bytes> = local_users(shard).into_iter().collect();
     let mut missing = 0;
@@ -608,14 +654,8 @@ async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> 
 /// until the catalog has it again or it is emptied and the catalog read
 /// again.
 pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
-    if !cat.seeded {
-        let local = local_buckets(shard).await?;
-        let map = shard.cluster_map().ok_or("no cluster map yet")?;
-        // (Every node puts its own in: see `seed`.)
-        map.synced_tx
-            .send(Report::Seed(local, local_users(shard)))
-            .map_err(|_| "this node's control thread is gone")?;
-        return Err("the bucket catalog is being made from the nodes' buckets".into());
+    if !cat.seeded || !cat.users_seeded {
+        return ask_seed(shard, cat).await;
     }
     let mut local: BTreeMap<String, Vec<(ConfigKind, Bytes)>> = local_buckets(shard)
         .await?
@@ -644,7 +684,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                     tracing::warn!(bucket = %name, "cluster: an earlier bucket of this name still holds keys on this node; the new one is not applied here until they are deleted (looked at again at each catalog change)");
                     // Only a read that carries the record tells the two
                     // apart: every read is whole while it stays.
-                    APPLIED.full.store(true, Ordering::Release);
+                    APPLIED.skipped.store(true, Ordering::Release);
                     continue;
                 }
                 Err(e) => return Err(err(e)),
@@ -680,7 +720,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                     // Not from a door of this version (they refuse it);
                     // storing it would fail on every read.
                     tracing::warn!(bucket = %name, kind = kind.name(), bytes = d.len(), "cluster: a catalog document too large to store; skipped");
-                    APPLIED.full.store(true, Ordering::Release);
+                    APPLIED.skipped.store(true, Ordering::Release);
                 }
                 (Some(d), now) if now != Some(d) => shard
                     .set_bucket_config(name, *kind, Some(d.clone()))
@@ -727,6 +767,39 @@ const INCARNATION_SKEW_MS: u64 = 10 * 60_000;
 /// thread (a door waits for it).
 const FEED_POLL: Duration = Duration::from_millis(5);
 
+/// Applies one catalog from the control thread, unless it is older than
+/// what was applied, or carries only what changed while every read must
+/// be whole (something was skipped: it asks for a whole one instead).
+/// The flag that asks for whole reads is set by a skip or a missing
+/// document, and cleared only by a whole read applied without skips.
+async fn feed_one(shard: &Rc<Shard>, cat: &Catalog) {
+    if cat.seeded && cat.rev <= APPLIED.rev.load(Ordering::Acquire) {
+        return;
+    }
+    if cat.seeded && cat.since != 0 && APPLIED.full.load(Ordering::Acquire) {
+        if let Some(map) = shard.cluster_map() {
+            let _ = map.synced_tx.send(Report::CatalogSync(cat.rev));
+        }
+        return;
+    }
+    APPLIED.skipped.store(false, Ordering::Release);
+    match apply(shard, cat).await {
+        Ok(()) => {
+            let skipped = APPLIED.skipped.load(Ordering::Acquire);
+            if cat.since == 0 {
+                APPLIED.full.store(skipped, Ordering::Release);
+            } else if skipped {
+                APPLIED.full.store(true, Ordering::Release);
+            }
+            APPLIED.rev.fetch_max(cat.rev, Ordering::AcqRel);
+            tracing::debug!(rev = cat.rev, "cluster: bucket catalog applied");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: the bucket catalog could not be applied; the next map read tries again")
+        }
+    }
+}
+
 /// Keeps applying the catalogs the control thread sends (bucket-owner
 /// shard of a cluster node), one at a time, the newest first.
 pub fn start_feed(shard: Rc<Shard>, rx: mpsc::Receiver<Arc<Catalog>>) {
@@ -741,19 +814,7 @@ pub fn start_feed(shard: Rc<Shard>, rx: mpsc::Receiver<Arc<Catalog>>) {
                 }
             };
             if let Some(cat) = latest {
-                if cat.rev > APPLIED.rev.load(Ordering::Acquire) {
-                    // A whole read: what it skips sets the flag again.
-                    if cat.since == 0 {
-                        APPLIED.full.store(false, Ordering::Release);
-                    }
-                    match apply(&shard, &cat).await {
-                        Ok(()) => {
-                            APPLIED.rev.fetch_max(cat.rev, Ordering::AcqRel);
-                            tracing::debug!(rev = cat.rev, "cluster: bucket catalog applied");
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cluster: the bucket catalog could not be applied; the next map read tries again"),
-                    }
-                }
+                feed_one(&shard, &cat).await;
             }
             if closed {
                 return;
@@ -869,6 +930,14 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         futures::future::join(applied_here(&map, rev), futures::future::join_all(calls)).await;
     here.map_err(|e| format!("the change is in force, but this node: {e}; retry to confirm"))?;
     for (node, got) in peers.iter().zip(there) {
+        if node.state == NodeState::Draining {
+            // A draining node may have been stopped (and stays draining):
+            // it applies the change when it reads the catalog again.
+            if let Err(e) = got {
+                tracing::warn!(node = %node.name, error = %e, "cluster: a draining node did not confirm a bucket change");
+            }
+            continue;
+        }
         got.map_err(|e| {
             format!(
                 "the change is in force, but node {} has not applied it yet ({e}); it will at its next map read; retry to confirm",

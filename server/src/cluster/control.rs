@@ -374,8 +374,8 @@ struct Control {
     /// to give it up at the latest (`leave`).
     leaving: Option<(std::sync::mpsc::Sender<bool>, Instant)>,
     /// The bucket catalog last handed to the bucket-owner shard: its
-    /// revision, and when (`sync_catalog`).
-    catalog_sent: Option<(i64, Instant)>,
+    /// revision, when, and whether it was a whole read (`sync_catalog`).
+    catalog_sent: Option<(i64, Instant, bool)>,
     /// The catalog's revision as last read from etcd (0: none yet, or no
     /// catalog: a cluster made before it).
     catalog_seen: i64,
@@ -819,12 +819,13 @@ impl Control {
             }
             Report::Seed(buckets, users) => {
                 let budget = Duration::from_millis(self.ttl_s.saturating_mul(1000) / 8);
-                match catalog::seed(&self.etcd, &self.keys, self.id, (&buckets, &users), budget) {
+                let lists = (buckets.as_deref(), users.as_deref());
+                match catalog::seed(&self.etcd, &self.keys, self.id, lists, budget) {
                     Ok(true) => {
                         info!(
-                            buckets = buckets.len(),
-                            users = users.len(),
-                            "cluster: the catalog in etcd is made (every running node's buckets and users went in)"
+                            buckets = buckets.as_ref().map(Vec::len),
+                            users = users.as_ref().map(Vec::len),
+                            "cluster: this node's users (and, for a cluster made before the catalog, its buckets) are in the catalog"
                         );
                         self.catalog_sent = None;
                         self.check_catalog();
@@ -1002,9 +1003,18 @@ impl Control {
     /// the next map read tries again.
     fn check_catalog(&mut self) {
         match catalog::revision(&self.etcd, &self.keys) {
+            Ok(0) => {
+                // Not made yet (a cluster made by an older percore): the
+                // shard seeds it from its own; nothing to read.
+                self.catalog_seen = 0;
+                let _ = self
+                    .feed
+                    .catalog_tx
+                    .send(std::sync::Arc::new(catalog::Catalog::default()));
+            }
             Ok(rev) => {
                 self.catalog_seen = rev;
-                self.sync_catalog(if rev == 0 { i64::MAX } else { rev });
+                self.sync_catalog(rev);
             }
             Err(e) => {
                 warn!(error = %e, "cluster: cannot read the bucket catalog's revision; retrying at the next map read")
@@ -1022,20 +1032,22 @@ impl Control {
         if applied >= want {
             return;
         }
-        if self
-            .catalog_sent
-            .is_some_and(|(rev, at)| rev >= want && at.elapsed() < CATALOG_RESEND)
-        {
+        let full = catalog::APPLIED.full.load(Ordering::Acquire);
+        // (A read that carried only what changed is not waited for once
+        // the shard wants whole ones.)
+        if self.catalog_sent.is_some_and(|(rev, at, whole)| {
+            rev >= want && at.elapsed() < CATALOG_RESEND && (whole || !full)
+        }) {
             return;
         }
-        let since = if catalog::APPLIED.full.load(Ordering::Acquire) {
-            0
-        } else {
-            applied
-        };
-        match catalog::read(&self.etcd, &self.keys, since) {
+        let since = if full { 0 } else { applied };
+        match catalog::read(&self.etcd, &self.keys, self.id, since) {
             Ok(cat) => {
-                self.catalog_sent = Some((if cat.seeded { cat.rev } else { 0 }, Instant::now()));
+                self.catalog_sent = Some((
+                    if cat.seeded { cat.rev } else { 0 },
+                    Instant::now(),
+                    since == 0,
+                ));
                 let _ = self.feed.catalog_tx.send(std::sync::Arc::new(cat));
             }
             Err(e) => {

@@ -265,8 +265,10 @@ impl Keys {
     pub(crate) fn seeded(&self, id: u32) -> Vec<u8> {
         self.key(&format!("seeded/{id}"))
     }
-    pub(crate) fn seededs(&self) -> Vec<u8> {
-        self.key("seeded/")
+    /// A user removed through the catalog: a node's first seed of its
+    /// own users does not bring it back.
+    pub(crate) fn user_removed(&self, name: &str) -> Vec<u8> {
+        self.key(&format!("users-removed/{name}"))
     }
 }
 

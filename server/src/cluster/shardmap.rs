@@ -45,11 +45,12 @@ pub enum Report {
     /// Read the bucket catalog and hand it to the bucket-owner shard, if
     /// it has not applied this revision yet.
     CatalogSync(i64),
-    /// This node's buckets and users, to seed a catalog that is not made
-    /// yet (`catalog::seed`).
+    /// This node's buckets (for a catalog not made yet) and users (not
+    /// put in yet), to seed the catalog (`catalog::seed`; None: not to
+    /// seed).
     Seed(
-        Vec<crate::shard::msg::BucketDocs>,
-        Vec<(String, bytes::Bytes)>,
+        Option<Vec<crate::shard::msg::BucketDocs>>,
+        Option<Vec<(String, bytes::Bytes)>>,
     ),
 }
 
