@@ -896,19 +896,20 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         let body = &body;
         let map = &map;
         async move {
-            let addr = node
-                .s3
-                .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
+            let addr = node.s3.ok_or_else(|| {
+                (
+                    false,
+                    format!("node {} has no usable S3 address", node.name),
+                )
+            })?;
             let target = "/_percore/catalog";
             let hash = super::peer_http::body_hash(body);
             let mac = super::replicate::sign(ckey, map, node.id, "POST", target, &hash);
             let call = super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096);
             let timed = async {
                 glommio::timer::sleep(CHANGE_WAIT).await;
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no answer in time",
-                ))
+                // Not TimedOut: that is a connect's (see below).
+                Err(std::io::Error::other("no answer in time"))
             };
             let (status, answer) = match futures_lite::future::or(call, timed).await {
                 Ok(got) => got,
@@ -916,13 +917,26 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
                 // serves nothing stale, and it reads the catalog (this
                 // change in it) before it serves again.
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
-                Err(e) => return Err(e.to_string()),
+                // No connection at all (a stopped draining node's machine
+                // may be off): excused for a draining node below.
+                Err(e) => {
+                    let unreachable = matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::HostUnreachable
+                            | std::io::ErrorKind::NetworkUnreachable
+                    );
+                    return Err((unreachable, e.to_string()));
+                }
             };
             let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
             if status == 200 && v["applied"].as_i64().is_some_and(|a| a >= rev) {
                 Ok(())
             } else {
-                Err(format!("{status} {}", String::from_utf8_lossy(&answer)))
+                Err((
+                    false,
+                    format!("{status} {}", String::from_utf8_lossy(&answer)),
+                ))
             }
         }
     });
@@ -930,15 +944,17 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         futures::future::join(applied_here(&map, rev), futures::future::join_all(calls)).await;
     here.map_err(|e| format!("the change is in force, but this node: {e}; retry to confirm"))?;
     for (node, got) in peers.iter().zip(there) {
-        if node.state == NodeState::Draining {
-            // A draining node may have been stopped (and stays draining):
-            // it applies the change when it reads the catalog again.
-            if let Err(e) = got {
-                tracing::warn!(node = %node.name, error = %e, "cluster: a draining node did not confirm a bucket change");
+        if let Err((true, e)) = &got {
+            if node.state == NodeState::Draining {
+                // A stopped draining node stays draining, and its machine
+                // may be off: it applies the change when it reads the
+                // catalog again. (One that runs and answers is waited for
+                // like an up node.)
+                tracing::warn!(node = %node.name, error = %e, "cluster: a draining node cannot be reached to confirm a bucket change");
+                continue;
             }
-            continue;
         }
-        got.map_err(|e| {
+        got.map_err(|(_, e)| {
             format!(
                 "the change is in force, but node {} has not applied it yet ({e}); it will at its next map read; retry to confirm",
                 node.name
