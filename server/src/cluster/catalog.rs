@@ -908,63 +908,9 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         })
         .collect();
     let body = serde_json::to_vec(&json!({ "rev": rev })).expect("serializable");
-    let calls = peers.iter().map(|node| {
-        let body = &body;
-        let map = &map;
-        async move {
-            let addr = node.s3.ok_or_else(|| {
-                (
-                    false,
-                    format!("node {} has no usable S3 address", node.name),
-                )
-            })?;
-            if node.state == NodeState::Down
-                && super::peer_http::open_within(addr, DOWN_CONNECT_WAIT)
-                    .await
-                    .is_err()
-            {
-                // Down in this door's map and not there: not waited for.
-                // (One that runs, its return not yet in this map, is.)
-                return Ok(());
-            }
-            let target = "/_percore/catalog";
-            let hash = super::peer_http::body_hash(body);
-            let mac = super::replicate::sign(ckey, map, node.id, "POST", target, &hash);
-            let call = super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096);
-            let timed = async {
-                glommio::timer::sleep(CHANGE_WAIT).await;
-                // Not TimedOut: that is a connect's (see below).
-                Err(std::io::Error::other("no answer in time"))
-            };
-            let (status, answer) = match futures_lite::future::or(call, timed).await {
-                Ok(got) => got,
-                // Nothing listens there: the node is not running, so it
-                // serves nothing stale, and it reads the catalog (this
-                // change in it) before it serves again.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
-                // No connection at all (a stopped draining node's machine
-                // may be off): excused for a draining node below.
-                Err(e) => {
-                    let unreachable = matches!(
-                        e.kind(),
-                        std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::HostUnreachable
-                            | std::io::ErrorKind::NetworkUnreachable
-                    );
-                    return Err((unreachable, e.to_string()));
-                }
-            };
-            let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
-            if status == 200 && v["applied"].as_i64().is_some_and(|a| a >= rev) {
-                Ok(())
-            } else {
-                Err((
-                    false,
-                    format!("{status} {}", String::from_utf8_lossy(&answer)),
-                ))
-            }
-        }
-    });
+    let calls = peers
+        .iter()
+        .map(|node| confirm(ckey, &map, node, &body, rev));
     let (here, there) =
         futures::future::join(applied_here(&map, rev), futures::future::join_all(calls)).await;
     here.map_err(|e| format!("the change is in force, but this node: {e}; retry to confirm"))?;
@@ -987,6 +933,68 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
         })?;
     }
     Ok(outcome)
+}
+
+/// Asks `node` to apply the catalog up to `rev` and waits for its word
+/// (`change`). Err((whether it could not be connected to, why)).
+async fn confirm(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &super::shardmap::MapNode,
+    body: &[u8],
+    rev: i64,
+) -> Result<(), (bool, String)> {
+    let addr = node.s3.ok_or_else(|| {
+        (
+            false,
+            format!("node {} has no usable S3 address", node.name),
+        )
+    })?;
+    if node.state == NodeState::Down
+        && super::peer_http::open_within(addr, DOWN_CONNECT_WAIT)
+            .await
+            .is_err()
+    {
+        // Down in this door's map and not there: not waited for.
+        // (One that runs, its return not yet in this map, is.)
+        return Ok(());
+    }
+    let target = "/_percore/catalog";
+    let hash = super::peer_http::body_hash(body);
+    let mac = super::replicate::sign(ckey, map, node.id, "POST", target, &hash);
+    let call = super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096);
+    let timed = async {
+        glommio::timer::sleep(CHANGE_WAIT).await;
+        // Not TimedOut: that is a connect's (see below).
+        Err(std::io::Error::other("no answer in time"))
+    };
+    let (status, answer) = match futures_lite::future::or(call, timed).await {
+        Ok(got) => got,
+        // Nothing listens there: the node is not running, so it
+        // serves nothing stale, and it reads the catalog (this
+        // change in it) before it serves again.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
+        // No connection at all (a stopped draining node's machine
+        // may be off): excused for a draining node below.
+        Err(e) => {
+            let unreachable = matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            );
+            return Err((unreachable, e.to_string()));
+        }
+    };
+    let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+    if status == 200 && v["applied"].as_i64().is_some_and(|a| a >= rev) {
+        Ok(())
+    } else {
+        Err((
+            false,
+            format!("{status} {}", String::from_utf8_lossy(&answer)),
+        ))
+    }
 }
 
 /// Answers `POST /_percore/catalog {"rev": R}` (a door made a bucket
