@@ -317,7 +317,7 @@ fn list(etcd: &Etcd, prefix: &[u8], rev: i64) -> Result<(Listed, i64), String> {
     let mut at = rev;
     let mut from = prefix.to_vec();
     loop {
-        let (kvs, got, more) = etcd.range_page((&from, &end), NAMES_PAGE, at, 0, true)?;
+        let (kvs, got, more) = etcd.range_page((&from, &end), NAMES_PAGE, at, true)?;
         if at == 0 {
             at = got;
         }
@@ -346,7 +346,7 @@ fn values(
         for key in wanted {
             let mut end = key.to_vec();
             end.push(0);
-            let (kvs, _, _) = etcd.range_page((key, &end), 1, rev, 0, false)?;
+            let (kvs, _, _) = etcd.range_page((key, &end), 1, rev, false)?;
             if let Some(kv) = kvs.into_iter().next() {
                 out.insert(kv.key, Bytes::from(kv.value));
             }
@@ -357,7 +357,7 @@ fn values(
     let end = prefix_end(prefix);
     let mut from = prefix.to_vec();
     loop {
-        let (kvs, _, more) = etcd.range_page((&from, &end), DOCS_PAGE, rev, 0, false)?;
+        let (kvs, _, more) = etcd.range_page((&from, &end), DOCS_PAGE, rev, false)?;
         let last = kvs.last().map(|kv| kv.key.clone());
         for kv in kvs {
             if wanted.contains(kv.key.as_slice()) {

@@ -235,33 +235,18 @@ impl Etcd {
             body["range_end"] = json!(b64(end));
         }
         let v = self.call("/v3/kv/range", &body)?;
-        let kvs = v
-            .get("kvs")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|kv| Kv {
-                        key: unb64(&kv["key"]),
-                        value: unb64(&kv["value"]),
-                        mod_revision: int(&kv["mod_revision"]),
-                        lease: int(&kv["lease"]),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let kvs = kvs_of(&v);
         Ok((kvs, int(&v["header"]["revision"])))
     }
 
     /// One page of keys in `[key, range_end)`, in key order: at most
-    /// `limit`, as of `revision` (0: now), only those modified after
-    /// `after` (0: all), without their values if `keys_only`. The store's
-    /// revision, and whether more keys follow.
+    /// `limit`, as of `revision` (0: now), without their values if
+    /// `keys_only`. The store's revision, and whether more keys follow.
     pub fn range_page(
         &self,
         (key, range_end): (&[u8], &[u8]),
         limit: usize,
         revision: i64,
-        after: i64,
         keys_only: bool,
     ) -> Result<(Vec<Kv>, i64, bool), String> {
         let mut body =
@@ -269,27 +254,11 @@ impl Etcd {
         if revision > 0 {
             body["revision"] = json!(revision.to_string());
         }
-        if after > 0 {
-            body["min_mod_revision"] = json!((after + 1).to_string());
-        }
         if keys_only {
             body["keys_only"] = json!(true);
         }
         let v = self.call("/v3/kv/range", &body)?;
-        let kvs = v
-            .get("kvs")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|kv| Kv {
-                        key: unb64(&kv["key"]),
-                        value: unb64(&kv["value"]),
-                        mod_revision: int(&kv["mod_revision"]),
-                        lease: int(&kv["lease"]),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let kvs = kvs_of(&v);
         let more = v.get("more").and_then(Value::as_bool).unwrap_or(false);
         Ok((kvs, int(&v["header"]["revision"]), more))
     }
@@ -377,6 +346,23 @@ impl Etcd {
         self.call("/v3/lease/revoke", &json!({"ID": id.to_string()}))
             .map(|_| ())
     }
+}
+
+/// The keys of a range answer.
+fn kvs_of(v: &Value) -> Vec<Kv> {
+    v.get("kvs")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|kv| Kv {
+                    key: unb64(&kv["key"]),
+                    value: unb64(&kv["value"]),
+                    mod_revision: int(&kv["mod_revision"]),
+                    lease: int(&kv["lease"]),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 enum Failure {
