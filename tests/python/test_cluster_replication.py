@@ -275,6 +275,45 @@ def group_gauges(node: Node) -> dict[str, int]:
             if k.startswith("percore_cluster_groups{")}
 
 
+def labelled(node: Node, name: str) -> list[tuple[dict[str, str], int]]:
+    """The samples of metric `name` on a node's /metrics: (labels, value)."""
+    out = []
+    for series, value in cluster_gauges(node).items():
+        head, _, labels = series.partition("{")
+        if head != name:
+            continue
+        out.append((dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels)), value))
+    return out
+
+
+def group_replicas(nodes: list[Node]) -> dict[int, dict[str, int]]:
+    """`percore_cluster_group_replicas` of every node, by group: each group
+    is shown by the one node that leads it (a second is a failure)."""
+    groups: dict[int, dict[str, int]] = {}
+    owner: dict[int, str] = {}
+    for node in nodes:
+        for labels, v in labelled(node, "percore_cluster_group_replicas"):
+            pg = int(labels["pg"])
+            assert owner.setdefault(pg, node.node_name) == node.node_name, (
+                f"group {pg} shown by {owner[pg]} and {node.node_name}")
+            groups.setdefault(pg, {})[labels["kind"]] = v
+    return groups
+
+
+def node_health(node: Node) -> dict[str, dict[str, object]]:
+    """Per node as `node`'s /metrics shows it: its state, sync and groups."""
+    out: dict[str, dict[str, object]] = {}
+    for labels, v in labelled(node, "percore_cluster_node_state"):
+        if v == 1:
+            assert "state" not in out.setdefault(labels["node"], {}), labels
+            out[labels["node"]]["state"] = labels["state"]
+    for labels, v in labelled(node, "percore_cluster_node_synced"):
+        out.setdefault(labels["node"], {})["synced"] = v
+    for labels, v in labelled(node, "percore_cluster_node_groups"):
+        out.setdefault(labels["node"], {})[labels["role"]] = v
+    return out
+
+
 def etag_md5(etag: str | None) -> str | None:
     return None if etag is None else etag.strip('"')
 
@@ -828,6 +867,16 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     for name, g in groups.items():
         assert g["degraded"] == PGS and g["unavailable"] == 0 and g["held"] == PGS, (name, g)
     assert sum(g["led"] for g in groups.values()) == PGS, groups
+    # Per node and per group, as the survivors' /metrics show them.
+    for node in (n1, n3):
+        health = node_health(node)
+        assert health["n2"]["state"] == "down" and health["n2"]["led"] == 0, health
+        assert health["n2"]["held"] == PGS, health
+        assert health["n1"]["led"] + health["n3"]["led"] == PGS, health
+        assert all(health[n]["state"] == "up" for n in ("n1", "n3")), health
+    per_group = group_replicas([n1, n3])
+    assert sorted(per_group) == list(range(PGS)), sorted(per_group)
+    assert all(g == {"placed": 3, "up": 2, "synced": 2} for g in per_group.values()), per_group
 
     # After the load, with n2 still down: both survivors serve every key as
     # acknowledged, and list them.
@@ -862,6 +911,12 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     for name, g in groups.items():
         assert g["degraded"] == 0 and g["unavailable"] == 0 and g["waiting"] == 0, (name, g)
     assert sum(g["led"] for g in groups.values()) == PGS, groups
+    per_group = group_replicas(cluster.nodes)
+    assert sorted(per_group) == list(range(PGS)), sorted(per_group)
+    assert all(g == {"placed": 3, "up": 3, "synced": 3} for g in per_group.values()), per_group
+    health = node_health(n2)
+    assert all(h["state"] == "up" and h["synced"] == 1 and h["held"] == PGS
+               for h in health.values()), health
     assert not problems, ("replicas differ after n2 synced (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
     problems = check_reads(load_client(n2), bucket, possible, "n2")
@@ -991,12 +1046,23 @@ def test_catch_up_is_paced(cluster):
     n3.start(timeout=SYNC_TIMEOUT_S)
     samples: list[tuple[float, int]] = []
     deadline = start + SYNC_TIMEOUT_S
+    # Per group: the groups n3 still has to take (each from one node, the
+    # synced primary), and n3 behind in the groups n1 and n2 lead.
+    pending: list[int] = []
+    behind_seen = False
     while True:
         g = cluster_gauges(n3)
         samples.append((time.monotonic(), g["percore_cluster_backfill_bytes_total"]))
+        left = labelled(n3, "percore_cluster_backfill_group_sources_left")
+        assert all(v == 1 and 0 <= int(lb["pg"]) < PGS for lb, v in left), left
+        pending.append(len(left))
         nodes, _ = status(cluster.urls)
         if nodes["n3"]["sync"] == "yes":
             break
+        if left:
+            per_group = group_replicas(cluster.nodes[:2])
+            behind_seen |= any(g2 == {"placed": 3, "up": 3, "synced": 2}
+                               for g2 in per_group.values())
         assert time.monotonic() < deadline, f"n3 never synced: {nodes}"
         time.sleep(0.2)
     synced_s = time.monotonic() - start
@@ -1015,6 +1081,9 @@ def test_catch_up_is_paced(cluster):
         f"{worst[1]:.1f} s after its start: {samples}")
     assert synced_s >= (missed - rate) / rate, f"n3 synced after {synced_s:.1f} s: not paced"
     assert cluster_gauges(n3)["percore_cluster_backfill_groups_left"] == 0
+    assert not labelled(n3, "percore_cluster_backfill_group_sources_left")
+    assert max(pending) > 0, f"no group was ever pending: {pending}"
+    assert behind_seen, "n1 and n2 never showed n3 behind in a group they lead"
     settle(cluster, cluster.nodes)
     deadline = time.monotonic() + REPAIR_S
     while True:

@@ -8,7 +8,7 @@
 //! node may lead keys (`may_lead`: its lease and map confirmed by etcd).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,10 @@ pub struct ClusterStatus {
     /// Groups (times their sources, when merged) the running catch-up
     /// pass has still to take.
     pub backfill_groups_left: AtomicU64,
+    /// Per placement group, the sources the running catch-up pass has
+    /// still to take it from (0: none running, or taken). Sized once, by
+    /// the first pass (a cluster's group count never changes).
+    backfill_sources_left: std::sync::OnceLock<Box<[AtomicU32]>>,
     /// The node was removed from the map while it ran: it no longer takes
     /// part (restart it to join as a new node).
     pub removed: AtomicBool,
@@ -210,6 +214,16 @@ pub const LAPSED: &str = "this node cannot confirm its cluster lease and map wit
 pub const TAKING_OVER: &str = "this node is taking over the key's placement group from a node that may still serve it for a moment; retry";
 
 impl ClusterStatus {
+    /// `backfill_sources_left`, sized for `pgs` groups if it is not yet
+    /// (empty if it is not and `pgs` is 0).
+    pub fn backfill_sources_left(&self, pgs: u32) -> &[AtomicU32] {
+        if pgs == 0 {
+            return self.backfill_sources_left.get().map_or(&[], |v| v);
+        }
+        self.backfill_sources_left
+            .get_or_init(|| (0..pgs).map(|_| AtomicU32::new(0)).collect())
+    }
+
     /// Lets this node lead under maps of `epoch` or newer (0: keeps the
     /// current floor) until `ttl_s` after `sent` (less the margin): etcd
     /// confirmed at or after `sent` that the lease lives `ttl_s` more.
@@ -229,15 +243,33 @@ impl ClusterStatus {
         self.map_until_ms.store(until, Ordering::Release);
     }
 
+    /// `percore_cluster_backfill_group_sources_left`: the groups the
+    /// running catch-up has sources left for.
+    fn render_backfill_groups(&self, out: &mut String) {
+        let per_group: Vec<(String, u64)> = self
+            .backfill_sources_left(0)
+            .iter()
+            .enumerate()
+            .filter_map(|(pg, n)| {
+                let n = n.load(Ordering::Relaxed);
+                (n > 0).then(|| (format!("{{pg=\"{pg}\"}}"), u64::from(n)))
+            })
+            .collect();
+        metric(
+            out,
+            "percore_cluster_backfill_group_sources_left",
+            "Per placement group the running catch-up still has to take: the nodes it has still to take it from (1, or more when it merges from several replicas). No series: no catch-up runs, or the group is taken.",
+            "gauge",
+            &per_group,
+        );
+    }
+
     /// The Prometheus text of the cluster gauges.
     #[must_use]
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(1024);
         let mut gauge = |name: &str, help: &str, kind: &str, samples: &[(String, u64)]| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-            for (labels, v) in samples {
-                out.push_str(&format!("{name}{labels} {v}\n"));
-            }
+            metric(&mut out, name, help, kind, samples);
         };
         let plain = |v: u64| vec![(String::new(), v)];
         gauge(
@@ -331,7 +363,17 @@ impl ClusterStatus {
             "gauge",
             &by_state,
         );
+        self.render_backfill_groups(&mut out);
         out
+    }
+}
+
+/// One metric family in Prometheus text: its help and type, then its
+/// samples (labels, value).
+fn metric(out: &mut String, name: &str, help: &str, kind: &str, samples: &[(String, u64)]) {
+    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    for (labels, v) in samples {
+        out.push_str(&format!("{name}{labels} {v}\n"));
     }
 }
 

@@ -1167,8 +1167,7 @@ async fn catch_up(
     let sources = sources_of(map)?;
     let (mut taken, mut dropped) = (0, 0);
     let pace = Pace::new();
-    let mut groups_left = sources.values().map(|pgs| pgs.len() as u64).sum::<u64>();
-    set_groups_left(groups_left);
+    let progress = Progress::start(map.pgs, &sources);
     let steps = sources.into_iter().flat_map(|(from, pgs)| {
         pgs.chunks(GROUPS_PER_PASS)
             .map(|c| (from, c.to_vec()))
@@ -1220,8 +1219,7 @@ async fn catch_up(
             };
             dropped += drop_unknown(shard, ckey, map, &from, &pgs, &theirs).await?;
         }
-        groups_left = groups_left.saturating_sub(pgs.len() as u64);
-        set_groups_left(groups_left);
+        progress.took(&pgs);
     }
     reach_peers(map).await?;
     Ok((taken, dropped))
@@ -1301,11 +1299,59 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
     Ok(sources)
 }
 
-/// `percore_cluster_backfill_groups_left` (shard 0 catches up).
-fn set_groups_left(n: u64) {
-    if let Some(s) = super::control::STATUS.get() {
-        s.backfill_groups_left
-            .store(n, std::sync::atomic::Ordering::Relaxed);
+/// A running catch-up pass's progress, on `/metrics`:
+/// `percore_cluster_backfill_groups_left` (groups times their sources
+/// still to take) and, per group, its sources still to take
+/// (`ClusterStatus::backfill_sources_left`). Both go back to 0 when the
+/// pass ends, also on an error.
+struct Progress {
+    left: std::cell::Cell<u64>,
+}
+
+impl Progress {
+    fn start(pgs: u32, sources: &BTreeMap<(u32, bool), Vec<u32>>) -> Progress {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = sources.values().map(|pgs| pgs.len() as u64).sum::<u64>();
+        if let Some(s) = super::control::STATUS.get() {
+            s.backfill_groups_left.store(left, Relaxed);
+            let per_group = s.backfill_sources_left(pgs);
+            for pg in sources.values().flatten() {
+                if let Some(n) = per_group.get(*pg as usize) {
+                    n.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        Progress {
+            left: std::cell::Cell::new(left),
+        }
+    }
+
+    /// One source's `pgs` were taken.
+    fn took(&self, pgs: &[u32]) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.left
+            .set(self.left.get().saturating_sub(pgs.len() as u64));
+        if let Some(s) = super::control::STATUS.get() {
+            s.backfill_groups_left.store(self.left.get(), Relaxed);
+            let per_group = s.backfill_sources_left(0);
+            for pg in pgs {
+                if let Some(n) = per_group.get(*pg as usize) {
+                    let _ = n.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(s) = super::control::STATUS.get() {
+            s.backfill_groups_left.store(0, Relaxed);
+            for n in s.backfill_sources_left(0) {
+                n.store(0, Relaxed);
+            }
+        }
     }
 }
 

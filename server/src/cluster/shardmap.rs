@@ -8,6 +8,7 @@
 //! `ClusterMap` with the same map as JSON, so that clients compute the
 //! same placement (`percore_protocol::placement`) from the same nodes.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -177,6 +178,8 @@ pub struct MapNode {
     pub id: u32,
     pub name: String,
     pub state: placement::NodeState,
+    /// Its failure domain (`--zone`).
+    pub zone: String,
     /// Its S3 address (None: the record's address does not parse).
     pub s3: Option<std::net::SocketAddr>,
     /// Whether it has caught up (`placement::PlacedNode::synced`).
@@ -262,6 +265,7 @@ impl ShardMap {
                     id: n.id,
                     name: n.name.clone(),
                     state: n.node_state(),
+                    zone: n.zone.clone(),
                     s3: n.s3.parse().ok(),
                     synced: n.synced,
                 })
@@ -325,6 +329,103 @@ impl ShardMap {
             ("degraded", degraded),
             ("unavailable", dark),
         ]
+    }
+
+    /// The cluster's health as this node's map has it, as Prometheus text:
+    /// `percore_cluster_groups` (`group_counts`); per node its state,
+    /// whether it is synced, and the groups it holds and leads; and per
+    /// group this node leads (so each group is shown by one node, its
+    /// acting primary) its replicas placed, up, and up and synced (the
+    /// ones that hold every acknowledged write: fewer than placed means
+    /// replicas behind, catching up).
+    pub fn render_health(&self, now: u64, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_groups Placement groups by health, as this node's map has them: held and led by this node, led but waiting to take over, and cluster-wide those with fewer than R replicas up (degraded) or none (unavailable).\n# TYPE percore_cluster_groups gauge\n"
+        );
+        for (kind, n) in self.group_counts(now) {
+            let _ = writeln!(out, "percore_cluster_groups{{kind=\"{kind}\"}} {n}");
+        }
+        let mut held: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut led: BTreeMap<u32, u64> = BTreeMap::new();
+        for pg in 0..self.pgs {
+            for n in self.replicas_of_pg(pg) {
+                *held.entry(n).or_default() += 1;
+            }
+            *led.entry(self.primary_of_pg(pg)).or_default() += 1;
+        }
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_node_state Each node's state in this node's map (1: the state it is in).\n# TYPE percore_cluster_node_state gauge\n"
+        );
+        let states = [
+            placement::NodeState::Up,
+            placement::NodeState::Down,
+            placement::NodeState::Draining,
+            placement::NodeState::Out,
+        ];
+        for n in &self.nodes {
+            for s in states {
+                let _ = writeln!(
+                    out,
+                    "percore_cluster_node_state{{node=\"{}\",zone=\"{}\",state=\"{}\"}} {}",
+                    label(&n.name),
+                    label(&n.zone),
+                    s.name(),
+                    u8::from(n.state == s)
+                );
+            }
+        }
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_node_synced 1 if the node holds every acknowledged write of its groups, 0 while it catches up (it leads none of them then).\n# TYPE percore_cluster_node_synced gauge\n"
+        );
+        for n in &self.nodes {
+            let _ = writeln!(
+                out,
+                "percore_cluster_node_synced{{node=\"{}\"}} {}",
+                label(&n.name),
+                u8::from(n.synced)
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_node_groups Placement groups each node holds (is a replica of) and leads (is the acting primary of), in this node's map.\n# TYPE percore_cluster_node_groups gauge\n"
+        );
+        for n in &self.nodes {
+            for (role, counts) in [("held", &held), ("led", &led)] {
+                let _ = writeln!(
+                    out,
+                    "percore_cluster_node_groups{{node=\"{}\",role=\"{role}\"}} {}",
+                    label(&n.name),
+                    counts.get(&n.id).copied().unwrap_or(0)
+                );
+            }
+        }
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_group_replicas Per placement group this node leads: its replicas placed (R, or fewer if fewer nodes can take it), up, and up and synced (holding every acknowledged write; placed minus synced replicas are behind).\n# TYPE percore_cluster_group_replicas gauge\n"
+        );
+        for pg in 0..self.pgs {
+            if self.primary_of_pg(pg) != self.node_id {
+                continue;
+            }
+            let (mut placed, mut up, mut synced) = (0, 0, 0);
+            for r in self.replicas_of_pg(pg) {
+                placed += 1;
+                if let Some(n) = self.node(r).filter(|n| n.state == placement::NodeState::Up) {
+                    up += 1;
+                    synced += u32::from(n.synced);
+                }
+            }
+            for (kind, v) in [("placed", placed), ("up", up), ("synced", synced)] {
+                let _ = writeln!(
+                    out,
+                    "percore_cluster_group_replicas{{pg=\"{pg}\",kind=\"{kind}\"}} {v}"
+                );
+            }
+        }
     }
 
     /// The ids of the nodes this node still waits for at `now`: each may
@@ -644,6 +745,21 @@ impl MapFeed {
     }
 }
 
+/// A Prometheus label value: backslash, double quote and newline escaped
+/// (names in the map are checked at join, but etcd is read as it is).
+fn label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,6 +866,138 @@ mod tests {
             epoch_revision: 0,
             revision: 0,
         }
+    }
+
+    /// The samples of Prometheus text: (name, labels, value); every line
+    /// but `#` comments is one well-formed sample.
+    fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>, u64)> {
+        let mut out = Vec::new();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}').unwrap()),
+                None => (series, ""),
+            };
+            let mut map = BTreeMap::new();
+            let mut rest = labels;
+            while !rest.is_empty() {
+                let (k, v) = rest.split_once("=\"").unwrap();
+                let mut value = String::new();
+                let mut chars = v.char_indices();
+                let end = loop {
+                    match chars.next().unwrap() {
+                        (_, '\\') => value.push(chars.next().unwrap().1),
+                        (i, '"') => break i,
+                        (_, c) => value.push(c),
+                    }
+                };
+                map.insert(k.to_string(), value);
+                rest = v[end + 1..].strip_prefix(',').unwrap_or(&v[end + 1..]);
+            }
+            out.push((name.to_string(), map, value.parse().unwrap()));
+        }
+        out
+    }
+
+    /// `/metrics`' view of the map: each node's state, sync and groups,
+    /// and each group this node leads with its replicas placed, up and
+    /// synced, all agreeing with the map itself.
+    #[test]
+    fn health_metrics_agree_with_the_map() {
+        let mut v = view(5, &["up", "down", "up", "draining", "up"]);
+        v.nodes[2].0.synced = false;
+        v.nodes[4].0.name = "odd\"name\\".into();
+        let m = ShardMap::build("c1", 1, &v).unwrap();
+        let mut text = String::new();
+        m.render_health(0, &mut text);
+        let all = samples(&text);
+        let one = |name: &str, want: &[(&str, &str)]| -> u64 {
+            let hits: Vec<u64> = all
+                .iter()
+                .filter(|(n, l, _)| {
+                    n == name
+                        && want
+                            .iter()
+                            .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+                })
+                .map(|s| s.2)
+                .collect();
+            assert_eq!(hits.len(), 1, "{name} {want:?}: {hits:?}\n{text}");
+            hits[0]
+        };
+        for (i, n) in m.nodes.iter().enumerate() {
+            for st in ["up", "down", "draining", "out"] {
+                let want = u64::from(n.state.name() == st);
+                assert_eq!(
+                    one(
+                        "percore_cluster_node_state",
+                        &[("node", &n.name), ("state", st)]
+                    ),
+                    want
+                );
+            }
+            assert_eq!(
+                one("percore_cluster_node_synced", &[("node", &n.name)]),
+                u64::from(i != 2)
+            );
+            let held = (0..m.pgs)
+                .filter(|&pg| m.replicas_of_pg(pg).any(|r| r == n.id))
+                .count();
+            let led = (0..m.pgs).filter(|&pg| m.primary_of_pg(pg) == n.id).count();
+            for (role, want) in [("held", held), ("led", led)] {
+                let got = one(
+                    "percore_cluster_node_groups",
+                    &[("node", &n.name), ("role", role)],
+                );
+                assert_eq!(got, want as u64);
+            }
+        }
+        assert_eq!(
+            one(
+                "percore_cluster_node_state",
+                &[("node", "odd\"name\\"), ("state", "up")]
+            ),
+            1
+        );
+        let mine = led(&m);
+        assert!(!mine.is_empty());
+        let groups: Vec<_> = all
+            .iter()
+            .filter(|s| s.0 == "percore_cluster_group_replicas")
+            .collect();
+        assert_eq!(groups.len(), mine.len() * 3);
+        let mut behind = 0;
+        for pg in mine {
+            let p = pg.to_string();
+            let placed = one(
+                "percore_cluster_group_replicas",
+                &[("pg", &p), ("kind", "placed")],
+            );
+            let up = one(
+                "percore_cluster_group_replicas",
+                &[("pg", &p), ("kind", "up")],
+            );
+            let synced = one(
+                "percore_cluster_group_replicas",
+                &[("pg", &p), ("kind", "synced")],
+            );
+            assert_eq!(placed, 2, "{pg}");
+            let ups = m
+                .replicas_of_pg(pg)
+                .filter(|&r| [1, 3, 5].contains(&r))
+                .count() as u64;
+            assert_eq!(up, ups, "{pg}");
+            assert_eq!(
+                synced,
+                ups - u64::from(m.replicas_of_pg(pg).any(|r| r == 3)),
+                "{pg}"
+            );
+            behind += placed - synced;
+        }
+        assert!(
+            behind > 0,
+            "some group of node 1 has node 2 (down) or node 3 (unsynced)"
+        );
     }
 
     /// The groups `m`'s node leads.

@@ -160,11 +160,7 @@ impl Admin {
         if let Some(cluster) = crate::cluster::control::STATUS.get() {
             text.push_str(&cluster.render());
             if let Some(map) = shard.cluster_map() {
-                let now = crate::cluster::control::mono_ms();
-                text.push_str("# HELP percore_cluster_groups Placement groups by health, as this node's map has them: held and led by this node, led but waiting to take over, and cluster-wide those with fewer than R replicas up (degraded) or none (unavailable).\n# TYPE percore_cluster_groups gauge\n");
-                for (kind, n) in map.group_counts(now) {
-                    text.push_str(&format!("percore_cluster_groups{{kind=\"{kind}\"}} {n}\n"));
-                }
+                map.render_health(crate::cluster::control::mono_ms(), &mut text);
             }
         }
         (200, "text/plain; version=0.0.4", text.into_bytes())
