@@ -86,6 +86,18 @@ def refusal_message(client, bucket: str, key: str) -> str:
     return "served"
 
 
+def health_ready(node) -> tuple[int, bytes]:
+    """GET /health/ready on a node's admin port: (status, body)."""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://{node.ip}:{node.admin_port}/health/ready",
+                                    timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def restart_member(e: Etcd, i: int) -> None:
     """Starts member `i` again on its data directory (the flags that
     created it are ignored then)."""
@@ -156,6 +168,7 @@ def run(e: Etcd, cluster: Cluster) -> None:
         time.sleep(0.1)
     leased = {n.node_name: cluster_gauges(n).get("percore_cluster_leased") for n in nodes}
     message = refusal_message(doors["n1"], bucket, "pre/00")
+    readiness = {n.node_name: health_ready(n) for n in nodes}
 
     # -- the return ---------------------------------------------------------
     restart_member(e, 1)
@@ -201,6 +214,8 @@ def run(e: Etcd, cluster: Cluster) -> None:
     assert all(v == 0 for v in leased.values()), (
         f"percore_cluster_leased after {OUTAGE_S} s without etcd: {leased}")
     assert "etcd" in message, f"a refusal without etcd should say so: {message!r}"
+    # Load balancers see it too: not ready while etcd cannot confirm.
+    assert all(code == 503 and b"etcd" in body for code, body in readiness.values()), readiness
     assert len(recovered) == len(doors), (
         f"doors that took no write within {RECOVER_LIMIT_S} s of etcd's return: "
         f"{sorted(set(doors) - set(recovered))}; their answers: "
@@ -398,6 +413,58 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
         with pytest.raises(ClientError) as e:
             n.client().head_bucket(Bucket="stays-empty")
         assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket")
+
+
+def test_a_frozen_node_neither_holds_up_nor_misses_bucket_changes(cluster):  # noqa: F811
+    """n3 is frozen (SIGSTOP: up in every map, its port takes connections,
+    nothing answers). Bucket changes through n1 are answered all the same,
+    once n3's copy of the catalog has lapsed (within the takeover wait, a
+    lease or less), not 503 after waiting for n3. When n3 thaws, its door
+    answers 503 until it has read them, never the buckets and tags it held
+    before; then the new ones."""
+    import signal
+
+    from botocore.exceptions import ClientError
+
+    n1, _, n3 = cluster.nodes
+    s3 = n1.client()
+    s3.create_bucket(Bucket="frozen-before")
+    n3.client().head_bucket(Bucket="frozen-before")
+    os.kill(n3.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        s3.create_bucket(Bucket="frozen-made")
+        s3.put_bucket_tagging(Bucket="frozen-before", Tagging=TAGS)
+        took = time.monotonic() - started
+    finally:
+        os.kill(n3.proc.pid, signal.SIGCONT)
+    thawed = time.monotonic()
+    print(f"\ntwo bucket changes with n3 frozen: {took:.2f} s (lease {LEASE_TTL_S} s)")
+    assert took < 2 * LEASE_TTL_S + 2, took
+
+    door = load_client(n3)
+    answers: list[str] = []
+    from botocore.exceptions import BotoCoreError
+    tags = None
+    while True:
+        try:
+            door.head_bucket(Bucket="frozen-made")
+            tags = door.get_bucket_tagging(Bucket="frozen-before")["TagSet"]
+            answers.append("200")
+            break
+        except ClientError as e:
+            code = e.response["ResponseMetadata"]["HTTPStatusCode"]
+            answers.append(str(code))
+            assert code == 503, (f"n3 answered {code} {e.response['Error']} "
+                                 f"{time.monotonic() - thawed:.2f} s after it thawed: {answers}")
+        except BotoCoreError as e:  # a connection cut as it thaws
+            answers.append(type(e).__name__)
+        assert time.monotonic() < thawed + 30, answers
+        time.sleep(0.05)
+    assert tags == TAGS["TagSet"], tags
+    print(f"  n3 after it thawed: {len(answers) - 1} refusals, then the new state "
+          f"{time.monotonic() - thawed:.2f} s after")
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
 
 
 def etcd_call(urls: str, path: str, body: dict) -> dict:

@@ -155,6 +155,7 @@ fn join_cluster(
         admin: cfg.admin.to_string(),
         shards: native_ports.len(),
         nonce: Vec::new(),
+        ttl_s: settings.lease_ttl_s,
     };
     let (status, leaver) = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;

@@ -28,7 +28,7 @@
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -91,10 +91,80 @@ pub enum Outcome {
 #[derive(Debug, Clone)]
 pub struct Ask {
     pub change: Change,
-    pub reply: mpsc::Sender<Result<(Outcome, i64), String>>,
+    pub reply: mpsc::Sender<Result<Committed, String>>,
     /// Not begun after this (the door has given up and told its client
     /// to retry: a late commit could undo the retry's change).
     pub until: Instant,
+}
+
+/// What etcd made of a change (`commit`), as the door needs it to answer.
+#[derive(Debug)]
+pub struct Committed {
+    pub outcome: Outcome,
+    /// The catalog's revision with the change (or, not made, the one the
+    /// outcome was decided by): every node that serves applies it first.
+    pub rev: i64,
+    /// The nodes with an `alive/` key at that revision, the others' leases
+    /// having lapsed (None: not read). A node not among them answers
+    /// nothing by its copy until it has joined again, and it reads the
+    /// catalog after it joins (`catalog::serving`; `control`).
+    pub alive: Option<std::collections::BTreeSet<u32>>,
+}
+
+/// `Committed` for a change `commit` decided with etcd at revision `rev`
+/// (made: `rev` is the catalog's; else the catalog's is read, as of
+/// `rev`), with the nodes alive then. Without that read, the catalog's
+/// revision is taken to be `rev` (later or the same) and no node counts as
+/// gone.
+pub fn committed(etcd: &Etcd, keys: &Keys, outcome: Outcome, rev: i64) -> Committed {
+    let facts = (|| -> Result<(i64, std::collections::BTreeSet<u32>), String> {
+        let mut end = keys.catalog();
+        end.push(0);
+        let (kvs, _, _) = etcd.range_page((&keys.catalog(), &end), 1, rev, true)?;
+        let catalog_rev = kvs.first().map_or(rev, |kv| kv.mod_revision);
+        let prefix = keys.alives();
+        let (mut from, until) = (prefix.clone(), prefix_end(&prefix));
+        let mut alive = std::collections::BTreeSet::new();
+        loop {
+            let (kvs, _, more) = etcd.range_page((&from, &until), NAMES_PAGE, rev, true)?;
+            for kv in &kvs {
+                if let Some(id) = kv
+                    .key
+                    .strip_prefix(prefix.as_slice())
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .and_then(|k| k.parse::<u32>().ok())
+                {
+                    alive.insert(id);
+                }
+            }
+            match kvs.last() {
+                Some(kv) if more => {
+                    from.clone_from(&kv.key);
+                    from.push(0);
+                }
+                _ => return Ok((catalog_rev, alive)),
+            }
+        }
+    })();
+    match facts {
+        Ok((catalog_rev, alive)) => Committed {
+            rev: if outcome == Outcome::Done {
+                rev
+            } else {
+                catalog_rev
+            },
+            outcome,
+            alive: Some(alive),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: cannot read which nodes were alive at a bucket change; every node is waited for");
+            Committed {
+                outcome,
+                rev,
+                alive: None,
+            }
+        }
+    }
 }
 
 /// The catalog as etcd held it at revision `rev`, for the bucket-owner
@@ -144,6 +214,119 @@ pub static APPLIED: std::sync::LazyLock<Applied> = std::sync::LazyLock::new(Appl
 /// it answers no bucket change and no bucket list).
 pub fn ready() -> bool {
     APPLIED.rev.load(Ordering::Acquire) > 0
+}
+
+/// What this node confirmed with etcd about its catalog: a read sent at
+/// (`control::mono_ms`) `sent` found the catalog at revision `need`, so a
+/// copy with `need` applied is known current until `until` (`sent` plus
+/// the map's freshness, `control::map_fresh_ms`). Two such: the last, and
+/// the one before it that found an earlier revision, so a node goes on
+/// serving its copy while it reads and applies a change it found (a door
+/// waits for that earlier one to lapse before it answers without this
+/// node's word: the change was made after that read). A sequence lock:
+/// the control thread writes, the shards read.
+pub struct Fresh {
+    seq: AtomicU64,
+    need: AtomicI64,
+    until: AtomicU64,
+    prev_need: AtomicI64,
+    prev_until: AtomicU64,
+}
+
+/// This node's `Fresh`.
+pub static FRESH: Fresh = Fresh {
+    seq: AtomicU64::new(0),
+    need: AtomicI64::new(0),
+    until: AtomicU64::new(0),
+    prev_need: AtomicI64::new(0),
+    prev_until: AtomicU64::new(0),
+};
+
+impl Fresh {
+    /// Writes under the lock (one writer: the control thread).
+    fn write(&self, f: impl FnOnce(&Fresh)) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        f(self);
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// ((need, until), (prev_need, prev_until)), consistent.
+    /// (A writer held up mid-write for long: nothing in force.)
+    fn read(&self) -> ((i64, u64), (i64, u64)) {
+        for _ in 0..10_000 {
+            let s = self.seq.load(Ordering::Acquire);
+            if s % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let got = (
+                (
+                    self.need.load(Ordering::Relaxed),
+                    self.until.load(Ordering::Relaxed),
+                ),
+                (
+                    self.prev_need.load(Ordering::Relaxed),
+                    self.prev_until.load(Ordering::Relaxed),
+                ),
+            );
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == s {
+                return got;
+            }
+        }
+        ((0, 0), (0, 0))
+    }
+}
+
+/// A read of the catalog's revision sent at `sent` found `need` (the
+/// control thread, after each successful one).
+pub fn confirmed(need: i64, sent: u64, fresh_ms: u64) {
+    FRESH.write(|f| {
+        let cur = f.need.load(Ordering::Relaxed);
+        if need != cur {
+            // The last becomes the one before, unless it was never
+            // applied and the one before it was (each was read before
+            // the changes after it: either stays sound).
+            let applied = APPLIED.rev.load(Ordering::Acquire);
+            if applied >= cur || applied < f.prev_need.load(Ordering::Relaxed) {
+                f.prev_need.store(cur, Ordering::Relaxed);
+                f.prev_until
+                    .store(f.until.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            f.need.store(need, Ordering::Relaxed);
+        }
+        f.until
+            .store(sent.saturating_add(fresh_ms), Ordering::Relaxed);
+    });
+}
+
+/// This node's copy of the catalog is not known current any more (it
+/// joined again: doors that found it without a lease did not wait for it).
+pub fn lapse() {
+    FRESH.write(|f| {
+        f.until.store(0, Ordering::Relaxed);
+        f.prev_until.store(0, Ordering::Relaxed);
+    });
+}
+
+/// Whether this node may answer requests by its copy of the catalog now:
+/// it has applied one since it started, and one that etcd held at a
+/// confirmation still in force (`Fresh`); and its lease is confirmed (not
+/// while it stops). A door that cannot reach a node to confirm a change
+/// waits that long (`change`), so a node that missed a change answers
+/// nothing (503) by the time the change is answered, until it has read it.
+pub fn serving() -> bool {
+    let now = super::control::mono_ms();
+    let applied = APPLIED.rev.load(Ordering::Acquire);
+    let (cur, prev) = FRESH.read();
+    let current = |(need, until): (i64, u64)| now < until && applied >= need;
+    ready()
+        && (current(cur) || current(prev))
+        && super::control::STATUS
+            .get()
+            .is_some_and(|s| now < s.lead_until_ms.load(Ordering::Acquire))
 }
 
 /// Keys per page of a catalog read: the names, and the documents (each at
@@ -230,11 +413,13 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         return Ok((Outcome::Done, done.1));
     }
     check_seeded(etcd, keys)?;
-    let present = match change {
+    // Decided by this read: its revision is the one to confirm.
+    let (present, rev) = match change {
         Change::Delete { name, .. } | Change::Doc { name, .. } => {
-            etcd.get(&keys.bucket(name))?.is_some()
+            let (kvs, rev) = etcd.range(&keys.bucket(name), None)?;
+            (!kvs.is_empty(), rev)
         }
-        _ => false,
+        _ => (false, done.1),
     };
     Ok((
         if present {
@@ -242,7 +427,7 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         } else {
             Outcome::Missing
         },
-        done.1,
+        rev,
     ))
 }
 
@@ -288,8 +473,10 @@ fn commit_create(
         return Ok((Outcome::Done, rev));
     }
     check_seeded(etcd, keys)?;
-    let owner = etcd
-        .get(&keys.bucket_doc(name, ConfigKind::Owner.name()))?
+    // The owner as of this read (its revision is the one to confirm).
+    let (kvs, rev) = etcd.range(&keys.bucket_doc(name, ConfigKind::Owner.name()), None)?;
+    let owner = kvs
+        .first()
         .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
     Ok((Outcome::Exists(owner), rev))
 }
@@ -837,6 +1024,12 @@ const CHANGE_WAIT: Duration = Duration::from_secs(10);
 /// (one that came back and serves before the door's map says so must
 /// apply the change too).
 const DOWN_CONNECT_WAIT: Duration = Duration::from_millis(300);
+/// The longest a door waits for the copies of nodes that did not confirm
+/// a change to lapse (`change`): its lease's takeover wait, 9.2 s with
+/// the default 10 s lease. With a lease so long that the wait would be
+/// longer, such a change is answered 503 (its nodes apply it at their
+/// next map read), and a node down and unreachable is not waited for.
+const EXCUSE_WAIT_MAX: Duration = Duration::from_secs(30);
 /// A change the control thread has not begun to record by then is not
 /// recorded (the control thread was busy: a slow etcd, a seed).
 const COMMIT_BEGIN_WAIT: Duration = Duration::from_secs(4);
@@ -881,7 +1074,11 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
             until: Instant::now() + COMMIT_BEGIN_WAIT,
         }))
         .map_err(|_| "this node's control thread is gone")?;
-    let (outcome, rev) = loop {
+    let Committed {
+        outcome,
+        rev,
+        alive,
+    } = loop {
         match rx.try_recv() {
             Ok(got) => break got.map_err(|e| format!("etcd did not take the bucket change: {e}"))?,
             Err(mpsc::TryRecvError::Empty) if Instant::now() < until => {
@@ -890,12 +1087,15 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
             Err(_) => return Err("etcd did not answer the bucket change in time; it may or may not be in force: retry".into()),
         }
     };
-    if outcome == Outcome::Missing {
+    // etcd answered by now: the change (if made) was made before.
+    let committed = Instant::now();
+    if outcome == Outcome::Conflict {
         return Ok(outcome);
     }
-    // Every node that serves requests applies it before the answer (a
-    // create of a name that exists too: it may be a retry of one that
-    // did not reach every node).
+    // Every node that serves requests applies it before the answer; also
+    // the catalog an answer that it exists or not is based on (a create of
+    // a name that exists, a change of one that does not: the client's
+    // retry of a change answered 503 learns that it was made).
     let peers: Vec<_> = map
         .nodes
         .iter()
@@ -905,27 +1105,47 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
                     n.state,
                     NodeState::Up | NodeState::Draining | NodeState::Down
                 )
+                && alive.as_ref().is_none_or(|a| a.contains(&n.id))
         })
         .collect();
     let body = serde_json::to_vec(&json!({ "rev": rev })).expect("serializable");
+    // A node that has not confirmed by then answers nothing by its copy
+    // of the catalog (`serving`): its last confirmation with etcd was sent
+    // before the change was made (else it saw the change and must apply it
+    // before it answers), so it lapsed by the time etcd's answer came here
+    // plus the map's freshness; the lease margin covers the clocks' rates.
+    // Each node's copy lapses within its own lease's freshness: the
+    // longest lease in the map counts.
+    let ttl_ms = super::control::STATUS
+        .get()
+        .map_or(u64::MAX / 4, |s| s.ttl_ms.load(Ordering::Relaxed))
+        .max(map.nodes.iter().map(|n| n.ttl_ms).max().unwrap_or(0));
+    let fenced = Duration::from_millis(super::control::takeover_wait_ms(ttl_ms));
+    let excuse_at = (fenced <= EXCUSE_WAIT_MAX).then(|| committed + fenced);
+    // A node alive at the change that this door cannot ask (its map does
+    // not have it yet, or has it out: it joined, or came back, since) is
+    // waited for until its copy lapsed; so is every node when it is not
+    // known which were alive.
+    let unseen = alive.as_ref().is_none_or(|a| {
+        a.iter()
+            .any(|id| *id != map.node_id && !peers.iter().any(|n| n.id == *id))
+    });
+    let unseen_lapsed = async {
+        if let (true, Some(at)) = (unseen, excuse_at) {
+            glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+        }
+    };
     let calls = peers
         .iter()
-        .map(|node| confirm(ckey, &map, node, &body, rev));
-    let (here, there) =
-        futures::future::join(applied_here(&map, rev), futures::future::join_all(calls)).await;
+        .map(|node| confirm(ckey, &map, node, &body, rev, excuse_at));
+    let ((here, there), ()) = futures::future::join(
+        futures::future::join(applied_here(&map, rev), futures::future::join_all(calls)),
+        unseen_lapsed,
+    )
+    .await;
     here.map_err(|e| format!("the change is in force, but this node: {e}; retry to confirm"))?;
     for (node, got) in peers.iter().zip(there) {
-        if let Err((true, e)) = &got {
-            if node.state == NodeState::Draining {
-                // A stopped draining node stays draining, and its machine
-                // may be off: it applies the change when it reads the
-                // catalog again. (One that runs and answers is waited for
-                // like an up node.)
-                tracing::warn!(node = %node.name, error = %e, "cluster: a draining node cannot be reached to confirm a bucket change");
-                continue;
-            }
-        }
-        got.map_err(|(_, e)| {
+        got.map_err(|e| {
             format!(
                 "the change is in force, but node {} has not applied it yet ({e}); it will at its next map read; retry to confirm",
                 node.name
@@ -936,28 +1156,72 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
 }
 
 /// Asks `node` to apply the catalog up to `rev` and waits for its word
-/// (`change`). Err((whether it could not be connected to, why)).
+/// (`change`), or until `excuse_at` (see `change`). Without `excuse_at`
+/// (a lease too long to wait for), also Ok where nothing listens at its
+/// address (the process is gone: it reads the catalog before it serves
+/// again; a firewall that rejects looks the same) or it is down in this
+/// door's map and takes no connection within `DOWN_CONNECT_WAIT` (its
+/// lease lapsed, unless it joined again since, which this door's map
+/// does not show yet).
 async fn confirm(
     ckey: &[u8; 32],
     map: &ShardMap,
     node: &super::shardmap::MapNode,
     body: &[u8],
     rev: i64,
-) -> Result<(), (bool, String)> {
-    let addr = node.s3.ok_or_else(|| {
-        (
-            false,
-            format!("node {} has no usable S3 address", node.name),
-        )
-    })?;
+    excuse_at: Option<Instant>,
+) -> Result<(), String> {
+    let asked = async {
+        let got = ask(ckey, map, node, body, rev, excuse_at.is_none()).await;
+        if got.is_err() {
+            if let Some(at) = excuse_at {
+                // Its word will not come: wait for its copy to lapse.
+                glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+            }
+        }
+        got
+    };
+    let Some(at) = excuse_at else {
+        return asked.await;
+    };
+    let lapsed = async {
+        glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+        tracing::warn!(node = %node.name, "cluster: a node did not confirm a bucket change; answered once its copy of the catalog lapsed");
+        Ok(())
+    };
+    match futures_lite::future::or(asked, lapsed).await {
+        Err(e) if Instant::now() >= at => {
+            tracing::warn!(node = %node.name, error = %e, "cluster: a node did not confirm a bucket change; answered once its copy of the catalog lapsed");
+            Ok(())
+        }
+        got => got,
+    }
+}
+
+/// `confirm`'s request to `node`.
+async fn ask(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &super::shardmap::MapNode,
+    body: &[u8],
+    rev: i64,
+    lenient: bool,
+) -> Result<(), String> {
+    let addr = node
+        .s3
+        .ok_or_else(|| format!("node {} has no usable S3 address", node.name))?;
     if node.state == NodeState::Down
         && super::peer_http::open_within(addr, DOWN_CONNECT_WAIT)
             .await
             .is_err()
     {
-        // Down in this door's map and not there: not waited for.
-        // (One that runs, its return not yet in this map, is.)
-        return Ok(());
+        // Down in this door's map and not there. (One that runs, its
+        // return not yet in this map, is asked.)
+        return if lenient {
+            Ok(())
+        } else {
+            Err("down, and takes no connection".into())
+        };
     }
     let target = "/_percore/catalog";
     let hash = super::peer_http::body_hash(body);
@@ -965,35 +1229,19 @@ async fn confirm(
     let call = super::peer_http::call(ckey, addr, "POST", target, &mac, body, 4096);
     let timed = async {
         glommio::timer::sleep(CHANGE_WAIT).await;
-        // Not TimedOut: that is a connect's (see below).
         Err(std::io::Error::other("no answer in time"))
     };
     let (status, answer) = match futures_lite::future::or(call, timed).await {
         Ok(got) => got,
-        // Nothing listens there: the node is not running, so it
-        // serves nothing stale, and it reads the catalog (this
-        // change in it) before it serves again.
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
-        // No connection at all (a stopped draining node's machine
-        // may be off): excused for a draining node below.
-        Err(e) => {
-            let unreachable = matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut
-                    | std::io::ErrorKind::HostUnreachable
-                    | std::io::ErrorKind::NetworkUnreachable
-            );
-            return Err((unreachable, e.to_string()));
-        }
+        // Nothing listens there (see `confirm`).
+        Err(e) if lenient && e.kind() == std::io::ErrorKind::ConnectionRefused => return Ok(()),
+        Err(e) => return Err(e.to_string()),
     };
     let v: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
     if status == 200 && v["applied"].as_i64().is_some_and(|a| a >= rev) {
         Ok(())
     } else {
-        Err((
-            false,
-            format!("{status} {}", String::from_utf8_lossy(&answer)),
-        ))
+        Err(format!("{status} {}", String::from_utf8_lossy(&answer)))
     }
 }
 

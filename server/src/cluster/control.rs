@@ -62,6 +62,8 @@ pub struct ClusterStatus {
     pub map_until_ms: AtomicU64,
     /// The backfill rate bound, bytes per second (0: none).
     pub backfill_bytes_s: AtomicU64,
+    /// This node's lease time (`cluster_lease_ttl_s`), ms.
+    pub ttl_ms: AtomicU64,
     /// Bytes taken by catch-ups (backfill) since start.
     pub backfill_bytes: AtomicU64,
     /// Groups (times their sources, when merged) the running catch-up
@@ -154,7 +156,7 @@ pub fn mono_ms() -> u64 {
 /// How long a map read stays good for leading: two thirds of the lease
 /// (the control thread reads the map every third).
 fn map_fresh_ms(ttl_ms: u64) -> u64 {
-    ttl_ms * 2 / 3
+    ttl_ms.saturating_mul(2) / 3
 }
 
 /// The least time between two rounds of skips recorded in etcd: under
@@ -171,7 +173,7 @@ const RELEASE_READ_GAP: Duration = Duration::from_millis(100);
 
 /// How long a node that takes a group over from a node still up waits:
 /// longer than that node may go on leading under the older map.
-fn takeover_wait_ms(ttl_ms: u64) -> u64 {
+pub fn takeover_wait_ms(ttl_ms: u64) -> u64 {
     map_fresh_ms(ttl_ms) + lead_margin_ms(ttl_ms)
 }
 
@@ -243,9 +245,17 @@ impl ClusterStatus {
         self.map_until_ms.store(until, Ordering::Release);
     }
 
+    /// `percore_cluster_serving`, and
     /// `percore_cluster_backfill_group_sources_left`: the groups the
     /// running catch-up has sources left for.
-    fn render_backfill_groups(&self, out: &mut String) {
+    fn render_serving_and_groups(&self, out: &mut String) {
+        metric(
+            out,
+            "percore_cluster_serving",
+            "1 while this node answers requests: etcd confirmed its copy of the cluster's buckets and users, and its lease, recently enough (0: it answers 503; is etcd reachable from it?).",
+            "gauge",
+            &[(String::new(), u64::from(super::catalog::serving()))],
+        );
         let per_group: Vec<(String, u64)> = self
             .backfill_sources_left(0)
             .iter()
@@ -254,11 +264,12 @@ impl ClusterStatus {
                 let n = n.load(Ordering::Relaxed);
                 (n > 0).then(|| (format!("{{pg=\"{pg}\"}}"), u64::from(n)))
             })
+            .take(super::shardmap::GROUP_SERIES_MAX)
             .collect();
         metric(
             out,
             "percore_cluster_backfill_group_sources_left",
-            "Per placement group the running catch-up still has to take: the nodes it has still to take it from (1, or more when it merges from several replicas). No series: no catch-up runs, or the group is taken.",
+            "Per placement group the running catch-up still has to take (at most 4096 groups, the lowest): the nodes it has still to take it from (1, or more when it merges from several replicas). No series: no catch-up runs, or the group is taken.",
             "gauge",
             &per_group,
         );
@@ -363,7 +374,7 @@ impl ClusterStatus {
             "gauge",
             &by_state,
         );
-        self.render_backfill_groups(&mut out);
+        self.render_serving_and_groups(&mut out);
         out
     }
 }
@@ -518,6 +529,9 @@ pub fn start(
     };
     let status = Arc::new(ClusterStatus::default());
     status
+        .ttl_ms
+        .store(ttl_s.saturating_mul(1000), Ordering::Relaxed);
+    status
         .node_id
         .store(u64::from(record.id), Ordering::Relaxed);
     status.leased.store(true, Ordering::Relaxed);
@@ -572,7 +586,7 @@ pub fn start(
     }
     // And the cluster's buckets (until the bucket-owner shard applied
     // them, the node answers no bucket change and no bucket list).
-    control.check_catalog();
+    let _ = control.check_catalog(mono_ms());
     let leaver = Leaver {
         tx: control.feed.synced_tx.clone(),
     };
@@ -624,6 +638,12 @@ impl Control {
                 Ok(Ok(())) if renewing => {
                     status.leased.store(true, Ordering::Relaxed);
                     renew_at = started + period;
+                    if self.catalog_seen == 0 {
+                        // A join again whose catalog read failed (or a
+                        // catalog not made yet): the node answers 503
+                        // until a map read confirms it.
+                        read_at = read_at.min(Instant::now() + Duration::from_millis(500));
+                    }
                 }
                 Ok(Ok(())) => read_at = started + period,
                 Ok(Err(JoinError::Removed)) => {
@@ -684,6 +704,9 @@ impl Control {
             .etcd
             .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
         self.rejoin()?;
+        // Its copy of the catalog counts from a read after the join only:
+        // a door that found it without a lease did not wait for it.
+        catalog::lapse();
         let read = mono_ms();
         self.read_sent = Some(Instant::now());
         let view = map::load(&self.etcd, &self.keys)?;
@@ -694,8 +717,9 @@ impl Control {
         }
         status.lead(view.epoch, sent, self.ttl_s);
         self.rejoining = false;
-        // Bucket changes made while it was cut off.
-        self.check_catalog();
+        // Bucket changes made while it was cut off (a failed read is
+        // made again at the next map read).
+        let _ = self.check_catalog(read);
         Ok(())
     }
 
@@ -732,15 +756,7 @@ impl Control {
             }
             _ => None,
         };
-        // Nothing written since the last whole read: the bucket catalog is
-        // unchanged too (but read again while this node has not applied
-        // what it last saw).
-        if unchanged.is_none()
-            || self.catalog_seen == 0
-            || catalog::APPLIED.rev.load(Ordering::Acquire) < self.catalog_seen
-        {
-            self.check_catalog();
-        }
+        let catalog_unchanged = unchanged.is_some();
         let view = match unchanged {
             Some(v) => {
                 status.map_reads[1].fetch_add(1, Ordering::Relaxed);
@@ -753,6 +769,24 @@ impl Control {
                 self.view_read_at = began;
                 v
             }
+        };
+        // Nothing written since the last whole read: the bucket catalog is
+        // unchanged too, and the copy this node applied is current as of
+        // this read (the catalog's revision was read after that whole
+        // read: `check_catalog` below). Else, or while this node has not
+        // applied what it last saw, its revision is read again (after the
+        // whole read: a change between the two is then seen now, or moves
+        // etcd's revision past the view's, so the next read looks again).
+        // A failed catalog read fails this map read too (retried soon),
+        // once the rest of it is done.
+        let catalog_read = if catalog_unchanged
+            && self.catalog_seen > 0
+            && catalog::APPLIED.rev.load(Ordering::Acquire) >= self.catalog_seen
+        {
+            catalog::confirmed(self.catalog_seen, sent, self.fresh_ms());
+            Ok(())
+        } else {
+            self.check_catalog(sent)
         };
         status.epoch.store(view.epoch, Ordering::Relaxed);
         self.publish(&view);
@@ -790,7 +824,7 @@ impl Control {
         if let Some((name, state)) = map::detect_failures(&self.etcd, &self.keys, &view)? {
             warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
         }
-        Ok(())
+        catalog_read.map_err(JoinError::Etcd)
     }
 
     /// Another node leads groups this one may have led, under map
@@ -843,11 +877,12 @@ impl Control {
                     ));
                     return None;
                 }
-                let got = catalog::commit(&self.etcd, &self.keys, &ask.change);
+                let got = catalog::commit(&self.etcd, &self.keys, &ask.change)
+                    .map(|(outcome, rev)| catalog::committed(&self.etcd, &self.keys, outcome, rev));
                 if got.is_err() {
                     status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                 }
-                let rev = got.as_ref().map(|(_, rev)| *rev).ok();
+                let rev = got.as_ref().map(|c| c.rev).ok();
                 let _ = ask.reply.send(got);
                 // This node's own shard first: the door waits for it.
                 if let Some(rev) = rev {
@@ -870,7 +905,7 @@ impl Control {
                             "cluster: this node's users (and, for a cluster made before the catalog, its buckets) are in the catalog"
                         );
                         self.catalog_sent = None;
-                        self.check_catalog();
+                        let _ = self.check_catalog(mono_ms());
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -1039,11 +1074,17 @@ impl Control {
         read_at
     }
 
-    /// Reads the bucket catalog's revision, and hands the catalog to the
+    /// How long a read of etcd keeps this node's map and catalog current.
+    fn fresh_ms(&self) -> u64 {
+        map_fresh_ms(self.ttl_s.saturating_mul(1000))
+    }
+
+    /// Reads the bucket catalog's revision (a read sent at `sent` or
+    /// after: its finding holds from then, `catalog::confirmed`), and hands the catalog to the
     /// bucket-owner shard if it has not applied that one (or etcd has no
     /// catalog yet: the shard then seeds it). An etcd error is logged:
     /// the next map read tries again.
-    fn check_catalog(&mut self) {
+    fn check_catalog(&mut self, sent: u64) -> Result<(), String> {
         match catalog::revision(&self.etcd, &self.keys) {
             Ok(0) => {
                 // Not made yet (a cluster made by an older percore): the
@@ -1053,13 +1094,21 @@ impl Control {
                     .feed
                     .catalog_tx
                     .send(std::sync::Arc::new(catalog::Catalog::default()));
+                Ok(())
             }
             Ok(rev) => {
                 self.catalog_seen = rev;
+                catalog::confirmed(rev, sent, self.fresh_ms());
                 self.sync_catalog(rev);
+                Ok(())
             }
             Err(e) => {
-                warn!(error = %e, "cluster: cannot read the bucket catalog's revision; retrying at the next map read")
+                // Not known to be current: a map read that finds etcd
+                // unchanged must not confirm the last revision seen (it
+                // was seen before the whole map read that came since).
+                self.catalog_seen = 0;
+                warn!(error = %e, "cluster: cannot read the bucket catalog's revision; retrying");
+                Err(format!("cannot read the bucket catalog's revision: {e}"))
             }
         }
     }
@@ -1198,6 +1247,9 @@ impl Control {
             Some(a) if a.lease == self.lease && state_ok => Ok(()),
             _ => {
                 warn!(node = %self.joining.name, state = %me.state, "cluster: this node's entry was not up with its lease; joining again");
+                // A door that found it without an alive key did not wait
+                // for it: its copy counts from the next read on.
+                catalog::lapse();
                 self.rejoin()
             }
         }

@@ -82,6 +82,11 @@ pub struct NodeRecord {
     /// replication have none: synced.
     #[serde(default = "synced_default")]
     pub synced: bool,
+    /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record
+    /// written before it was kept). A door waits for the longest of
+    /// its map's before it counts a node's copy of the catalog lapsed.
+    #[serde(default)]
+    pub ttl_s: u64,
 }
 
 fn synced_default() -> bool {
@@ -216,7 +221,7 @@ impl Keys {
     fn alive(&self, id: u32) -> Vec<u8> {
         self.key(&format!("alive/{id}"))
     }
-    fn alives(&self) -> Vec<u8> {
+    pub(crate) fn alives(&self) -> Vec<u8> {
         self.key("alive/")
     }
     fn down(&self, id: u32) -> Vec<u8> {
@@ -635,6 +640,8 @@ pub struct Joining {
     pub shards: usize,
     /// This process's nonce, the value of its `alive/` key.
     pub nonce: Vec<u8>,
+    /// Its lease time, seconds.
+    pub ttl_s: u64,
 }
 
 /// Why a join did not happen.
@@ -737,6 +744,7 @@ pub fn join(
             // new, or older than the map (it may have gained groups while
             // it was gone). It leads nothing until it has.
             synced: false,
+            ttl_s: joining.ttl_s,
         };
         let seen = old.map_or(0, |(_, r)| *r);
         let mut success = vec![txn::put_leased(&keys.alive(id), &joining.nonce, lease)];

@@ -184,6 +184,8 @@ pub struct MapNode {
     pub s3: Option<std::net::SocketAddr>,
     /// Whether it has caught up (`placement::PlacedNode::synced`).
     pub synced: bool,
+    /// Its lease time, ms (0: not known).
+    pub ttl_ms: u64,
 }
 
 impl ShardMap {
@@ -268,6 +270,8 @@ impl ShardMap {
                     zone: n.zone.clone(),
                     s3: n.s3.parse().ok(),
                     synced: n.synced,
+                    // As a node's own setting is bounded.
+                    ttl_ms: n.ttl_s.min(3600) * 1000,
                 })
                 .collect(),
             synced_tx,
@@ -405,10 +409,11 @@ impl ShardMap {
         }
         let _ = write!(
             out,
-            "# HELP percore_cluster_group_replicas Per placement group this node leads: its replicas placed (R, or fewer if fewer nodes can take it), up, and up and synced (holding every acknowledged write; placed minus synced replicas are behind).\n# TYPE percore_cluster_group_replicas gauge\n"
+            "# HELP percore_cluster_group_replicas Per placement group this node leads that is not whole (fewer than R replicas placed, or fewer up and synced than placed; at most 4096 groups, the lowest): its replicas placed, up, and up and synced (holding every acknowledged write; placed minus synced replicas are behind).\n# TYPE percore_cluster_group_replicas gauge\n"
         );
+        let mut shown = 0;
         for pg in 0..self.pgs {
-            if self.primary_of_pg(pg) != self.node_id {
+            if self.primary_of_pg(pg) != self.node_id || shown == GROUP_SERIES_MAX {
                 continue;
             }
             let (mut placed, mut up, mut synced) = (0, 0, 0);
@@ -416,9 +421,13 @@ impl ShardMap {
                 placed += 1;
                 if let Some(n) = self.node(r).filter(|n| n.state == placement::NodeState::Up) {
                     up += 1;
-                    synced += u32::from(n.synced);
+                    synced += usize::from(n.synced);
                 }
             }
+            if placed == self.replica_count && synced == placed {
+                continue;
+            }
+            shown += 1;
             for (kind, v) in [("placed", placed), ("up", up), ("synced", synced)] {
                 let _ = writeln!(
                     out,
@@ -745,6 +754,9 @@ impl MapFeed {
     }
 }
 
+/// Per-group series a node's /metrics shows at most, per metric.
+pub const GROUP_SERIES_MAX: usize = 4096;
+
 /// A Prometheus label value: backslash, double quote and newline escaped
 /// (names in the map are checked at join, but etcd is read as it is).
 fn label(v: &str) -> String {
@@ -781,6 +793,7 @@ mod tests {
                 shards,
                 since_ms: 0,
                 synced: true,
+                ttl_s: 0,
             },
             1,
         )
@@ -961,43 +974,38 @@ mod tests {
         );
         let mine = led(&m);
         assert!(!mine.is_empty());
-        let groups: Vec<_> = all
+        let shown: Vec<u32> = all
             .iter()
-            .filter(|s| s.0 == "percore_cluster_group_replicas")
+            .filter(|s| s.0 == "percore_cluster_group_replicas" && s.1["kind"] == "placed")
+            .map(|s| s.1["pg"].parse().unwrap())
             .collect();
-        assert_eq!(groups.len(), mine.len() * 3);
-        let mut behind = 0;
+        let (mut behind, mut whole) = (0, 0);
         for pg in mine {
-            let p = pg.to_string();
-            let placed = one(
-                "percore_cluster_group_replicas",
-                &[("pg", &p), ("kind", "placed")],
-            );
-            let up = one(
-                "percore_cluster_group_replicas",
-                &[("pg", &p), ("kind", "up")],
-            );
-            let synced = one(
-                "percore_cluster_group_replicas",
-                &[("pg", &p), ("kind", "synced")],
-            );
-            assert_eq!(placed, 2, "{pg}");
             let ups = m
                 .replicas_of_pg(pg)
                 .filter(|&r| [1, 3, 5].contains(&r))
                 .count() as u64;
-            assert_eq!(up, ups, "{pg}");
-            assert_eq!(
-                synced,
-                ups - u64::from(m.replicas_of_pg(pg).any(|r| r == 3)),
-                "{pg}"
-            );
-            behind += placed - synced;
+            let synced = ups - u64::from(m.replicas_of_pg(pg).any(|r| r == 3));
+            if synced == 2 {
+                // Whole: not shown.
+                assert!(!shown.contains(&pg), "{pg}");
+                whole += 1;
+                continue;
+            }
+            let p = pg.to_string();
+            let got = |kind: &str| {
+                one(
+                    "percore_cluster_group_replicas",
+                    &[("pg", &p), ("kind", kind)],
+                )
+            };
+            assert_eq!(got("placed"), 2, "{pg}");
+            assert_eq!(got("up"), ups, "{pg}");
+            assert_eq!(got("synced"), synced, "{pg}");
+            behind += 1;
         }
-        assert!(
-            behind > 0,
-            "some group of node 1 has node 2 (down) or node 3 (unsynced)"
-        );
+        assert_eq!(shown.len(), behind, "{shown:?}");
+        assert!(behind > 0 && whole > 0, "{behind} {whole}");
     }
 
     /// The groups `m`'s node leads.

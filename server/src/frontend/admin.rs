@@ -22,6 +22,18 @@ pub static LOG_FILTER_INITIAL: std::sync::OnceLock<String> = std::sync::OnceLock
 /// Longest body of a PUT /log/level.
 const LOG_FILTER_BYTES_MAX: usize = 4096;
 
+/// 503 on a cluster node whose users are not known current
+/// (`catalog::serving`): they are the cluster's, kept in etcd.
+fn catalog_busy(shard: &Shard) -> Option<Reply> {
+    (shard.is_cluster() && !crate::cluster::catalog::serving()).then(|| {
+        (
+            503,
+            "text/plain",
+            b"this cluster node cannot confirm the cluster's users with etcd right now; retry shortly, or through another node\n".to_vec(),
+        )
+    })
+}
+
 /// Where the server is in its life, for /health/ready.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -121,6 +133,16 @@ impl Admin {
         Some(match (head.method.as_str(), head.path.as_str()) {
             (_, "/health/live") => (200, "text/plain", b"ok\n".to_vec()),
             (_, "/health/ready") => match self.phase.get() {
+                Phase::Ready
+                    if self.shard.borrow().as_ref().is_some_and(|s| s.is_cluster())
+                        && !crate::cluster::catalog::serving() =>
+                {
+                    (
+                        503,
+                        "text/plain",
+                        b"cluster: cannot confirm the cluster's buckets with etcd (starting, or etcd unreachable from this node)\n".to_vec(),
+                    )
+                }
                 Phase::Ready => (200, "text/plain", b"ok\n".to_vec()),
                 Phase::Starting => (503, "text/plain", b"starting: recovering shards\n".to_vec()),
                 Phase::Draining => (503, "text/plain", b"draining: shutting down\n".to_vec()),
@@ -193,6 +215,9 @@ impl Admin {
         let Some(shard) = shard else {
             return (503, "text/plain", b"starting\n".to_vec());
         };
+        if let Some(busy) = catalog_busy(&shard) {
+            return busy;
+        }
         let list: Vec<serde_json::Value> = shard
             .user_list()
             .iter()
@@ -215,6 +240,9 @@ impl Admin {
         let Some(shard) = shard else {
             return (503, "text/plain", b"starting\n".to_vec());
         };
+        if let Some(busy) = catalog_busy(&shard) {
+            return busy;
+        }
         if !valid_user_name(name) {
             return (
                 400,
@@ -282,6 +310,9 @@ impl Admin {
         let Some(shard) = shard else {
             return (503, "text/plain", b"starting\n".to_vec());
         };
+        if let Some(busy) = catalog_busy(&shard) {
+            return busy;
+        }
         if shard.user_by_name(name).is_none() {
             return (404, "text/plain", format!("no user {name}\n").into_bytes());
         }

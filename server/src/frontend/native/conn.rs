@@ -233,6 +233,16 @@ impl NativeFront {
         // The root keys, or a user's; an unknown key is checked against the
         // root secret all the same and fails (no timing difference).
         let is_root = proto::mac_equal(h.access_key.as_bytes(), creds.access_key.as_bytes());
+        if !is_root && self.shard.is_cluster() && !crate::cluster::catalog::serving() {
+            // Its users may not be the cluster's (a user just made would
+            // be refused for good): Busy, which a client retries. (The
+            // root keys are every node's own; its requests but
+            // ClusterMap are answered Busy until the node serves.)
+            return Err(Reply::error(
+                Status::Busy,
+                "this cluster node cannot confirm the cluster's users with etcd right now; retry shortly, or through another node",
+            ));
+        }
         let (secret, principal) = if is_root {
             (creds.secret_key.clone(), Some(Principal::Root))
         } else {

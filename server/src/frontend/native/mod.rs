@@ -304,11 +304,12 @@ impl NativeFront {
         if !self.shard.is_cluster() {
             return None;
         }
-        if !crate::cluster::catalog::ready() && !matches!(req, Request::ClusterMap) {
-            // Every answer goes by the cluster's buckets.
+        if !crate::cluster::catalog::serving() && !matches!(req, Request::ClusterMap) {
+            // Every answer goes by the cluster's buckets, confirmed with
+            // etcd (`catalog::serving`).
             return Some(Reply::error(
                 Status::Busy,
-                "this cluster node has not read the cluster's buckets yet; retry shortly",
+                "this cluster node cannot confirm the cluster's buckets with etcd right now (starting, or etcd unreachable from it); retry shortly, or through another node",
             ));
         }
         let keys: Vec<(&str, &str)> = match req {

@@ -159,6 +159,19 @@ fn slow_down(message: impl Into<String>) -> S3Error {
     S3Error::new(503, "SlowDown", message)
 }
 
+/// 503 unless this node's copy of the catalog is known current
+/// (`catalog::serving`): a listing's part or a delete by a peer's request
+/// goes by its bucket as the catalog has it.
+fn catalog_check() -> Result<(), S3Error> {
+    if catalog::serving() {
+        Ok(())
+    } else {
+        Err(unavailable(
+            "this node cannot confirm the cluster's buckets with etcd right now",
+        ))
+    }
+}
+
 /// Refuses (503) what only the acting primary of group `pg` (`None`:
 /// of every group this node leads) may serve, its data or its part of a
 /// listing, while this node may not lead it (`control::may_lead`: its
@@ -1032,6 +1045,7 @@ impl S3Front {
                     })?,
                 ("GET", "/_percore/list") => {
                     lead_check(&map, None)?;
+                    catalog_check()?;
                     let max: usize = q("max")
                         .parse()
                         .map_err(|_| S3Error::invalid_argument("bad max"))?;
@@ -1065,6 +1079,8 @@ impl S3Front {
                         return Err(S3Error::invalid_argument("more than 1000 deletes"));
                     }
                     lead_check(&map, None)?;
+                    // By the bucket's versioning as the catalog has it.
+                    catalog_check()?;
                     self.delete_owned(&map, &q("bucket"), &items).await
                 }
                 _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),

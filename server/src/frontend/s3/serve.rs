@@ -230,12 +230,13 @@ impl S3Front {
         req: &Request,
         loopback: bool,
     ) -> Result<(), S3Error> {
-        // A cluster node answers by the cluster's buckets only.
-        if self.shard.is_cluster() && !crate::cluster::catalog::ready() {
+        // A cluster node answers by the cluster's buckets only, and only
+        // while etcd confirms its copy of them (`catalog::serving`).
+        if self.shard.is_cluster() && !crate::cluster::catalog::serving() {
             return Err(S3Error::new(
                 503,
                 "ServiceUnavailable",
-                "This cluster node has not read the cluster's buckets from etcd yet; retry shortly.",
+                "This cluster node cannot confirm the cluster's buckets with etcd right now (starting, or etcd unreachable from it); retry shortly, or through another node.",
             ));
         }
         self.add_cors_headers(conn, req);
