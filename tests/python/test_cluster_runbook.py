@@ -59,6 +59,7 @@ from test_cluster_replication import (
     settle,
 )
 from conftest import SECRET_KEY, percore_bin
+from test_s3_basic import _ready_status as ready_status
 from test_cluster_routing import digest, wait_synced
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -84,18 +85,6 @@ def refusal_message(client, bucket: str, key: str) -> str:
     except Exception as e:  # noqa: BLE001
         return str(getattr(e, "response", {}).get("Error", {}).get("Message", e))
     return "served"
-
-
-def health_ready(node) -> tuple[int, bytes]:
-    """GET /health/ready on a node's admin port: (status, body)."""
-    import urllib.error
-    import urllib.request
-    try:
-        with urllib.request.urlopen(f"http://{node.ip}:{node.admin_port}/health/ready",
-                                    timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def restart_member(e: Etcd, i: int) -> None:
@@ -168,7 +157,7 @@ def run(e: Etcd, cluster: Cluster) -> None:
         time.sleep(0.1)
     leased = {n.node_name: cluster_gauges(n).get("percore_cluster_leased") for n in nodes}
     message = refusal_message(doors["n1"], bucket, "pre/00")
-    readiness = {n.node_name: health_ready(n) for n in nodes}
+    readiness = {n.node_name: ready_status(n) for n in nodes}
 
     # -- the return ---------------------------------------------------------
     restart_member(e, 1)

@@ -725,11 +725,13 @@ def test_sigkill_then_restart_keeps_acknowledged_writes(server_factory, shards):
 
 
 def _ready_status(srv) -> tuple[int, bytes]:
-    """GET /health/ready on the admin port: (status, body)."""
+    """GET /health/ready on the admin port (a cluster node's on its own
+    address): (status, body)."""
     import urllib.error
     import urllib.request
+    ip = getattr(srv, "ip", "127.0.0.1")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.admin_port}/health/ready",
+        with urllib.request.urlopen(f"http://{ip}:{srv.admin_port}/health/ready",
                                     timeout=5) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
