@@ -1299,3 +1299,23 @@ def test_add_a_fourth_node_under_load(cluster):
                                 f"{name} (acting primary)")
     assert not problems, ("acting primaries differ (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+
+def test_alert_rules_read_metrics_a_cluster_node_exports(cluster):
+    """docs/alerts.yml reads only metrics that /metrics exports: every
+    `percore_*` name in its rules is a family (or a histogram's sample) on
+    a cluster node, which has a single node's metrics and the cluster's."""
+    import urllib.request
+
+    from conftest import REPO_ROOT
+    rules = (REPO_ROOT / "docs" / "alerts.yml").read_text()
+    names = set(re.findall(r"\b(percore_[a-z0-9_]+)", rules))
+    assert "percore_cluster_serving" in names and len(names) > 10, names
+    node = cluster.nodes[0]
+    body = urllib.request.urlopen(f"http://{node.ip}:{node.admin_port}/metrics",
+                                  timeout=5).read().decode()
+    families = {line.split()[2] for line in body.splitlines() if line.startswith("# TYPE ")}
+    samples = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in body.splitlines()
+               if line and not line.startswith("#")}
+    missing = sorted(names - families - samples)
+    assert not missing, f"docs/alerts.yml reads metrics /metrics does not export: {missing}"
