@@ -1144,6 +1144,10 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
     )
     .await;
     here.map_err(|e| format!("the change is in force, but this node: {e}; retry to confirm"))?;
+    if unseen && excuse_at.is_none() {
+        // A lease too long to wait out, and a node this door cannot ask.
+        return Err("the change is in force, but a node this door cannot ask yet may not have it; retry to confirm".into());
+    }
     for (node, got) in peers.iter().zip(there) {
         got.map_err(|e| {
             format!(

@@ -1250,7 +1250,11 @@ impl Control {
                 // A door that found it without an alive key did not wait
                 // for it: its copy counts from the next read on.
                 catalog::lapse();
-                self.rejoin()
+                self.rejoin()?;
+                // Read after the join: its copy counts again (a failed
+                // read is made again at the next map read).
+                let _ = self.check_catalog(mono_ms());
+                Ok(())
             }
         }
     }
