@@ -1132,7 +1132,7 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
     });
     let unseen_lapsed = async {
         if let (true, Some(at)) = (unseen, excuse_at) {
-            glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
+            sleep_until(at).await;
         }
     };
     let calls = peers
@@ -1175,31 +1175,30 @@ async fn confirm(
     rev: i64,
     excuse_at: Option<Instant>,
 ) -> Result<(), String> {
-    let asked = async {
-        let got = ask(ckey, map, node, body, rev, excuse_at.is_none()).await;
-        if got.is_err() {
-            if let Some(at) = excuse_at {
-                // Its word will not come: wait for its copy to lapse.
-                glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
-            }
-        }
-        got
-    };
     let Some(at) = excuse_at else {
-        return asked.await;
+        return ask(ckey, map, node, body, rev, true).await;
     };
+    let asked = async { Some(ask(ckey, map, node, body, rev, false).await) };
     let lapsed = async {
-        glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
-        tracing::warn!(node = %node.name, "cluster: a node did not confirm a bucket change; answered once its copy of the catalog lapsed");
-        Ok(())
+        sleep_until(at).await;
+        None
     };
-    match futures_lite::future::or(asked, lapsed).await {
-        Err(e) if Instant::now() >= at => {
-            tracing::warn!(node = %node.name, error = %e, "cluster: a node did not confirm a bucket change; answered once its copy of the catalog lapsed");
-            Ok(())
+    let why = match futures_lite::future::or(asked, lapsed).await {
+        Some(Ok(())) => return Ok(()),
+        Some(Err(e)) => {
+            // Its word will not come: wait for its copy to lapse.
+            sleep_until(at).await;
+            e
         }
-        got => got,
-    }
+        None => "no answer".into(),
+    };
+    tracing::warn!(node = %node.name, error = %why, "cluster: a node did not confirm a bucket change; answered once its copy of the catalog lapsed");
+    Ok(())
+}
+
+/// Sleeps on the shard's timer until `at`.
+async fn sleep_until(at: Instant) {
+    glommio::timer::sleep(at.saturating_duration_since(Instant::now())).await;
 }
 
 /// `confirm`'s request to `node`.

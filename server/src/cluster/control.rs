@@ -216,12 +216,13 @@ pub const LAPSED: &str = "this node cannot confirm its cluster lease and map wit
 pub const TAKING_OVER: &str = "this node is taking over the key's placement group from a node that may still serve it for a moment; retry";
 
 impl ClusterStatus {
-    /// `backfill_sources_left`, sized for `pgs` groups if it is not yet
-    /// (empty if it is not and `pgs` is 0).
-    pub fn backfill_sources_left(&self, pgs: u32) -> &[AtomicU32] {
-        if pgs == 0 {
-            return self.backfill_sources_left.get().map_or(&[], |v| v);
-        }
+    /// `backfill_sources_left` (empty before the first catch-up pass).
+    pub fn backfill_sources_left(&self) -> &[AtomicU32] {
+        self.backfill_sources_left.get().map_or(&[], |v| v)
+    }
+
+    /// `backfill_sources_left`, sized for `pgs` groups if it is not yet.
+    pub fn backfill_sources_sized(&self, pgs: u32) -> &[AtomicU32] {
         self.backfill_sources_left
             .get_or_init(|| (0..pgs).map(|_| AtomicU32::new(0)).collect())
     }
@@ -257,7 +258,7 @@ impl ClusterStatus {
             &[(String::new(), u64::from(super::catalog::serving()))],
         );
         let per_group: Vec<(String, u64)> = self
-            .backfill_sources_left(0)
+            .backfill_sources_left()
             .iter()
             .enumerate()
             .filter_map(|(pg, n)| {

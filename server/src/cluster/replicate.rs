@@ -1314,7 +1314,7 @@ impl Progress {
         let left = sources.values().map(|pgs| pgs.len() as u64).sum::<u64>();
         if let Some(s) = super::control::STATUS.get() {
             s.backfill_groups_left.store(left, Relaxed);
-            let per_group = s.backfill_sources_left(pgs);
+            let per_group = s.backfill_sources_sized(pgs);
             for pg in sources.values().flatten() {
                 if let Some(n) = per_group.get(*pg as usize) {
                     n.fetch_add(1, Relaxed);
@@ -1333,7 +1333,7 @@ impl Progress {
             .set(self.left.get().saturating_sub(pgs.len() as u64));
         if let Some(s) = super::control::STATUS.get() {
             s.backfill_groups_left.store(self.left.get(), Relaxed);
-            let per_group = s.backfill_sources_left(0);
+            let per_group = s.backfill_sources_left();
             for pg in pgs {
                 if let Some(n) = per_group.get(*pg as usize) {
                     let _ = n.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
@@ -1348,7 +1348,7 @@ impl Drop for Progress {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some(s) = super::control::STATUS.get() {
             s.backfill_groups_left.store(0, Relaxed);
-            for n in s.backfill_sources_left(0) {
+            for n in s.backfill_sources_left() {
                 n.store(0, Relaxed);
             }
         }
