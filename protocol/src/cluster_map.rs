@@ -46,6 +46,12 @@ pub struct ClientNode {
     /// from nodes older than replication have no field: synced).
     #[serde(default = "synced_default")]
     pub synced: bool,
+    /// Whether it was synced at least once (`PlacedNode::filled`); maps
+    /// from nodes older than the field have none: filled (a node taken as
+    /// filled is never a settled primary it should not be: see
+    /// `NodeRecord::filled` on the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filled: Option<bool>,
 }
 
 fn synced_default() -> bool {
@@ -97,6 +103,7 @@ impl ClientMap {
                 zone: n.zone.clone(),
                 state: NodeState::from_name(&n.state).unwrap_or(NodeState::Out),
                 synced: n.synced,
+                filled: n.filled.unwrap_or(true),
             })
             .collect()
     }
@@ -106,6 +113,8 @@ impl ClientMap {
     #[must_use]
     pub fn primary(&self, seed: u64, placed: &[PlacedNode], pg: u32) -> Option<usize> {
         placement::acting_primary(
+            seed,
+            pg,
             &placement::replicas(seed, pg, self.replicas, placed),
             placed,
         )

@@ -20,6 +20,14 @@
 //!                   eligible nodes, walk again and take nodes not taken
 //!                   yet, until R (or every eligible node) are taken.
 //!                   replicas[0] is the primary.
+//! acting(pg)      = the first replica that is up and synced; if none is,
+//!                   the group's settled primary when it is up and
+//!                   synced: the best-scoring (ties: lower id) of the
+//!                   filled nodes (synced at least once) that are up,
+//!                   down or draining, i.e. replicas(pg)[0] as it was
+//!                   before nodes that never held data joined or a node
+//!                   began to drain; if it is not, the first replica
+//!                   that is up.
 //! ```
 //!
 //! - The shard within a node uses the hash's position inside its PG, not
@@ -99,6 +107,10 @@ pub struct PlacedNode {
     /// replica of (false while it catches up after joining or gaining
     /// groups): only a synced node acts as a group's primary while one is up.
     pub synced: bool,
+    /// Whether the node was synced at least once (it has held data): a
+    /// node that never was (just added) holds nothing yet, so a group
+    /// placed on it alone is led by its settled primary (`acting_primary`).
+    pub filled: bool,
 }
 
 /// The placement group of a 64-bit object hash, and the hash's position
@@ -178,20 +190,46 @@ pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
     chosen
 }
 
-/// The acting primary of a placement group (an index into `nodes`), from
-/// its replica list (`replicas`): the first replica that is up and synced;
-/// if none is synced (every replica is catching up, as when a whole
-/// cluster starts), the first that is up; None if no replica is up (the
-/// group cannot be served).
+/// The acting primary of placement group `pg` (an index into `nodes`),
+/// from its replica list (`replicas`, as `replicas(seed, pg, r, nodes)`
+/// made it): the first replica that is up and synced. If none is (its
+/// replicas are new and still filling, or all catching up), the group's
+/// settled primary, when it is up and synced: the first of the group's
+/// replicas over the filled nodes (`PlacedNode::filled`) that are up,
+/// down or draining, which is where the group's data was before nodes
+/// that never held any joined (with R = 1, an added node's groups are
+/// led, and filled from, by the node that held them). Otherwise the first
+/// replica that is up (every replica is catching up, as when a whole
+/// cluster starts); None if no replica is up (the group cannot be served).
 #[must_use]
-pub fn acting_primary(replicas: &[usize], nodes: &[PlacedNode]) -> Option<usize> {
+pub fn acting_primary(
+    seed: u64,
+    pg: u32,
+    replicas: &[usize],
+    nodes: &[PlacedNode],
+) -> Option<usize> {
     let up = |i: &&usize| nodes[**i].state == NodeState::Up;
-    replicas
+    if let Some(&i) = replicas.iter().filter(up).find(|&&i| nodes[i].synced) {
+        return Some(i);
+    }
+    // The first of a placement walk is the best score (zones only
+    // matter from the second replica on).
+    let settled = nodes
         .iter()
-        .filter(up)
-        .find(|&&i| nodes[i].synced)
-        .or_else(|| replicas.iter().find(up))
-        .copied()
+        .enumerate()
+        .filter(|(_, n)| {
+            n.filled
+                && matches!(
+                    n.state,
+                    NodeState::Up | NodeState::Down | NodeState::Draining
+                )
+        })
+        .map(|(i, n)| (score(seed, pg, n.id), std::cmp::Reverse(n.id), i))
+        .max()
+        .map(|(_, _, i)| i);
+    settled
+        .filter(|&i| nodes[i].state == NodeState::Up && nodes[i].synced)
+        .or_else(|| replicas.iter().find(up).copied())
 }
 
 #[cfg(test)]
@@ -205,6 +243,7 @@ mod tests {
             zone: zone.into(),
             state: NodeState::Up,
             synced: true,
+            filled: true,
         }
     }
 
@@ -264,6 +303,60 @@ mod tests {
     const PINNED_SCORE: u64 = 0x2335_cea8_4c8e_b50d;
     // Nodes 1-6 in zones b, c, a, b, c, a.
     const PINNED_REPLICAS: [u32; 3] = [1, 3, 2];
+
+    /// A group placed only on nodes that never held data is led by its
+    /// settled primary while that one is up and synced: with R = 1, the
+    /// node that held it before the new node joined.
+    #[test]
+    fn a_new_nodes_groups_are_led_by_their_settled_primary() {
+        let mut nodes: Vec<PlacedNode> = (1..=4).map(|id| node(id, "a")).collect();
+        let before: Vec<usize> = (0..256).map(|pg| replicas(9, pg, 1, &nodes)[0]).collect();
+        nodes.push(PlacedNode {
+            synced: false,
+            filled: false,
+            ..node(5, "b")
+        });
+        let mut moved = 0;
+        for pg in 0..256 {
+            let placed = replicas(9, pg, 1, &nodes);
+            let acting = acting_primary(9, pg, &placed, &nodes);
+            if placed == [4] {
+                moved += 1;
+                assert_eq!(acting, Some(before[pg as usize]), "pg {pg}");
+            } else {
+                assert_eq!(acting, Some(placed[0]), "pg {pg}");
+            }
+        }
+        assert!(moved > 20, "{moved}");
+        let pg = (0..256)
+            .find(|&pg| replicas(9, pg, 1, &nodes) == [4])
+            .unwrap();
+        let held = before[pg as usize];
+        // Synced, the new node leads.
+        nodes[4].synced = true;
+        assert_eq!(acting_primary(9, pg, &[4], &nodes), Some(4));
+        nodes[4].synced = false;
+        // The holder unsynced, down or draining: the first up replica.
+        for (state, synced) in [
+            (NodeState::Up, false),
+            (NodeState::Down, true),
+            (NodeState::Draining, true),
+        ] {
+            nodes[held].state = state;
+            nodes[held].synced = synced;
+            assert_eq!(acting_primary(9, pg, &[4], &nodes), Some(4), "{state:?}");
+        }
+        // Out: no longer where the data is; the next filled node is not
+        // taken for it either unless it scores best among the filled.
+        nodes[held].state = NodeState::Out;
+        let next = acting_primary(9, pg, &[4], &nodes).unwrap();
+        let filled: Vec<PlacedNode> = nodes
+            .iter()
+            .filter(|n| n.filled && n.state != NodeState::Out)
+            .cloned()
+            .collect();
+        assert_eq!(nodes[next].id, filled[replicas(9, pg, 1, &filled)[0]].id);
+    }
 
     #[test]
     fn zones_are_distinct_while_there_are_enough() {

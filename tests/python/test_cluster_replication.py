@@ -254,7 +254,17 @@ def settle(cluster: Cluster, nodes: list[Node]) -> None:
 def cluster(etcd):  # noqa: F811
     """`cluster init --replicas 3 --pgs 64` and three nodes, all up and
     synced, each running the latest map."""
-    out = percore_cli("cluster", "init", "--cluster", etcd.urls, "--replicas", str(REPLICAS),
+    yield from started(etcd, REPLICAS)
+
+
+@pytest.fixture
+def cluster_r1(etcd):  # noqa: F811
+    """`cluster` with `--replicas 1`."""
+    yield from started(etcd, 1)
+
+
+def started(etcd, replicas: int):  # noqa: F811
+    out = percore_cli("cluster", "init", "--cluster", etcd.urls, "--replicas", str(replicas),
                       "--pgs", str(PGS)).stdout
     seed = re.search(r"seed (0x[0-9a-f]+)", out)
     assert seed, out
@@ -502,14 +512,15 @@ def test_placement_vectors():
     assert replicas_of(s, 42, 3, two) == [5, 6, 3]
 
 
-def placement(cluster: Cluster, bucket: str, keys: list[str]) -> dict[str, list[str]]:
+def placement(cluster: Cluster, bucket: str, keys: list[str],
+              r: int = REPLICAS) -> dict[str, list[str]]:
     """Each key's replicas (node names, primary first) under the map etcd
     holds now."""
     listed, _ = status(cluster.urls)
     nodes = [(int(row["id"]), row["zone"], row["state"]) for row in listed.values()]
     names = {int(row["id"]): name for name, row in listed.items()}
     return {k: [names[i] for i in replicas_of(cluster.seed, pg_of(cluster.seed, PGS, bucket, k),
-                                              REPLICAS, nodes)]
+                                              r, nodes)]
             for k in keys}
 
 
@@ -1299,6 +1310,92 @@ def test_add_a_fourth_node_under_load(cluster):
                                 f"{name} (acting primary)")
     assert not problems, ("acting primaries differ (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+
+def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
+    """With R = 1 each group's data is on one node only: a fourth node
+    added under PUT / GET / DELETE load through n1 and n3 must take its
+    groups' keys from the nodes that held them. Until it is synced those
+    nodes lead the groups (their settled primary: `placement::
+    acting_primary`) and copy new writes to it; then it leads them. No read
+    is wrong at any time (a 404 for a key that must be there fails the
+    load), and afterwards every door serves the acknowledged state, n4
+    stores live every key of its groups, and it leads them."""
+    cluster = cluster_r1
+    n1, n2, n3 = cluster.nodes
+    n4 = cluster.add_node("127.0.0.5", "n4", "z4")
+    four = [n1, n2, n3, n4]
+    names = [n.node_name for n in four]
+    rng = random.Random(SEED + 3)
+    bucket = unique_bucket_name("repl-add-r1")
+    n1.client().create_bucket(Bucket=bucket)
+    possible = preload(n1.client(), bucket, rng)
+    marks: dict[str, float] = {}
+
+    def add() -> None:
+        start = time.monotonic()
+        n4.start(timeout=SYNC_TIMEOUT_S)
+        marks["ready"] = time.monotonic()
+        while True:
+            listed, _ = status(cluster.urls)
+            now = time.monotonic()
+            if all(listed.get(n, {}).get("state") == "up" and listed[n].get("sync") == "yes"
+                   for n in names):
+                marks["synced"] = now
+                break
+            marks["not_synced"] = now
+            assert now < start + SYNC_TIMEOUT_S, (
+                f"n1-n4 not all up with sync=yes {SYNC_TIMEOUT_S} s after n4 started: {listed}")
+            time.sleep(0.1)
+        time.sleep(AFTER_SYNC_S)
+
+    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S, add)
+    add_t, synced_t = load.event_t, marks["synced"]
+    possible, uncertain = load.possible, load.uncertain
+    failed = [o for o in load.ops if not o.ok]
+    flowing = [o for o in load.writes if o.ok and o.start >= load.end - FLOWING_S]
+    gap, gap_at = longest_write_gap(load.ops, load.t0, load.end)
+    print(f"\nadd a node to an R = 1 cluster under load (seed {SEED}): n4 ready after "
+          f"{marks['ready'] - add_t:.2f} s, up with sync=yes after {synced_t - add_t:.2f} s; "
+          f"{sum(o.ok for o in load.writes)} writes acknowledged, "
+          f"{sum(not o.ok for o in load.writes)} failed; {len(load.gets)} GETs, "
+          f"{sum(not o.ok for o in load.gets)} failed; longest time without an acknowledged "
+          f"write {gap:.2f} s, from {gap_at - add_t:+.2f} s after n4's start")
+    assert not load.problems, "wrong answers under load:\n" + "\n".join(load.problems[:30])
+    assert not load.early, f"operations failed before n4 started: {show_ops(load.early, add_t)}"
+    windows = [(add_t, marks["ready"] + MAP_LAG_S),
+               (marks.get("not_synced", add_t), synced_t + MAP_LAG_S)]
+    stray = [o for o in failed if not any(a <= o.start <= b for a, b in windows)]
+    assert not stray, f"requests failed outside the map changes: {show_ops(stray[:10], add_t)}"
+    assert gap < WRITE_GAP_LIMIT_S, f"no write acknowledged for {gap:.2f} s"
+    assert len(flowing) >= FLOWING_WRITES, f"only {len(flowing)} writes at the load's end"
+
+    settle(cluster, four)
+    problems: list[str] = []
+    for node in four:
+        problems += check_reads(load_client(node), bucket, possible, node.node_name)
+    for node in (n4, n2):
+        problems += check_listing(load_client(node), bucket, possible, node.node_name)
+    assert not problems, ("doors differ from the acknowledged state (uncertain keys: "
+                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+    keys = sorted(possible)
+    placed = placement(cluster, bucket, keys, r=1)
+    ours = {k for k in keys if placed[k] == ["n4"]}
+    must = {k for k, s in possible.items() if None not in s}
+    may = {k for k, s in possible.items() if s != {None}}
+    n4_live = {k for (b, k), (_, e) in digest(n4).items() if b == bucket and e is not None}
+    print(f"  n4's groups hold {len(ours)} of the {len(keys)} keys; n4 stores live "
+          f"{len(n4_live)} ({len(must & ours)} must be live)")
+    assert ours, f"no key of the pool is in n4's groups: {placed}"
+    assert must & ours <= n4_live, f"n4 lacks keys of its groups: {sorted(must & ours - n4_live)}"
+    assert n4_live <= may & ours, f"n4 stores keys not of its groups: {sorted(n4_live - ours)}"
+    for node in four:
+        mine = {k for k in keys if placed[k][0] == node.node_name}
+        led = keys_on(node, bucket)
+        assert must & mine <= led <= may & mine, (
+            f"{node.node_name} leads {sorted(led)}; its groups' live keys are "
+            f"{sorted(must & mine)}")
 
 
 def test_alert_rules_read_metrics_a_cluster_node_exports(cluster):

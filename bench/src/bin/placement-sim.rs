@@ -90,6 +90,7 @@ fn main() {
             zone: zone(id),
             state: NodeState::Up,
             synced: true,
+            filled: true,
         })
         .collect();
     let r = args.replicas;
@@ -113,6 +114,7 @@ fn main() {
             zone: zone(7),
             state: NodeState::Up,
             synced: true,
+            filled: true,
         });
         let grown_table = table(pgs, r, &grown);
         let add = moved_slots(&base, &grown_table) as f64 / total;

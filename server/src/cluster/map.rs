@@ -82,6 +82,16 @@ pub struct NodeRecord {
     /// replication have none: synced.
     #[serde(default = "synced_default")]
     pub synced: bool,
+    /// Whether it was synced at least once (`placement::PlacedNode::filled`):
+    /// false for a node that joins under a new name, set with `synced`,
+    /// kept across joins. Records written before it was kept have none:
+    /// filled. Taking a node as filled is the safe side: at worst the
+    /// node, unsynced, is a group's settled primary and the group is led
+    /// by its first up replica, as without settled primaries; taking a
+    /// node that holds a group's data as not filled could make a node
+    /// that never held the group its settled primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filled: Option<bool>,
     /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record
     /// written before it was kept). A door waits for the longest of
     /// its map's before it counts a node's copy of the catalog lapsed.
@@ -97,6 +107,12 @@ impl NodeRecord {
     #[must_use]
     pub fn node_state(&self) -> NodeState {
         NodeState::from_name(&self.state).unwrap_or(NodeState::Out)
+    }
+
+    /// `filled`; a record without it: true.
+    #[must_use]
+    pub fn filled(&self) -> bool {
+        self.filled.unwrap_or(true)
     }
 }
 
@@ -143,6 +159,7 @@ impl View {
                 zone: n.zone.clone(),
                 state: n.node_state(),
                 synced: n.synced,
+                filled: n.filled(),
             })
             .collect()
     }
@@ -158,7 +175,7 @@ impl View {
             for &n in &r {
                 counts[n].0 += 1;
             }
-            if let Some(p) = placement::acting_primary(&r, &placed) {
+            if let Some(p) = placement::acting_primary(seed, pg, &r, &placed) {
                 counts[p].1 += 1;
             }
         }
@@ -525,6 +542,7 @@ pub fn mark_synced(
         }
         let json = serde_json::to_vec(&NodeRecord {
             synced: true,
+            filled: Some(true),
             ..record
         })
         .map_err(|e| e.to_string())?;
@@ -590,7 +608,8 @@ pub fn skip(
         let placed = v.placed();
         for &pg in pgs {
             let chosen = placement::replicas(seed, pg, v.config.replicas, &placed);
-            let primary = placement::acting_primary(&chosen, &placed).map(|i| placed[i].id);
+            let primary =
+                placement::acting_primary(seed, pg, &chosen, &placed).map(|i| placed[i].id);
             if primary != Some(by) {
                 return Err(format!(
                     "this node no longer leads placement group {pg} in map {}",
@@ -744,6 +763,9 @@ pub fn join(
             // new, or older than the map (it may have gained groups while
             // it was gone). It leads nothing until it has.
             synced: false,
+            // Its data, if any, is still there (an empty disk under an
+            // old name keeps it too: the groups it held are lost anyway).
+            filled: Some(old.is_some_and(|(o, _)| o.filled())),
             ttl_s: joining.ttl_s,
         };
         let seen = old.map_or(0, |(_, r)| *r);

@@ -214,6 +214,7 @@ impl ShardMap {
                         .map(str::to_string)
                         .collect(),
                     synced: n.synced,
+                    filled: Some(n.filled()),
                 })
                 .collect(),
         };
@@ -247,7 +248,8 @@ impl ShardMap {
         for pg in 0..pgs {
             let chosen = placement::replicas(seed, pg, r, &placed);
             primaries.push(
-                placement::acting_primary(&chosen, &placed).map_or(NO_NODE, |i| placed[i].id),
+                placement::acting_primary(seed, pg, &chosen, &placed)
+                    .map_or(NO_NODE, |i| placed[i].id),
             );
             replicas.extend((0..r).map(|k| chosen.get(k).map_or(NO_NODE, |&i| placed[i].id)));
         }
@@ -793,6 +795,7 @@ mod tests {
                 shards,
                 since_ms: 0,
                 synced: true,
+                filled: None,
                 ttl_s: 0,
             },
             1,
