@@ -212,9 +212,20 @@ pub fn acting_primary(
     if let Some(&i) = replicas.iter().filter(up).find(|&&i| nodes[i].synced) {
         return Some(i);
     }
-    // The first of a placement walk is the best score (zones only
-    // matter from the second replica on).
-    let settled = nodes
+    settled_primary(seed, pg, nodes)
+        .filter(|&i| nodes[i].state == NodeState::Up && nodes[i].synced)
+        .or_else(|| replicas.iter().find(up).copied())
+}
+
+/// The settled primary of placement group `pg` (an index into `nodes`):
+/// the best-scoring (ties: lower id) of the filled nodes that are up,
+/// down or draining, which is `replicas(pg)[0]` as it was before nodes
+/// that never held data joined or a node began to drain (the first of a
+/// placement walk is the best score: zones matter from the second replica
+/// on). None if no node is filled.
+#[must_use]
+pub fn settled_primary(seed: u64, pg: u32, nodes: &[PlacedNode]) -> Option<usize> {
+    nodes
         .iter()
         .enumerate()
         .filter(|(_, n)| {
@@ -226,10 +237,7 @@ pub fn acting_primary(
         })
         .map(|(i, n)| (score(seed, pg, n.id), std::cmp::Reverse(n.id), i))
         .max()
-        .map(|(_, _, i)| i);
-    settled
-        .filter(|&i| nodes[i].state == NodeState::Up && nodes[i].synced)
-        .or_else(|| replicas.iter().find(up).copied())
+        .map(|(_, _, i)| i)
 }
 
 #[cfg(test)]

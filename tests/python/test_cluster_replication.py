@@ -94,6 +94,7 @@ from test_cluster_routing import (  # noqa: F401  (digest and wait_synced: share
     digest,
     internal,
     keys_on,
+    keys_stored,
     native_endpoint,
     node_header,
     node_id,
@@ -1105,6 +1106,59 @@ def test_catch_up_is_paced(cluster):
     assert not problems, "replicas differ after the paced catch-up:\n" + "\n".join(problems[:30])
 
 
+def add_node_and_wait(cluster: Cluster, node: Node, names: list[str], marks: dict[str, float],
+                      unsynced: dict[str, float]) -> None:
+    """Starts `node` and polls the map until the nodes `names` are up and
+    synced (`marks`: "ready", "synced", "not_synced" the last look before;
+    `unsynced`: node -> first seen sync=no, s after the start), then lets
+    a load run on under the new map for AFTER_SYNC_S."""
+    start = time.monotonic()
+    node.start(timeout=SYNC_TIMEOUT_S)
+    marks["ready"] = time.monotonic()
+    while True:
+        listed, _ = status(cluster.urls)
+        now = time.monotonic()
+        for name in names:
+            if name in listed and listed[name].get("sync") != "yes":
+                unsynced.setdefault(name, now - start)
+        if all(listed.get(n, {}).get("state") == "up" and listed[n].get("sync") == "yes"
+               for n in names):
+            marks["synced"] = now
+            break
+        marks["not_synced"] = now
+        assert now < start + SYNC_TIMEOUT_S, (
+            f"{names} not all up with sync=yes {SYNC_TIMEOUT_S} s after {node.node_name} "
+            f"started: {listed}")
+        time.sleep(0.1)
+    time.sleep(AFTER_SYNC_S)
+
+
+# Nodes drop their copies of groups they gave up within a takeover wait
+# (2/3 of the lease plus a margin) and two looks (2 s each) of a map change
+# that left the groups whole elsewhere; a pass over a few hundred keys
+# takes well under a second. Waited for this long.
+DROP_WAIT_S = LEASE_TTL_S + 15
+
+
+def copies_dropped(nodes: list[Node], bucket: str, placed: dict[str, list[str]]) -> dict:
+    """Polls until no node of `nodes` stores a live copy of a key of
+    `bucket` whose replicas (`placed`) it is not among, for DROP_WAIT_S:
+    what each still stores then (empty when all were dropped)."""
+    deadline = time.monotonic() + DROP_WAIT_S
+    while True:
+        kept = {n.node_name: sorted(k for k in keys_stored(n, bucket)
+                                    if n.node_name not in placed.get(k, [n.node_name]))
+                for n in nodes}
+        if not any(kept.values()) or time.monotonic() > deadline:
+            return {n: v for n, v in kept.items() if v}
+        time.sleep(0.5)
+
+
+def dropped_total(nodes: list[Node]) -> int:
+    """`percore_cluster_copies_dropped_total` of `nodes`, every shard."""
+    return sum(v for n in nodes for _, v in labelled(n, "percore_cluster_copies_dropped_total"))
+
+
 def test_add_a_fourth_node_under_load(cluster):
     """A fourth node (zone z4, new data directory) joins under PUT / GET /
     DELETE load through nodes 1 and 3: it takes copies at once, catches up
@@ -1114,8 +1168,8 @@ def test_add_a_fourth_node_under_load(cluster):
     every door serves the acknowledged state, n4 stores live copies of
     exactly the keys of its groups, each key's replicas agree and its
     acting primary holds the acknowledged state. The nodes that gave up a
-    group keep their copies (not served): they are only checked not to
-    contradict the newest one."""
+    group are checked not to contradict the newest copy, then to drop
+    their copies."""
     n1, n2, n3 = cluster.nodes
     n4 = cluster.add_node("127.0.0.5", "n4", "z4")
     four = [n1, n2, n3, n4]
@@ -1127,30 +1181,8 @@ def test_add_a_fourth_node_under_load(cluster):
 
     marks: dict[str, float] = {}
     unsynced: dict[str, float] = {}   # node -> first seen sync=no (s after n4's start)
-
-    def add() -> None:
-        """Starts n4 and polls the map until the four nodes are up and
-        synced, then lets the load run on under the new map."""
-        start = time.monotonic()
-        n4.start(timeout=SYNC_TIMEOUT_S)
-        marks["ready"] = time.monotonic()
-        while True:
-            listed, _ = status(cluster.urls)
-            now = time.monotonic()
-            for name in names:
-                if name in listed and listed[name].get("sync") != "yes":
-                    unsynced.setdefault(name, now - start)
-            if all(listed.get(n, {}).get("state") == "up" and listed[n].get("sync") == "yes"
-                   for n in names):
-                marks["synced"] = now
-                break
-            marks["not_synced"] = now   # the last look before
-            assert now < start + SYNC_TIMEOUT_S, (
-                f"n1-n4 not all up with sync=yes {SYNC_TIMEOUT_S} s after n4 started: {listed}")
-            time.sleep(0.1)
-        time.sleep(AFTER_SYNC_S)
-
-    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S, add)
+    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S,
+                    lambda: add_node_and_wait(cluster, n4, names, marks, unsynced))
     add_t, synced_t = load.event_t, marks["synced"]
     possible, uncertain = load.possible, load.uncertain
     writes, gets = load.writes, load.gets
@@ -1310,6 +1342,10 @@ def test_add_a_fourth_node_under_load(cluster):
                                 f"{name} (acting primary)")
     assert not problems, ("acting primaries differ (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
+    kept = copies_dropped(four, bucket, placed)
+    assert not kept, f"copies of groups given up still stored {DROP_WAIT_S} s on: {kept}"
+    # n1-n3 each gave up about a quarter of their groups, which held keys.
+    assert dropped_total(four) > 0
 
 
 def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
@@ -1320,7 +1356,9 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
     acting_primary`) and copy new writes to it; then it leads them. No read
     is wrong at any time (a 404 for a key that must be there fails the
     load), and afterwards every door serves the acknowledged state, n4
-    stores live every key of its groups, and it leads them."""
+    stores live every key of its groups, and it leads them. The nodes that
+    held them drop their copies, so the bucket, emptied through a door,
+    can be deleted."""
     cluster = cluster_r1
     n1, n2, n3 = cluster.nodes
     n4 = cluster.add_node("127.0.0.5", "n4", "z4")
@@ -1331,25 +1369,8 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
     n1.client().create_bucket(Bucket=bucket)
     possible = preload(n1.client(), bucket, rng)
     marks: dict[str, float] = {}
-
-    def add() -> None:
-        start = time.monotonic()
-        n4.start(timeout=SYNC_TIMEOUT_S)
-        marks["ready"] = time.monotonic()
-        while True:
-            listed, _ = status(cluster.urls)
-            now = time.monotonic()
-            if all(listed.get(n, {}).get("state") == "up" and listed[n].get("sync") == "yes"
-                   for n in names):
-                marks["synced"] = now
-                break
-            marks["not_synced"] = now
-            assert now < start + SYNC_TIMEOUT_S, (
-                f"n1-n4 not all up with sync=yes {SYNC_TIMEOUT_S} s after n4 started: {listed}")
-            time.sleep(0.1)
-        time.sleep(AFTER_SYNC_S)
-
-    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S, add)
+    load = run_load(bucket, possible, [n1, n3], rng, ADD_LOAD_S, ADD_AFTER_S,
+                    lambda: add_node_and_wait(cluster, n4, names, marks, {}))
     add_t, synced_t = load.event_t, marks["synced"]
     possible, uncertain = load.possible, load.uncertain
     failed = [o for o in load.ops if not o.ok]
@@ -1396,6 +1417,75 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
         assert must & mine <= led <= may & mine, (
             f"{node.node_name} leads {sorted(led)}; its groups' live keys are "
             f"{sorted(must & mine)}")
+    kept = copies_dropped(four, bucket, placed)
+    assert not kept, f"copies of n4's groups still stored {DROP_WAIT_S} s on: {kept}"
+    # The keys n1-n3 held in n4's groups before it joined were dropped
+    # (those written later went to n4 alone).
+    assert dropped_total([n1, n2, n3]) > 0
+    empty_and_delete(load_client(n2), bucket)
+
+
+def empty_and_delete(client, bucket: str) -> None:
+    """Deletes every key of `bucket` through one door, then the bucket: no
+    node may keep a copy that makes it BucketNotEmpty."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for o in page.get("Contents", []):
+            client.delete_object(Bucket=bucket, Key=o["Key"])
+    client.delete_bucket(Bucket=bucket)
+    with pytest.raises(ClientError) as e:
+        client.head_bucket(Bucket=bucket)
+    assert http_status(e.value) == 404
+
+
+def test_drain_a_node_of_a_single_replica_cluster(cluster_r1):
+    """With R = 1 a draining node's groups go to nodes that never held
+    them: each new holder merges the group from the draining node (its
+    settled primary) before it is synced and leads it. Every key stays
+    readable and listed through every door, the draining node then drops
+    its copies, and the bucket, emptied, can be deleted."""
+    cluster = cluster_r1
+    n1, n2, n3 = cluster.nodes
+    bucket = unique_bucket_name("drain-r1")
+    s3 = n1.client()
+    s3.create_bucket(Bucket=bucket)
+    rng = random.Random(SEED + 4)
+    data = {f"d/{i:03d}": rng.randbytes(rng.randint(1, 4 * KiB)) for i in range(60)}
+    for k, v in data.items():
+        s3.put_object(Bucket=bucket, Key=k, Body=v)
+    before = placement(cluster, bucket, sorted(data), r=1)
+    on_n2 = sorted(k for k, p in before.items() if p == ["n2"])
+    assert on_n2, before
+    assert set(on_n2) <= keys_stored(n2, bucket)
+    _, summary = status(cluster.urls)
+    epoch = int(re.search(r"epoch (\d+)", summary).group(1))
+    percore_cli("cluster", "drain", "n2", "--cluster", cluster.urls)
+    # The drain, then n1 and n3 each marked unsynced (they gained groups)
+    # and synced again: five map changes.
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    while True:
+        listed, summary = status(cluster.urls)
+        now_epoch = int(re.search(r"epoch (\d+)", summary).group(1))
+        if (now_epoch >= epoch + 5 and listed["n2"]["state"] == "draining"
+                and all(listed[n]["sync"] == "yes" for n in ("n1", "n3"))):
+            break
+        assert time.monotonic() < deadline, (summary, listed)
+        time.sleep(0.2)
+    settle(cluster, cluster.nodes)
+    after = placement(cluster, bucket, sorted(data), r=1)
+    assert all(after[k] != ["n2"] for k in data), after
+    for door in (n1, n2, n3):
+        c = load_client(door)
+        for k, v in data.items():
+            got = c.get_object(Bucket=bucket, Key=k)["Body"].read()
+            assert got == v, f"{k} via {door.node_name}"
+        listed_keys = [o["Key"] for page in c.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket) for o in page.get("Contents", [])]
+        assert listed_keys == sorted(data), door.node_name
+    for k in on_n2:
+        assert k in keys_stored(next(n for n in (n1, n3) if n.node_name == after[k][0]), bucket)
+    kept = copies_dropped(cluster.nodes, bucket, after)
+    assert not kept, f"copies still stored {DROP_WAIT_S} s after the drain: {kept}"
+    empty_and_delete(load_client(n1), bucket)
 
 
 def test_alert_rules_read_metrics_a_cluster_node_exports(cluster):

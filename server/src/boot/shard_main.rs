@@ -102,6 +102,7 @@ async fn run_shard_inner(mut s: ShardSetup, wiring: Wiring) -> Result<(), String
             crate::cluster::replicate::start_catch_up(shard.clone(), ckey);
             crate::cluster::replicate::start_repair(shard.clone(), ckey);
             crate::cluster::replicate::start_releases(shard.clone(), ckey);
+            crate::cluster::replicate::start_drop_copies(shard.clone(), ckey);
         }
         if let Some(rx) = s.catalog_rx.take() {
             crate::cluster::catalog::start_feed(shard.clone(), rx);

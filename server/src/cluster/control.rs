@@ -184,17 +184,10 @@ pub fn takeover_wait_ms(ttl_ms: u64) -> u64 {
 /// waiting to take the group over (`ShardMap::lead_after`), and it is
 /// synced. Always Ok on a single node. Err: why not, for a 503's message.
 pub fn may_lead(map: &ShardMap, pg: Option<u32>) -> Result<(), &'static str> {
-    let Some(s) = STATUS.get() else {
-        return Ok(());
-    };
-    let now = mono_ms();
-    if map.epoch < s.lead_epoch.load(Ordering::Acquire)
-        || now >= s.lead_until_ms.load(Ordering::Acquire)
-        || now >= s.map_until_ms.load(Ordering::Acquire)
-    {
+    if !confirmed(map) {
         return Err(LAPSED);
     }
-    if map.lead_after(pg) > now {
+    if map.lead_after(pg) > mono_ms() {
         return Err(TAKING_OVER);
     }
     // The acting primary of a group with no synced replica up is its
@@ -205,6 +198,19 @@ pub fn may_lead(map: &ShardMap, pg: Option<u32>) -> Result<(), &'static str> {
         return Err(NOT_SYNCED);
     }
     Ok(())
+}
+
+/// Whether this node's lease is known to be alive at etcd and its last
+/// map read is recent, and `map` is not older than its last join (the
+/// first of `may_lead`'s conditions). Always true on a single node.
+pub fn confirmed(map: &ShardMap) -> bool {
+    let Some(s) = STATUS.get() else {
+        return true;
+    };
+    let now = mono_ms();
+    map.epoch >= s.lead_epoch.load(Ordering::Acquire)
+        && now < s.lead_until_ms.load(Ordering::Acquire)
+        && now < s.map_until_ms.load(Ordering::Acquire)
 }
 
 /// Why `may_lead` refused: this node leads a group unsynced.
@@ -1181,8 +1187,12 @@ impl Control {
                 // this node in maps it never saw and come back, with
                 // writes it never got.
                 let members = membership(view);
+                // (A node that holds no group, draining, has nothing to
+                // catch up: it would stay unsynced, as only up nodes
+                // catch up.)
                 let gap = self.membership.as_ref().is_some_and(|(epoch, before)| {
-                    m.epoch > epoch.saturating_add(1)
+                    !held.is_empty()
+                        && m.epoch > epoch.saturating_add(1)
                         && (blind || may_have_left_and_returned(self.id, before, &members))
                 });
                 let gained = gap

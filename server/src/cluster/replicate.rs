@@ -81,7 +81,7 @@ use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
 use crate::store::record::ObjectMeta;
 use crate::store::{meta_stamp, PutCondition};
-use percore_protocol::placement::NodeState;
+use percore_protocol::placement::{self, NodeState};
 
 /// The header carrying a key's state (base64 of its JSON).
 pub const STATE_HEADER: &str = "x-percore-state";
@@ -849,10 +849,11 @@ pub async fn replicate(
             .filter(|n| n.state == NodeState::Up)
             .collect();
         let results = push_all(shard, ckey, &map, &others, (bucket, key), deadline).await;
-        let applied = 1 + results
-            .iter()
-            .filter(|r| matches!(r, Pushed::Applied))
-            .count();
+        let applied = own_count(&map, pg)
+            + results
+                .iter()
+                .filter(|r| matches!(r, Pushed::Applied))
+                .count();
         let mut why = Vec::new();
         let mut refused = false;
         let mut local = false;
@@ -930,6 +931,16 @@ pub async fn replicate(
         crate::metrics::ShardMetrics::add(&metrics.cluster_replication_failed, 1);
         return Err(why.join("; "));
     }
+}
+
+/// Whether a primary's own copy of a write in `pg` counts toward its
+/// majority (1) or not (0): it does when the primary is one of the
+/// group's replicas, or with R = 1 (a settled primary that is not one: its
+/// copy is the group's data until the new holder is synced). With more
+/// replicas a settled primary that is not one needs a majority of the
+/// replicas: they alone are merged if it fails.
+fn own_count(map: &ShardMap, pg: u32) -> usize {
+    usize::from(map.holds_pg(pg) || map.replica_count == 1)
 }
 
 /// A copy another node sent (`PUT /_percore/push`): refused (Err with
@@ -1192,7 +1203,10 @@ async fn catch_up(
                 let wanted = match &mine {
                     None => true,
                     Some((s, e)) if mirror => *s != stamp || *e != etag,
-                    Some((s, _)) => *s < stamp,
+                    // A tombstone stamped as the version it dropped (a
+                    // copy a node gave up: `drop_copies`, repairs) does
+                    // not hide that version from a merge.
+                    Some((s, e)) => *s < stamp || (*s == stamp && e.is_none() && etag.is_some()),
                 };
                 let from = Source {
                     node,
@@ -1272,6 +1286,7 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
 /// (source node, mirror) -> groups (see `catch_up`).
 fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String> {
     let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
+    let placed = map.placed();
     for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
         let p = map.primary_of_pg(pg);
         if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
@@ -1294,6 +1309,35 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         }
         for r in up {
             sources.entry((r, false)).or_default().push(pg);
+        }
+        // With R = 1 a group's keys may be on a node that is not its
+        // replica: its settled primary (`placement::settled_primary`),
+        // the node that held it, when that one is not up and synced (it
+        // drains, or is down, or catches up itself). It is merged from
+        // too, and waited for while it is down: the group merged without
+        // it would sync without its keys. (With more replicas a majority
+        // of the group's replicas holds every acknowledged write.)
+        let settled = (map.replica_count == 1)
+            .then(|| placement::settled_primary(map.seed, pg, &placed))
+            .flatten()
+            .map(|i| &map.nodes[i]);
+        let Some(s) = settled else {
+            continue;
+        };
+        if s.id == map.node_id || map.replicas_of_pg(pg).any(|r| r == s.id) {
+            continue;
+        }
+        match s.state {
+            NodeState::Up | NodeState::Draining => {
+                sources.entry((s.id, false)).or_default().push(pg);
+            }
+            _ => {
+                return Err(format!(
+                    "group {pg}'s keys are on node {}, which is {} and not one of the group's replicas: waiting for it (or for it to be removed)",
+                    s.name,
+                    s.state.name()
+                ))
+            }
         }
     }
     Ok(sources)
@@ -1518,8 +1562,10 @@ async fn take_from(
     }
     // Older than what is here: an unacknowledged write of this node's, or
     // a copy pushed since the digest (then it stays).
+    // Or, merging, at the stamp of a tombstone here (`catch_up` asks only
+    // for a version the tombstone replaced).
     let condition = match mine {
-        Some(m) if from.mirror && m >= state.stamp => PutCondition::Replace {
+        Some(m) if (from.mirror && m >= state.stamp) || m == state.stamp => PutCondition::Replace {
             seen: Some(m),
             stamp: state.stamp,
         },
@@ -1790,6 +1836,174 @@ pub fn start_repair(shard: Rc<Shard>, ckey: [u8; 32]) {
         }
     })
     .detach();
+}
+
+/// How often shard 0 looks for copies of groups this node gave up.
+const DROP_EVERY: Duration = Duration::from_secs(2);
+/// How often it looks again under a map it looked under already (copies
+/// sent to it late, by a primary on an older map).
+const DROP_AGAIN: Duration = Duration::from_secs(600);
+/// A pause between two pages of drops: they are writes (tombstones), in
+/// the background.
+const DROP_PAUSE: Duration = Duration::from_millis(20);
+
+/// The groups whose copies this node drops under `map`: it neither holds
+/// nor leads them, and they are whole elsewhere: R replicas placed, each
+/// up and synced (each holds every acknowledged write), one of them the
+/// acting primary.
+fn given_up(map: &ShardMap) -> Vec<u32> {
+    let whole = |pg: u32| {
+        let primary = map.primary_of_pg(pg);
+        let mut n = 0;
+        for r in map.replicas_of_pg(pg) {
+            if !map
+                .node(r)
+                .is_some_and(|n| n.state == NodeState::Up && n.synced)
+            {
+                return false;
+            }
+            n += 1;
+        }
+        n == map.replica_count && map.replicas_of_pg(pg).any(|r| r == primary)
+    };
+    (0..map.pgs)
+        .filter(|&pg| !map.holds_pg(pg) && map.primary_of_pg(pg) != map.node_id && whole(pg))
+        .collect()
+}
+
+/// Drops this node's live copies of keys of groups it gave up (`given_up`:
+/// a node added took them, or they moved when a node drained or left) so
+/// that their space is freed and a bucket emptied through the doors can
+/// be deleted. A copy is dropped only if the group's acting primary holds
+/// that version or a newer write of the key (its digest says so), and the
+/// key's shard took no copy under a newer map (its fence): a placement
+/// that went wrong leaves copies stranded here, never lost. Each is
+/// dropped by a tombstone stamped as the version it drops
+/// (`PutCondition::Replace`: a copy that arrived meanwhile stays), which
+/// hides nothing from a merge (`catch_up`). Only on a node up or draining
+/// whose lease and map are confirmed, under a map it has held for a
+/// takeover wait, and again under the same map only after `DROP_AGAIN`.
+/// (Whether this node is synced does not matter: the groups it drops are
+/// whole on other nodes.)
+pub fn start_drop_copies(shard: Rc<Shard>, ckey: [u8; 32]) {
+    glommio::spawn_local(async move {
+        let mut seen: Option<(u64, Instant)> = None;
+        let mut done: Option<(u64, Instant)> = None;
+        loop {
+            glommio::timer::sleep(DROP_EVERY).await;
+            let Some(map) = shard.cluster_map() else {
+                continue;
+            };
+            let Some(me) = map.node(map.node_id) else {
+                continue;
+            };
+            if seen.is_none_or(|(e, _)| e != map.epoch) {
+                seen = Some((map.epoch, Instant::now()));
+            }
+            let longest = map.nodes.iter().map(|n| n.ttl_ms).max().unwrap_or(0);
+            let settle = Duration::from_millis(super::control::takeover_wait_ms(if longest > 0 {
+                longest
+            } else {
+                10_000
+            }));
+            if !matches!(me.state, NodeState::Up | NodeState::Draining)
+                || !super::control::confirmed(&map)
+                || seen.is_some_and(|(_, at)| at.elapsed() < settle)
+                || done.is_some_and(|(e, at)| e == map.epoch && at.elapsed() < DROP_AGAIN)
+            {
+                continue;
+            }
+            let pgs = given_up(&map);
+            if !pgs.is_empty() {
+                match drop_copies(&shard, &ckey, &map, pgs).await {
+                    Ok((0, 0)) => {}
+                    Ok((dropped, stranded)) => tracing::info!(
+                        epoch = map.epoch,
+                        dropped,
+                        stranded,
+                        "cluster: dropped copies of keys of placement groups this node no longer holds (their replicas all hold them); copies their primary does not hold are kept (stranded)"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cluster: dropping copies of groups this node gave up failed; retrying");
+                        continue;
+                    }
+                }
+            }
+            done = Some((map.epoch, Instant::now()));
+        }
+    })
+    .detach();
+}
+
+/// One pass of `start_drop_copies` over `pgs` under `map`, a few groups
+/// at a time per acting primary: (copies dropped, copies kept because the
+/// primary does not hold them or something newer). Stops (Err) when the
+/// map changes.
+async fn drop_copies(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    pgs: Vec<u32>,
+) -> Result<(u64, u64), String> {
+    let mut by_primary: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for pg in pgs {
+        by_primary
+            .entry(map.primary_of_pg(pg))
+            .or_default()
+            .push(pg);
+    }
+    let (mut dropped, mut stranded) = (0, 0);
+    for (p, pgs) in by_primary {
+        let primary = map
+            .node(p)
+            .ok_or_else(|| format!("node {p} is not in the map"))?;
+        for chunk in pgs.chunks(GROUPS_PER_PASS) {
+            let mine = full_digest(shard, ckey, map, None, chunk).await?;
+            if !mine.values().any(|(_, e)| e.is_some()) {
+                continue;
+            }
+            let theirs = full_digest(shard, ckey, map, Some(primary), chunk).await?;
+            for ((b, k), (stamp, etag)) in mine {
+                if etag.is_none() {
+                    continue;
+                }
+                let held = theirs
+                    .get(&(b.clone(), k.clone()))
+                    .is_some_and(|(s, e)| *s > stamp || (*s == stamp && *e == etag));
+                if !held {
+                    stranded += 1;
+                    continue;
+                }
+                if shard.cluster_map().is_none_or(|m| m.epoch != map.epoch) {
+                    return Err("the map changed; looking again under the new one".into());
+                }
+                // A copy taken under a newer map (this node is the key's
+                // replica again there): it stays.
+                if shard.key_fence(&b, &k, 0).await > map.epoch {
+                    continue;
+                }
+                let condition = PutCondition::Replace {
+                    seen: Some(stamp),
+                    stamp,
+                };
+                match shard.delete_stamped(&b, &k, condition).await {
+                    Ok(true) => {
+                        dropped += 1;
+                        crate::metrics::ShardMetrics::add(
+                            &shard.metrics().cluster_copies_dropped,
+                            1,
+                        );
+                    }
+                    // A copy came meanwhile: it stays (until the next pass).
+                    Ok(false)
+                    | Err(ShardError::PreconditionFailed | ShardError::ConditionalConflict) => {}
+                    Err(e) => return Err(format!("dropping {b}/{k}: {e:?}")),
+                }
+            }
+            glommio::timer::sleep(DROP_PAUSE).await;
+        }
+    }
+    Ok((dropped, stranded))
 }
 
 /// Every (bucket, key) -> (stamp, ETag) of a digest of `pgs`, here

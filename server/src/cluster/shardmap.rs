@@ -186,6 +186,8 @@ pub struct MapNode {
     pub synced: bool,
     /// Its lease time, ms (0: not known).
     pub ttl_ms: u64,
+    /// Whether it was synced at least once (`placement::PlacedNode::filled`).
+    pub filled: bool,
 }
 
 impl ShardMap {
@@ -274,6 +276,7 @@ impl ShardMap {
                     synced: n.synced,
                     // As a node's own setting is bounded.
                     ttl_ms: n.ttl_s.min(3600) * 1000,
+                    filled: n.filled(),
                 })
                 .collect(),
             synced_tx,
@@ -665,6 +668,21 @@ impl ShardMap {
     #[must_use]
     pub fn holds_pg(&self, pg: u32) -> bool {
         self.replicas_of_pg(pg).any(|n| n == self.node_id)
+    }
+
+    /// The nodes as placement sees them, in map order.
+    #[must_use]
+    pub fn placed(&self) -> Vec<placement::PlacedNode> {
+        self.nodes
+            .iter()
+            .map(|n| placement::PlacedNode {
+                id: n.id,
+                zone: n.zone.clone(),
+                state: n.state,
+                synced: n.synced,
+                filled: n.filled,
+            })
+            .collect()
     }
 
     /// The acks a write needs: a majority of the group's replica count.

@@ -101,6 +101,11 @@ const CLUSTER_COUNTERS: &[Entry<ShardMetrics>] = &[
         "Copies this node refused as a replica: from a node that is not the key's primary in its map, sent under an older map than a catch-up read, or with bytes that did not match their state.",
         |m| m.cluster_copies_refused.get(),
     ),
+    (
+        "percore_cluster_copies_dropped_total",
+        "Live copies of keys of placement groups this node no longer holds or leads, dropped once each of the groups' replicas is up and synced (the space is freed by compaction).",
+        |m| m.cluster_copies_dropped.get(),
+    ),
 ];
 
 /// Lifecycle runner counters of the shard's own metrics.

@@ -134,6 +134,9 @@ pub struct ShardMetrics {
     pub cluster_replicas_skipped: Cell<u64>,
     pub cluster_copies_taken: Cell<u64>,
     pub cluster_copies_refused: Cell<u64>,
+    /// Copies of keys of groups this node no longer holds, dropped once
+    /// the groups' replicas all hold them (`replicate::start_drop_copies`).
+    pub cluster_copies_dropped: Cell<u64>,
 }
 
 impl ShardMetrics {
