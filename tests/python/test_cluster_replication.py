@@ -1346,6 +1346,9 @@ def test_add_a_fourth_node_under_load(cluster):
     assert not kept, f"copies of groups given up still stored {DROP_WAIT_S} s on: {kept}"
     # n1-n3 each gave up about a quarter of their groups, which held keys.
     assert dropped_total(four) > 0
+    # The drops took nothing the replicas need.
+    problems = check_reads(load_client(n2), bucket, possible, "n2, after the drops")
+    assert not problems, "\n".join(problems[:30])
 
 
 def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
@@ -1420,8 +1423,11 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
     kept = copies_dropped(four, bucket, placed)
     assert not kept, f"copies of n4's groups still stored {DROP_WAIT_S} s on: {kept}"
     # The keys n1-n3 held in n4's groups before it joined were dropped
-    # (those written later went to n4 alone).
+    # (those written later went to n4 alone), and nothing n4 needs.
     assert dropped_total([n1, n2, n3]) > 0
+    problems = check_reads(load_client(n3), bucket, possible, "n3, after the drops")
+    assert not problems, "\n".join(problems[:30])
+    assert all(labelled(n, "percore_cluster_copies_stranded") == [({}, 0)] for n in four)
     empty_and_delete(load_client(n2), bucket)
 
 
@@ -1485,6 +1491,9 @@ def test_drain_a_node_of_a_single_replica_cluster(cluster_r1):
         assert k in keys_stored(next(n for n in (n1, n3) if n.node_name == after[k][0]), bucket)
     kept = copies_dropped(cluster.nodes, bucket, after)
     assert not kept, f"copies still stored {DROP_WAIT_S} s after the drain: {kept}"
+    c = load_client(n3)
+    for k, v in data.items():
+        assert c.get_object(Bucket=bucket, Key=k)["Body"].read() == v, f"{k} after the drops"
     empty_and_delete(load_client(n1), bucket)
 
 

@@ -83,6 +83,10 @@ pub struct ClusterStatus {
     /// Nodes in the map by state, as of the last map read: up, down,
     /// draining, out.
     pub nodes: [AtomicU64; 4],
+    /// Live copies of keys of groups this node gave up that the groups'
+    /// primaries do not hold, as of the last pass that dropped copies
+    /// (`replicate::start_drop_copies`): kept, never dropped.
+    pub copies_stranded: AtomicU64,
 }
 
 /// The node's cluster status, once it has joined (for `/metrics`, and
@@ -262,6 +266,13 @@ impl ClusterStatus {
             "1 while this node answers requests: etcd confirmed its copy of the cluster's buckets and users, and its lease, recently enough (0: it answers 503; is etcd reachable from it?).",
             "gauge",
             &[(String::new(), u64::from(super::catalog::serving()))],
+        );
+        metric(
+            out,
+            "percore_cluster_copies_stranded",
+            "Live copies of keys of placement groups this node gave up that the groups' acting primaries do not hold (as of the last look, every 10 minutes or at a map change): kept, never dropped. Nonzero: a placement went wrong (docs/cluster.md, 'Where the settled primary is wrong') or writes were never acknowledged; do not remove this node before it is 0 or the keys are checked.",
+            "gauge",
+            &[(String::new(), self.copies_stranded.load(Ordering::Relaxed))],
         );
         let per_group: Vec<(String, u64)> = self
             .backfill_sources_left()

@@ -1194,7 +1194,8 @@ async fn catch_up(
         let mut theirs: HashSet<(String, String)> = HashSet::new();
         let mut after: Option<(String, String)> = None;
         loop {
-            let (items, next) = remote_digest(ckey, map, (node, mirror), &pgs, after).await?;
+            let (items, next) =
+                remote_digest(ckey, map, (node, mirror, map.epoch), &pgs, after).await?;
             for ((b, k), (stamp, etag)) in items {
                 let mine = shard
                     .key_state(&b, &k)
@@ -1914,15 +1915,20 @@ pub fn start_drop_copies(shard: Rc<Shard>, ckey: [u8; 32]) {
                 continue;
             }
             let pgs = given_up(&map);
-            if !pgs.is_empty() {
+            if pgs.is_empty() {
+                set_stranded(0);
+            } else {
                 match drop_copies(&shard, &ckey, &map, pgs).await {
-                    Ok((0, 0)) => {}
-                    Ok((dropped, stranded)) => tracing::info!(
+                    Ok((0, 0)) => set_stranded(0),
+                    Ok((dropped, stranded)) => {
+                        set_stranded(stranded);
+                        tracing::info!(
                         epoch = map.epoch,
                         dropped,
                         stranded,
                         "cluster: dropped copies of keys of placement groups this node no longer holds (their replicas all hold them); copies their primary does not hold are kept (stranded)"
-                    ),
+                        );
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "cluster: dropping copies of groups this node gave up failed; retrying");
                         continue;
@@ -1935,18 +1941,60 @@ pub fn start_drop_copies(shard: Rc<Shard>, ckey: [u8; 32]) {
     .detach();
 }
 
-/// One pass of `start_drop_copies` over `pgs` under `map`, a few groups
-/// at a time per acting primary: (copies dropped, copies kept because the
-/// primary does not hold them or something newer). Stops (Err) when the
-/// map changes.
+/// Most live copies one pass of `start_drop_copies` collects before it
+/// checks and drops them (the rest: next pass).
+const DROP_BATCH: usize = 100_000;
+
+/// `percore_cluster_copies_stranded`.
+fn set_stranded(n: u64) {
+    if let Some(s) = super::control::STATUS.get() {
+        s.copies_stranded
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One pass of `start_drop_copies` over `pgs` under `map`: (copies
+/// dropped, copies kept because the primary does not hold them or
+/// something newer). One walk over this node's keys of `pgs` collects its
+/// live copies (at most `DROP_BATCH`); each group that has some is then
+/// checked against its acting primary's digest, a few groups at a time
+/// (read without raising the primary's fences: a drop needs none). Stops
+/// (Err) when the map changes or this node's lease or map is no longer
+/// confirmed.
 async fn drop_copies(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
     map: &ShardMap,
     pgs: Vec<u32>,
 ) -> Result<(u64, u64), String> {
+    // Group -> its live copies here.
+    let mut live: BTreeMap<u32, Vec<(String, String, u64, String)>> = BTreeMap::new();
+    let mut count = 0;
+    let mut after = None;
+    'walk: loop {
+        let (items, next) = shard
+            .digest(after, DIGEST_PAGE, Some(pgs.clone()), 0)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        for i in items {
+            if let Some(etag) = i.etag {
+                let pg = map.pg_of(&i.bucket, &i.key);
+                live.entry(pg)
+                    .or_default()
+                    .push((i.bucket, i.key, i.stamp, etag));
+                count += 1;
+                if count >= DROP_BATCH {
+                    break 'walk;
+                }
+            }
+        }
+        match next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
     let mut by_primary: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for pg in pgs {
+    for &pg in live.keys() {
         by_primary
             .entry(map.primary_of_pg(pg))
             .or_default()
@@ -1958,24 +2006,19 @@ async fn drop_copies(
             .node(p)
             .ok_or_else(|| format!("node {p} is not in the map"))?;
         for chunk in pgs.chunks(GROUPS_PER_PASS) {
-            let mine = full_digest(shard, ckey, map, None, chunk).await?;
-            if !mine.values().any(|(_, e)| e.is_some()) {
-                continue;
-            }
-            let theirs = full_digest(shard, ckey, map, Some(primary), chunk).await?;
-            for ((b, k), (stamp, etag)) in mine {
-                if etag.is_none() {
-                    continue;
-                }
-                let held = theirs
-                    .get(&(b.clone(), k.clone()))
-                    .is_some_and(|(s, e)| *s > stamp || (*s == stamp && *e == etag));
+            let theirs = digest_of(ckey, map, primary, chunk).await?;
+            for (b, k, stamp, etag) in chunk.iter().flat_map(|pg| live.remove(pg)).flatten() {
+                let held = theirs.get(&(b.clone(), k.clone())).is_some_and(|(s, e)| {
+                    *s > stamp || (*s == stamp && e.as_deref() == Some(etag.as_str()))
+                });
                 if !held {
                     stranded += 1;
                     continue;
                 }
-                if shard.cluster_map().is_none_or(|m| m.epoch != map.epoch) {
-                    return Err("the map changed; looking again under the new one".into());
+                if shard.cluster_map().is_none_or(|m| m.epoch != map.epoch)
+                    || !super::control::confirmed(map)
+                {
+                    return Err("the map changed, or is not confirmed; looking again".into());
                 }
                 // A copy taken under a newer map (this node is the key's
                 // replica again there): it stays.
@@ -2006,6 +2049,26 @@ async fn drop_copies(
     Ok((dropped, stranded))
 }
 
+/// `node`'s whole digest of `pgs`, read without raising its fences
+/// (epoch 0).
+async fn digest_of(
+    ckey: &[u8; 32],
+    map: &ShardMap,
+    node: &MapNode,
+    pgs: &[u32],
+) -> Result<BTreeMap<(String, String), (u64, Option<String>)>, String> {
+    let mut out = BTreeMap::new();
+    let mut after = None;
+    loop {
+        let (items, next) = remote_digest(ckey, map, (node, false, 0), pgs, after).await?;
+        out.extend(items);
+        match next {
+            Some(n) => after = Some(n),
+            None => return Ok(out),
+        }
+    }
+}
+
 /// Every (bucket, key) -> (stamp, ETag) of a digest of `pgs`, here
 /// (`node` None) or on `node`.
 async fn full_digest(
@@ -2030,7 +2093,9 @@ async fn full_digest(
                     .collect::<Vec<_>>();
                 (items, next)
             }
-            Some(node) => remote_digest(ckey, map, (node, false), pgs, after.clone()).await?,
+            Some(node) => {
+                remote_digest(ckey, map, (node, false, map.epoch), pgs, after.clone()).await?
+            }
         };
         out.extend(items);
         match next {
@@ -2045,17 +2110,17 @@ type DigestPage = (
     Option<(String, String)>,
 );
 
-/// One page of `node`'s digest of `pgs` (raising its fences to this
-/// node's epoch).
+/// One page of `node`'s digest of `pgs`, raising its fences to `epoch`
+/// (this node's map's; 0: not raised).
 async fn remote_digest(
     ckey: &[u8; 32],
     map: &ShardMap,
-    (node, mirror): (&MapNode, bool),
+    (node, mirror, epoch): (&MapNode, bool, u64),
     pgs: &[u32],
     after: Option<(String, String)>,
 ) -> Result<DigestPage, String> {
     let body = json!({
-        "epoch": map.epoch,
+        "epoch": epoch,
         "pgs": pgs,
         "after": after.as_ref().map(|(b, k)| json!([b, k])),
         "limit": DIGEST_PAGE,
