@@ -461,7 +461,7 @@ mod tests {
         // + lifecycle counters + cluster routing and replication counters.
         assert_eq!(
             count,
-            5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4 + 3 + 11
+            5 + 4 + 10 + 1 + 17 + 3 + 1 + 1 + 2 + 7 + 6 + 3 + 4 + 3 + 12
         );
     }
 
