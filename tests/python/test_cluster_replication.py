@@ -125,6 +125,9 @@ RESUME_LIMIT_S = LEASE_TTL_S + 10   # writes must resume this soon after the kil
 # be routed by the old map. GETs must not fail after that.
 MAP_LAG_S = LEASE_TTL_S / 3 + 0.5
 PGS, REPLICAS = 64, 3     # cluster init --pgs 64 --replicas 3
+# The event of a load waits at most this much longer than its start time
+# for a first acknowledged write (a loaded machine's first requests).
+FIRST_WRITE_WAIT_S = 8
 
 # The add-a-node test's load (the same threads, keys and mix as above).
 ADD_AFTER_S = 2.0         # n4 starts this far into the load
@@ -696,8 +699,15 @@ def run_load(bucket: str, possible: dict, doors: list[Node], rng: random.Random,
         w.start()
     try:
         time.sleep(max(0.0, t0 + event_after_s - time.monotonic()))
+        # A first request may take longer on a loaded machine (new
+        # connections, clients): the event waits for one acknowledged write.
+        late = time.monotonic() + FIRST_WRITE_WAIT_S
+        while (not any(o.ok and o.kind != "get" for w in workers for o in w.ops)
+               and time.monotonic() < late):
+            time.sleep(0.05)
         assert any(o.ok and o.kind != "get" for w in workers for o in w.ops), (
-            f"no write acknowledged in the first {event_after_s} s with every node up: "
+            f"no write acknowledged in the first {event_after_s + FIRST_WRITE_WAIT_S} s with "
+            f"every node up: "
             f"{[w.ops[:3] for w in workers]} {[w.problems[:3] for w in workers]}")
         event_t = time.monotonic()
         event()
