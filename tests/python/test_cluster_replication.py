@@ -1116,6 +1116,21 @@ def test_catch_up_is_paced(cluster):
     assert not problems, "replicas differ after the paced catch-up:\n" + "\n".join(problems[:30])
 
 
+def check_doors(cluster: Cluster, nodes: list[Node], listers, bucket: str, possible: dict,
+                uncertain: list[str]) -> None:
+    """Once `nodes` run the map etcd holds: every key reads as acknowledged
+    through each of their doors, and `listers` list exactly the keys that
+    must be there."""
+    settle(cluster, nodes)
+    problems: list[str] = []
+    for node in nodes:
+        problems += check_reads(load_client(node), bucket, possible, node.node_name)
+    for node in listers:
+        problems += check_listing(load_client(node), bucket, possible, node.node_name)
+    assert not problems, ("doors differ from the acknowledged state (uncertain keys: "
+                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+
+
 def add_node_and_wait(cluster: Cluster, node: Node, names: list[str], marks: dict[str, float],
                       unsynced: dict[str, float]) -> None:
     """Starts `node` and polls the map until the nodes `names` are up and
@@ -1247,14 +1262,7 @@ def test_add_a_fourth_node_under_load(cluster):
     # Every node runs the final map. Every key reads as acknowledged
     # through every door, n4's included, and both n4 and n1 list exactly
     # the keys that must be there.
-    settle(cluster, four)
-    problems: list[str] = []
-    for node in four:
-        problems += check_reads(load_client(node), bucket, possible, node.node_name)
-    for node in (n4, n1):
-        problems += check_listing(load_client(node), bucket, possible, node.node_name)
-    assert not problems, ("doors differ from the acknowledged state (uncertain keys: "
-                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+    check_doors(cluster, four, (n4, n1), bucket, possible, uncertain)
 
     # Where each key is: its replicas under the final map, computed from
     # the placement contract. Their first is its acting primary (all four
@@ -1404,14 +1412,7 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
     assert gap < WRITE_GAP_LIMIT_S, f"no write acknowledged for {gap:.2f} s"
     assert len(flowing) >= FLOWING_WRITES, f"only {len(flowing)} writes at the load's end"
 
-    settle(cluster, four)
-    problems: list[str] = []
-    for node in four:
-        problems += check_reads(load_client(node), bucket, possible, node.node_name)
-    for node in (n4, n2):
-        problems += check_listing(load_client(node), bucket, possible, node.node_name)
-    assert not problems, ("doors differ from the acknowledged state (uncertain keys: "
-                          f"{uncertain}):\n" + "\n".join(problems[:30]))
+    check_doors(cluster, four, (n4, n2), bucket, possible, uncertain)
 
     keys = sorted(possible)
     placed = placement(cluster, bucket, keys, r=1)
