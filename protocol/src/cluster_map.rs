@@ -46,7 +46,7 @@ pub struct ClientNode {
     /// from nodes older than replication have no field: synced).
     #[serde(default = "synced_default")]
     pub synced: bool,
-    /// Whether it was synced at least once (`PlacedNode::filled`); maps
+    /// Whether it is recorded as holding its groups (`PlacedNode::filled`); maps
     /// from nodes older than the field have none: filled (a node taken as
     /// filled is never a settled primary it should not be: see
     /// `NodeRecord::filled` on the server).

@@ -23,11 +23,11 @@
 //! acting(pg)      = the first replica that is up and synced; if none is,
 //!                   the group's settled primary when it is up and
 //!                   synced: the best-scoring (ties: lower id) of the
-//!                   filled nodes (synced at least once) that are up,
-//!                   down or draining, i.e. replicas(pg)[0] as it was
-//!                   before nodes that never held data joined or a node
-//!                   began to drain; if it is not, the first replica
-//!                   that is up.
+//!                   filled nodes (recorded as holding their groups) that
+//!                   are up, down or draining, i.e. replicas(pg)[0] as it
+//!                   was before nodes that did not hold their groups yet
+//!                   joined or a node began to drain; if it is not, the
+//!                   first replica that is up.
 //! ```
 //!
 //! - The shard within a node uses the hash's position inside its PG, not
@@ -107,8 +107,10 @@ pub struct PlacedNode {
     /// replica of (false while it catches up after joining or gaining
     /// groups): only a synced node acts as a group's primary while one is up.
     pub synced: bool,
-    /// Whether the node was synced at least once (it has held data): a
-    /// node that never was (just added) holds nothing yet, so a group
+    /// Whether the node is recorded as holding the groups it would be the
+    /// settled primary of (the cluster sets it once the node is synced
+    /// and that is true, and clears it once a draining node's groups are
+    /// held elsewhere): a node just added holds nothing yet, so a group
     /// placed on it alone is led by its settled primary (`acting_primary`).
     pub filled: bool,
 }
@@ -197,7 +199,7 @@ pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
 /// settled primary, when it is up and synced: the first of the group's
 /// replicas over the filled nodes (`PlacedNode::filled`) that are up,
 /// down or draining, which is where the group's data was before nodes
-/// that never held any joined (with R = 1, an added node's groups are
+/// that did not hold it yet joined (with R = 1, an added node's groups are
 /// led, and filled from, by the node that held them). Otherwise the first
 /// replica that is up (every replica is catching up, as when a whole
 /// cluster starts); None if no replica is up (the group cannot be served).
@@ -220,7 +222,7 @@ pub fn acting_primary(
 /// The settled primary of placement group `pg` (an index into `nodes`):
 /// the best-scoring (ties: lower id) of the filled nodes that are up,
 /// down or draining, which is `replicas(pg)[0]` as it was before nodes
-/// that never held data joined or a node began to drain (the first of a
+/// that did not hold it yet joined or a node began to drain (the first of a
 /// placement walk is the best score: zones matter from the second replica
 /// on). None if no node is filled.
 #[must_use]

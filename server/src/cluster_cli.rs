@@ -151,11 +151,12 @@ fn status_text(view: &map::View) -> Result<String, String> {
             "no-lease"
         };
         out.push_str(&format!(
-            "{} {} zone={} sync={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
+            "{} {} zone={} sync={} filled={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
             n.name,
             n.state,
             n.zone,
             if n.synced { "yes" } else { "no" },
+            if n.filled() { "yes" } else { "no" },
             n.s3,
             n.native,
             n.admin,

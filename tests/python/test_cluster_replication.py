@@ -1442,6 +1442,29 @@ def test_add_a_node_to_a_single_replica_cluster_under_load(cluster_r1):
     empty_and_delete(load_client(n2), bucket)
 
 
+def bucket_of_keys(node: Node, prefix: str, seed: int, n: int,
+                   size: int) -> tuple[str, dict[str, bytes]]:
+    """A new bucket of `n` keys of 1 to `size` random bytes, written through
+    `node`: its name, and key -> bytes."""
+    bucket = unique_bucket_name(prefix)
+    s3 = node.client()
+    s3.create_bucket(Bucket=bucket)
+    rng = random.Random(seed)
+    data = {f"k/{i:03d}": rng.randbytes(rng.randint(1, size)) for i in range(n)}
+    for k, v in data.items():
+        s3.put_object(Bucket=bucket, Key=k, Body=v)
+    return bucket, data
+
+
+def read_all(doors: list[Node], bucket: str, data: dict[str, bytes], when: str) -> None:
+    """Every key of `data` reads as written through each of `doors`."""
+    for door in doors:
+        c = load_client(door)
+        for k, v in data.items():
+            assert c.get_object(Bucket=bucket, Key=k)["Body"].read() == v, (
+                f"{k} via {door.node_name} {when}")
+
+
 def empty_and_delete(client, bucket: str) -> None:
     """Deletes every key of `bucket` through one door, then the bucket: no
     node may keep a copy that makes it BucketNotEmpty."""
@@ -1462,13 +1485,7 @@ def test_drain_a_node_of_a_single_replica_cluster(cluster_r1):
     its copies, and the bucket, emptied, can be deleted."""
     cluster = cluster_r1
     n1, n2, n3 = cluster.nodes
-    bucket = unique_bucket_name("drain-r1")
-    s3 = n1.client()
-    s3.create_bucket(Bucket=bucket)
-    rng = random.Random(SEED + 4)
-    data = {f"d/{i:03d}": rng.randbytes(rng.randint(1, 4 * KiB)) for i in range(60)}
-    for k, v in data.items():
-        s3.put_object(Bucket=bucket, Key=k, Body=v)
+    bucket, data = bucket_of_keys(n1, "drain-r1", SEED + 4, 60, 4 * KiB)
     before = placement(cluster, bucket, sorted(data), r=1)
     on_n2 = sorted(k for k, p in before.items() if p == ["n2"])
     assert on_n2, before
@@ -1490,11 +1507,9 @@ def test_drain_a_node_of_a_single_replica_cluster(cluster_r1):
     settle(cluster, cluster.nodes)
     after = placement(cluster, bucket, sorted(data), r=1)
     assert all(after[k] != ["n2"] for k in data), after
+    read_all([n1, n2, n3], bucket, data, "after the drain")
     for door in (n1, n2, n3):
         c = load_client(door)
-        for k, v in data.items():
-            got = c.get_object(Bucket=bucket, Key=k)["Body"].read()
-            assert got == v, f"{k} via {door.node_name}"
         listed_keys = [o["Key"] for page in c.get_paginator("list_objects_v2").paginate(
             Bucket=bucket) for o in page.get("Contents", [])]
         assert listed_keys == sorted(data), door.node_name
@@ -1502,10 +1517,64 @@ def test_drain_a_node_of_a_single_replica_cluster(cluster_r1):
         assert k in keys_stored(next(n for n in (n1, n3) if n.node_name == after[k][0]), bucket)
     kept = copies_dropped(cluster.nodes, bucket, after)
     assert not kept, f"copies still stored {DROP_WAIT_S} s after the drain: {kept}"
-    c = load_client(n3)
-    for k, v in data.items():
-        assert c.get_object(Bucket=bucket, Key=k)["Body"].read() == v, f"{k} after the drops"
+    read_all([n3], bucket, data, "after the drops")
     empty_and_delete(load_client(n1), bucket)
+
+
+def test_two_nodes_added_at_once_to_a_single_replica_cluster(cluster_r1):
+    """R = 1, two nodes added at once: n4 joins and dies (kill -9) before
+    it catches up, then n5 joins and syncs alone. n5 holds its own groups
+    only: it must not be recorded as where n4's groups are (`filled=no`
+    until n4 is synced; before hand-offs were recorded it was filled on
+    its sync and led the groups of n4 that it outscores the old holders
+    for, answering 404 for their keys). Every key reads through every door
+    while n4 is gone; n4 restarted catches up from the old holders, both
+    are filled, the old holders drop their copies, every key reads again,
+    and the bucket, emptied, is deleted."""
+    cluster = cluster_r1
+    n1, n2, n3 = cluster.nodes
+    n4 = cluster.add_node("127.0.0.5", "n4", "z4")
+    n5 = cluster.add_node("127.0.0.6", "n5", "z5")
+    five = [n1, n2, n3, n4, n5]
+    bucket, data = bucket_of_keys(n1, "add2-r1", SEED + 5, 200, 2 * KiB)
+    # n4 joins (its first catch-up waits for the catalog: it is killed
+    # before it), then n5.
+    n4.start(timeout=SYNC_TIMEOUT_S)
+    n4.kill9()
+    assert status(cluster.urls)[0]["n4"]["sync"] == "no"
+    n5.start(timeout=SYNC_TIMEOUT_S)
+    wait_for(cluster.urls, "n5", "yes", timeout=SYNC_TIMEOUT_S, field="sync")
+    settle(cluster, [n1, n2, n3, n5])
+    listed, _ = status(cluster.urls)
+    keys = sorted(data)
+    placed = placement(cluster, bucket, keys, r=1)
+    rows = [(int(r["id"]), r["zone"], r["state"]) for name, r in listed.items() if name != "n4"]
+    names = {int(r["id"]): name for name, r in listed.items()}
+    # The keys the old rule served wrong: on n4, and n5 the best of the rest.
+    risky = [k for k in keys if placed[k] == ["n4"] and names[replicas_of(
+        cluster.seed, pg_of(cluster.seed, PGS, bucket, k), 1, rows)[0]] == "n5"]
+    print(f"\ntwo nodes added at once (R = 1): {len(risky)} of {len(keys)} keys are n4's, "
+          f"with n5 the best of the rest")
+    assert risky, placed
+    read_all([n1, n3, n5], bucket, data, "with n4 gone")
+    assert listed["n5"]["filled"] == "no" and listed["n4"]["filled"] == "no", listed
+    n4.start(timeout=SYNC_TIMEOUT_S)
+    deadline = time.monotonic() + SYNC_TIMEOUT_S
+    while True:
+        listed, summary = status(cluster.urls)
+        if all(listed[n]["state"] == "up" and listed[n]["sync"] == "yes"
+               and listed[n]["filled"] == "yes" for n in ("n4", "n5")):
+            break
+        assert time.monotonic() < deadline, (summary, listed)
+        time.sleep(0.2)
+    settle(cluster, five)
+    for k in risky:
+        assert k in keys_stored(n4, bucket), f"n4 lacks {k}"
+    kept = copies_dropped(five, bucket, placed)
+    assert not kept, f"copies still stored {DROP_WAIT_S} s after the adds: {kept}"
+    read_all(five, bucket, data, "after the drops")
+    assert all(labelled(n, "percore_cluster_copies_stranded") == [({}, 0)] for n in five)
+    empty_and_delete(load_client(n5), bucket)
 
 
 def test_alert_rules_read_metrics_a_cluster_node_exports(cluster):

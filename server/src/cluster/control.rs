@@ -17,6 +17,7 @@ use tracing::{error, info, warn};
 
 use super::catalog;
 use super::etcd::Etcd;
+use super::handoff;
 use super::map::{self, JoinError, Joining, Keys, View};
 use super::shardmap::{MapFeed, Report, ShardMap, SkipAsk, SKIP_DONE, SKIP_FAILED};
 use crate::boot::datadir::ClusterBinding;
@@ -450,6 +451,8 @@ struct Control {
     /// The catalog's revision as last read from etcd (0: none yet, or no
     /// catalog: a cluster made before it).
     catalog_seen: i64,
+    /// The map epoch `settle` last ran under (it runs once per map).
+    settled_epoch: u64,
 }
 
 /// A catalog handed to the bucket-owner shard and not applied within
@@ -587,6 +590,7 @@ pub fn start(
         leaving: None,
         catalog_sent: None,
         catalog_seen: 0,
+        settled_epoch: 0,
     };
     // The shards' first map, before the node says it is ready (a failed
     // read is retried by the control loop; until then key requests on the
@@ -841,8 +845,39 @@ impl Control {
         }
         if let Some((name, state)) = map::detect_failures(&self.etcd, &self.keys, &view)? {
             warn!(node = %name, state = state.name(), "cluster: node marked {}", state.name());
+        } else {
+            self.settle(status, &view);
         }
         catalog_read.map_err(JoinError::Etcd)
+    }
+
+    /// Records the hand-offs the map allows (`map::settle`), once per map,
+    /// on a node that is a candidate itself or the lowest-id up node.
+    fn settle(&mut self, status: &ClusterStatus, view: &View) {
+        if self.settled_epoch == view.epoch {
+            return;
+        }
+        self.settled_epoch = view.epoch;
+        let placed = view.placed();
+        let Some(me) = view.nodes.iter().position(|(n, _)| n.id == self.id) else {
+            return;
+        };
+        if !handoff::settles(&placed, me) {
+            return;
+        }
+        match map::settle(&self.etcd, &self.keys, view) {
+            Ok(made) => {
+                for (node, filled) in made {
+                    info!(node = %node, filled, "cluster: hand-off recorded: node {}", if filled { "filled (it holds its groups)" } else { "unfilled (its groups are held elsewhere)" });
+                }
+            }
+            Err(e) => {
+                status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                // The next map read tries again.
+                self.settled_epoch = 0;
+                warn!(error = %e, "cluster: cannot record hand-offs; the next map read tries again");
+            }
+        }
     }
 
     /// Another node leads groups this one may have led, under map

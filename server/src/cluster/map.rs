@@ -27,6 +27,7 @@ use percore_protocol::placement::{self, NodeState, PlacedNode};
 use serde::{Deserialize, Serialize};
 
 use super::etcd::{prefix_end, txn, Etcd};
+use super::handoff;
 
 /// Most placement groups `cluster init` takes.
 pub const PGS_MAX: u32 = placement::PG_COUNT_MAX;
@@ -82,10 +83,10 @@ pub struct NodeRecord {
     /// replication have none: synced.
     #[serde(default = "synced_default")]
     pub synced: bool,
-    /// Whether it was synced at least once (`placement::PlacedNode::filled`):
-    /// false for a node that joins under a new name, set with `synced`,
-    /// kept across joins. Records written before it was kept have none:
-    /// filled. Taking a node as filled is the safe side: at worst the
+    /// Whether it holds its settled groups' data (`placement::PlacedNode::filled`,
+    /// `handoff`): false for a node that joins under a new name, set and
+    /// cleared by `settle` when the hand-off allows it, kept across joins.
+    /// Records written before it was kept have none: filled. Taking a node as filled is the safe side: at worst the
     /// node, unsynced, is a group's settled primary and the group is led
     /// by its first up replica, as without settled primaries; taking a
     /// node that holds a group's data as not filled could make a node
@@ -540,9 +541,10 @@ pub fn mark_synced(
         if view.epoch != epoch || record.synced || now != skipped {
             return Ok(false);
         }
+        // `filled` is not set here: a node synced is filled when the
+        // hand-off allows it (`settle`).
         let json = serde_json::to_vec(&NodeRecord {
             synced: true,
-            filled: Some(true),
             ..record
         })
         .map_err(|e| e.to_string())?;
@@ -563,6 +565,40 @@ pub fn mark_synced(
         }
     }
     Err("the cluster map kept changing; try again".into())
+}
+
+/// Changes the nodes' `filled` flags as far as the hand-off of their
+/// groups allows (`handoff::changes`: nodes synced since they joined or
+/// gained groups are filled, drained nodes unfilled), in one transaction
+/// with the epoch, compared on the records and the map `view` was read
+/// at. Returns the changes made (node name, filled); empty if none (or
+/// the map moved: the next read tries again).
+pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool)>, String> {
+    let seed = view.config.seed()?;
+    let placed = view.placed();
+    let changes = handoff::changes(seed, view.config.pgs, view.config.replicas, &placed);
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut compare = vec![txn::unchanged(&keys.epoch(), view.epoch_revision)];
+    let mut success = vec![txn::put(&keys.epoch(), next_epoch(view)?.as_bytes())];
+    let mut made = Vec::with_capacity(changes.len());
+    for (i, filled) in changes {
+        let (record, seen) = &view.nodes[i];
+        let json = serde_json::to_vec(&NodeRecord {
+            filled: Some(filled),
+            ..record.clone()
+        })
+        .map_err(|e| e.to_string())?;
+        compare.push(txn::unchanged(&keys.node(record.id), *seen));
+        success.push(txn::put(&keys.node(record.id), &json));
+        made.push((record.name.clone(), filled));
+    }
+    if etcd.txn(compare, success, vec![])? {
+        Ok(made)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 /// Records that node `by` is about to acknowledge writes of groups `pgs`

@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod control;
 pub mod etcd;
+pub mod handoff;
 pub mod map;
 pub mod peer_http;
 pub mod replicate;

@@ -74,6 +74,7 @@ use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::handoff;
 use super::peer_http::{self, Signed};
 use super::shardmap::{MapNode, Report, ShardMap, SkipAsk, SKIP_DONE};
 use crate::shard::msg::ShardError;
@@ -81,7 +82,7 @@ use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
 use crate::store::record::ObjectMeta;
 use crate::store::{meta_stamp, PutCondition};
-use percore_protocol::placement::{self, NodeState};
+use percore_protocol::placement::NodeState;
 
 /// The header carrying a key's state (base64 of its JSON).
 pub const STATE_HEADER: &str = "x-percore-state";
@@ -1287,7 +1288,7 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
 /// (source node, mirror) -> groups (see `catch_up`).
 fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String> {
     let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
-    let placed = map.placed();
+    let settled = handoff::Settled::of(&map.placed());
     for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
         let p = map.primary_of_pg(pg);
         if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
@@ -1308,37 +1309,38 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
                 map.replica_count
             ));
         }
-        for r in up {
+        for &r in &up {
             sources.entry((r, false)).or_default().push(pg);
         }
-        // With R = 1 a group's keys may be on a node that is not its
-        // replica: its settled primary (`placement::settled_primary`),
-        // the node that held it, when that one is not up and synced (it
-        // drains, or is down, or catches up itself). It is merged from
-        // too, and waited for while it is down: the group merged without
-        // it would sync without its keys. (With more replicas a majority
-        // of the group's replicas holds every acknowledged write.)
-        let settled = (map.replica_count == 1)
-            .then(|| placement::settled_primary(map.seed, pg, &placed))
-            .flatten()
-            .map(|i| &map.nodes[i]);
-        let Some(s) = settled else {
-            continue;
-        };
-        if s.id == map.node_id || map.replicas_of_pg(pg).any(|r| r == s.id) {
-            continue;
+        // The group's settled replicas (`handoff::Settled`, a record of
+        // the hand-off: where its acknowledged writes were before the
+        // placement moved) need not be its replicas: with R = 1 the only
+        // holder is its settled primary, the node that held it; with
+        // more, the replicas may all be new (nodes added at once) and a
+        // majority of them holds only the writes made since. A majority
+        // of the settled replicas is merged from too (this node counts if
+        // it is one), and waited for while too few are up or draining:
+        // the group merged without them would sync without its keys.
+        let holders = settled.replicas(map.seed, pg, map.replica_count);
+        let mut have = 0;
+        let mut missing = Vec::new();
+        for s in holders.iter().map(|&i| &map.nodes[i]) {
+            if s.id == map.node_id {
+                have += 1;
+            } else if matches!(s.state, NodeState::Up | NodeState::Draining) {
+                have += 1;
+                if !up.contains(&s.id) {
+                    sources.entry((s.id, false)).or_default().push(pg);
+                }
+            } else {
+                missing.push(format!("{} ({})", s.name, s.state.name()));
+            }
         }
-        match s.state {
-            NodeState::Up | NodeState::Draining => {
-                sources.entry((s.id, false)).or_default().push(pg);
-            }
-            _ => {
-                return Err(format!(
-                    "group {pg}'s keys are on node {}, which is {} and not one of the group's replicas: waiting for it (or for it to be removed)",
-                    s.name,
-                    s.state.name()
-                ))
-            }
+        if !holders.is_empty() && have < holders.len() / 2 + 1 {
+            return Err(format!(
+                "group {pg}'s keys are on nodes {} that are not up: waiting for them (or for them to be removed)",
+                missing.join(", ")
+            ));
         }
     }
     Ok(sources)
@@ -1849,9 +1851,9 @@ const DROP_AGAIN: Duration = Duration::from_secs(600);
 const DROP_PAUSE: Duration = Duration::from_millis(20);
 
 /// The groups whose copies this node drops under `map`: it neither holds
-/// nor leads them, and they are whole elsewhere: R replicas placed, each
-/// up and synced (each holds every acknowledged write), one of them the
-/// acting primary.
+/// nor leads them, nor is one of their settled replicas, and they are
+/// whole elsewhere: R replicas placed, each up and synced (each holds
+/// every acknowledged write), one of them the acting primary.
 fn given_up(map: &ShardMap) -> Vec<u32> {
     let whole = |pg: u32| {
         let primary = map.primary_of_pg(pg);
@@ -1867,8 +1869,20 @@ fn given_up(map: &ShardMap) -> Vec<u32> {
         }
         n == map.replica_count && map.replicas_of_pg(pg).any(|r| r == primary)
     };
+    // Nor copies of a group this node is a settled replica of: the
+    // hand-off is not recorded yet (`handoff`), and the record says the
+    // group's data is here.
+    let settled = handoff::Settled::of(&map.placed());
+    let me = map.nodes.iter().position(|n| n.id == map.node_id);
     (0..map.pgs)
         .filter(|&pg| !map.holds_pg(pg) && map.primary_of_pg(pg) != map.node_id && whole(pg))
+        .filter(|&pg| {
+            me.is_none_or(|i| {
+                !settled
+                    .replicas(map.seed, pg, map.replica_count)
+                    .contains(&i)
+            })
+        })
         .collect()
 }
 

@@ -186,7 +186,7 @@ pub struct MapNode {
     pub synced: bool,
     /// Its lease time, ms (0: not known).
     pub ttl_ms: u64,
-    /// Whether it was synced at least once (`placement::PlacedNode::filled`).
+    /// Whether it is recorded as holding its groups (`placement::PlacedNode::filled`).
     pub filled: bool,
 }
 
