@@ -115,6 +115,7 @@ impl ClientMap {
         placement::acting_primary(
             seed,
             pg,
+            self.replicas,
             &placement::replicas(seed, pg, self.replicas, placed),
             placed,
         )

@@ -20,14 +20,17 @@
 //!                   eligible nodes, walk again and take nodes not taken
 //!                   yet, until R (or every eligible node) are taken.
 //!                   replicas[0] is the primary.
-//! acting(pg)      = the first replica that is up and synced; if none is,
-//!                   the group's settled primary when it is up and
-//!                   synced: the best-scoring (ties: lower id) of the
-//!                   filled nodes (recorded as holding their groups) that
-//!                   are up, down or draining, i.e. replicas(pg)[0] as it
-//!                   was before nodes that did not hold their groups yet
-//!                   joined or a node began to drain; if it is not, the
-//!                   first replica that is up.
+//! settled(pg)     = replicas(pg) walked over the filled nodes (recorded
+//!                   as holding their groups) that are up, down or
+//!                   draining, each taken as eligible: where the group
+//!                   was before nodes that did not hold it yet joined or
+//!                   a node began to drain. settled(pg)[0] is the
+//!                   group's settled primary.
+//! acting(pg)      = the first replica that is up, synced and in
+//!                   settled(pg) (any replica if settled(pg) is empty);
+//!                   if none is and R = 1, settled(pg)[0] when it is up
+//!                   and synced; else the first replica that is up and
+//!                   not synced; else none.
 //! ```
 //!
 //! - The shard within a node uses the hash's position inside its PG, not
@@ -158,11 +161,40 @@ pub fn score(seed: u64, pg: u32, node_id: u32) -> u64 {
 /// at most `replicas`, fewer only if fewer nodes are eligible.
 #[must_use]
 pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Vec<usize> {
+    replicas_among(seed, pg, replicas, nodes, |n| n.state.eligible())
+}
+
+/// Group `pg`'s *settled replicas* (indexes into `nodes`, the settled
+/// primary first): its replicas as placed over the filled nodes that are
+/// up, down or draining, each taken as eligible. That is where the
+/// group's acknowledged writes were before the placement moved (nodes
+/// joined that do not hold their groups yet, or a node began to drain);
+/// `filled` only changes when the nodes that enter a group's settled
+/// replicas hold it. Empty if no node is filled.
+#[must_use]
+pub fn settled_replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Vec<usize> {
+    replicas_among(seed, pg, replicas, nodes, |n| {
+        n.filled
+            && matches!(
+                n.state,
+                NodeState::Up | NodeState::Down | NodeState::Draining
+            )
+    })
+}
+
+/// `replicas` over the nodes `eligible` takes.
+fn replicas_among(
+    seed: u64,
+    pg: u32,
+    replicas: usize,
+    nodes: &[PlacedNode],
+    eligible: impl Fn(&PlacedNode) -> bool,
+) -> Vec<usize> {
     assert!(replicas > 0 && replicas <= REPLICAS_MAX);
     let mut ranked: Vec<(u64, u32, usize)> = nodes
         .iter()
         .enumerate()
-        .filter(|(_, n)| n.state.eligible())
+        .filter(|(_, n)| eligible(n))
         .map(|(i, n)| (score(seed, pg, n.id), n.id, i))
         .collect();
     // Only the leaders matter: each zone's best, and a few more for the
@@ -194,29 +226,45 @@ pub fn replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
 
 /// The acting primary of placement group `pg` (an index into `nodes`),
 /// from its replica list (`replicas`, as `replicas(seed, pg, r, nodes)`
-/// made it): the first replica that is up and synced. If none is (its
-/// replicas are new and still filling, or all catching up), the group's
-/// settled primary, when it is up and synced: the first of the group's
-/// replicas over the filled nodes (`PlacedNode::filled`) that are up,
-/// down or draining, which is where the group's data was before nodes
-/// that did not hold it yet joined (with R = 1, an added node's groups are
-/// led, and filled from, by the node that held them). Otherwise the first
-/// replica that is up (every replica is catching up, as when a whole
-/// cluster starts); None if no replica is up (the group cannot be served).
+/// made it, `r` the cluster's replica count): the first replica that is
+/// up, synced and one of the group's settled replicas (`settled_replicas`;
+/// any replica when no node is filled). A replica that is not (a node
+/// added, synced but not yet recorded as holding the group) leads nothing:
+/// its writes would be missing from the record that says where the group
+/// is. If none is, with R = 1, the group's settled primary when it is up
+/// and synced (with R = 1 an added node's groups are led, and filled from,
+/// by the node that held them). Otherwise the first replica that is up
+/// and not synced (every replica is catching up, as when a whole cluster
+/// starts: it serves nothing until it is); None if there is none (the
+/// group cannot be served).
 #[must_use]
 pub fn acting_primary(
     seed: u64,
     pg: u32,
+    r: usize,
     replicas: &[usize],
     nodes: &[PlacedNode],
 ) -> Option<usize> {
-    let up = |i: &&usize| nodes[**i].state == NodeState::Up;
-    if let Some(&i) = replicas.iter().filter(up).find(|&&i| nodes[i].synced) {
+    let settled = settled_replicas(seed, pg, r, nodes);
+    let up = |i: usize| nodes[i].state == NodeState::Up;
+    let leads = |i: usize| settled.is_empty() || settled.contains(&i);
+    if let Some(&i) = replicas
+        .iter()
+        .find(|&&i| up(i) && nodes[i].synced && leads(i))
+    {
         return Some(i);
     }
-    settled_primary(seed, pg, nodes)
-        .filter(|&i| nodes[i].state == NodeState::Up && nodes[i].synced)
-        .or_else(|| replicas.iter().find(up).copied())
+    if r == 1 {
+        if let Some(&s) = settled.first() {
+            if up(s) && nodes[s].synced {
+                return Some(s);
+            }
+        }
+    }
+    replicas
+        .iter()
+        .find(|&&i| up(i) && !nodes[i].synced)
+        .copied()
 }
 
 /// The settled primary of placement group `pg` (an index into `nodes`):
@@ -329,7 +377,7 @@ mod tests {
         let mut moved = 0;
         for pg in 0..256 {
             let placed = replicas(9, pg, 1, &nodes);
-            let acting = acting_primary(9, pg, &placed, &nodes);
+            let acting = acting_primary(9, pg, 1, &placed, &nodes);
             if placed == [4] {
                 moved += 1;
                 assert_eq!(acting, Some(before[pg as usize]), "pg {pg}");
@@ -342,9 +390,13 @@ mod tests {
             .find(|&pg| replicas(9, pg, 1, &nodes) == [4])
             .unwrap();
         let held = before[pg as usize];
-        // Synced, the new node leads.
+        // Synced, the new node leads once it is filled (recorded as
+        // holding its groups), not before.
         nodes[4].synced = true;
-        assert_eq!(acting_primary(9, pg, &[4], &nodes), Some(4));
+        assert_eq!(acting_primary(9, pg, 1, &[4], &nodes), Some(held));
+        nodes[4].filled = true;
+        assert_eq!(acting_primary(9, pg, 1, &[4], &nodes), Some(4));
+        nodes[4].filled = false;
         nodes[4].synced = false;
         // The holder unsynced, down or draining: the first up replica.
         for (state, synced) in [
@@ -354,12 +406,12 @@ mod tests {
         ] {
             nodes[held].state = state;
             nodes[held].synced = synced;
-            assert_eq!(acting_primary(9, pg, &[4], &nodes), Some(4), "{state:?}");
+            assert_eq!(acting_primary(9, pg, 1, &[4], &nodes), Some(4), "{state:?}");
         }
         // Out: no longer where the data is; the next filled node is not
         // taken for it either unless it scores best among the filled.
         nodes[held].state = NodeState::Out;
-        let next = acting_primary(9, pg, &[4], &nodes).unwrap();
+        let next = acting_primary(9, pg, 1, &[4], &nodes).unwrap();
         let filled: Vec<PlacedNode> = nodes
             .iter()
             .filter(|n| n.filled && n.state != NodeState::Out)

@@ -176,7 +176,8 @@ impl View {
             for &n in &r {
                 counts[n].0 += 1;
             }
-            if let Some(p) = placement::acting_primary(seed, pg, &r, &placed) {
+            if let Some(p) = placement::acting_primary(seed, pg, self.config.replicas, &r, &placed)
+            {
                 counts[p].1 += 1;
             }
         }
@@ -484,17 +485,79 @@ fn write_node(
     seen: i64,
 ) -> Result<bool, String> {
     let json = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-    etcd.txn(
-        vec![
-            txn::unchanged(&keys.epoch(), view.epoch_revision),
-            txn::unchanged(&keys.node(record.id), seen),
-        ],
-        vec![
-            txn::put(&keys.node(record.id), &json),
-            txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
-        ],
-        vec![],
-    )
+    let after = placed_with(view, record);
+    let (mut compare, mut success) = with_gainers(keys, view, &after, record.id)?;
+    compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
+    compare.push(txn::unchanged(&keys.node(record.id), seen));
+    success.push(txn::put(&keys.node(record.id), &json));
+    success.push(txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()));
+    etcd.txn(compare, success, vec![])
+}
+
+/// The nodes of `view` as placement sees them once `record` is written
+/// (its state and zone; added if it is new).
+fn placed_with(view: &View, record: &NodeRecord) -> Vec<PlacedNode> {
+    let mut after = view.placed();
+    match after.iter_mut().find(|n| n.id == record.id) {
+        Some(n) => {
+            n.state = record.node_state();
+            n.zone.clone_from(&record.zone);
+        }
+        None => after.push(PlacedNode {
+            id: record.id,
+            zone: record.zone.clone(),
+            state: record.node_state(),
+            synced: false,
+            filled: false,
+        }),
+    }
+    after
+}
+
+/// The nodes other than `except` that gain a placement group (a replica
+/// slot) when the map `view` holds becomes `after` (its nodes as placement
+/// sees them after the change; ids compared) and are marked synced: each
+/// one's record marked unsynced, as compares and puts to add to the
+/// change's transaction. A map change that gives a node groups marks it
+/// unsynced in the same transaction, so that no reader of the new map
+/// takes it for holding them: the node marks itself unsynced too when it
+/// reads such a map, but a hand-off recorded on the word of its flag in
+/// between (`settle`) would point at a node without the group's data.
+fn with_gainers(
+    keys: &Keys,
+    view: &View,
+    after: &[PlacedNode],
+    except: u32,
+) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), String> {
+    let seed = view.config.seed()?;
+    let r = view.config.replicas;
+    let before = view.placed();
+    let mut gain: HashSet<u32> = HashSet::new();
+    for pg in 0..view.config.pgs {
+        let was: Vec<u32> = placement::replicas(seed, pg, r, &before)
+            .into_iter()
+            .map(|i| before[i].id)
+            .collect();
+        for i in placement::replicas(seed, pg, r, after) {
+            if !was.contains(&after[i].id) {
+                gain.insert(after[i].id);
+            }
+        }
+    }
+    let (mut compare, mut success) = (Vec::new(), Vec::new());
+    for (record, seen) in &view.nodes {
+        if record.id == except || !record.synced || !gain.contains(&record.id) {
+            continue;
+        }
+        let json = serde_json::to_vec(&NodeRecord {
+            synced: false,
+            ..record.clone()
+        })
+        .map_err(|e| e.to_string())?;
+        compare.push(txn::unchanged(&keys.node(record.id), *seen));
+        success.push(txn::put(&keys.node(record.id), &json));
+    }
+    Ok((compare, success))
 }
 
 /// A change to a node's record: the new record, or None to leave it.
@@ -541,10 +604,27 @@ pub fn mark_synced(
         if view.epoch != epoch || record.synced || now != skipped {
             return Ok(false);
         }
-        // `filled` is not set here: a node synced is filled when the
-        // hand-off allows it (`settle`).
+        // Filled in the same transaction when the hand-off allows it
+        // alone (else by `settle`, with others): a node synced but not
+        // filled leads nothing.
+        let mut placed = view.placed();
+        let filled = match placed.iter().position(|n| n.id == id) {
+            Some(i) => {
+                placed[i].synced = true;
+                placed[i].filled
+                    || handoff::may_fill(
+                        view.config.seed()?,
+                        view.config.pgs,
+                        view.config.replicas,
+                        &placed,
+                        i,
+                    )
+            }
+            None => record.filled(),
+        };
         let json = serde_json::to_vec(&NodeRecord {
             synced: true,
+            filled: Some(filled),
             ..record
         })
         .map_err(|e| e.to_string())?;
@@ -644,8 +724,8 @@ pub fn skip(
         let placed = v.placed();
         for &pg in pgs {
             let chosen = placement::replicas(seed, pg, v.config.replicas, &placed);
-            let primary =
-                placement::acting_primary(seed, pg, &chosen, &placed).map(|i| placed[i].id);
+            let primary = placement::acting_primary(seed, pg, v.config.replicas, &chosen, &placed)
+                .map(|i| placed[i].id);
             if primary != Some(by) {
                 return Err(format!(
                     "this node no longer leads placement group {pg} in map {}",
@@ -799,9 +879,11 @@ pub fn join(
             // new, or older than the map (it may have gained groups while
             // it was gone). It leads nothing until it has.
             synced: false,
-            // Its data, if any, is still there (an empty disk under an
-            // old name keeps it too: the groups it held are lost anyway).
-            filled: Some(old.is_some_and(|(o, _)| o.filled())),
+            // Its data, if any, is still there, unless it was `out`
+            // (its groups were placed elsewhere and written there since).
+            // (An empty disk under an old name keeps the flag: see
+            // docs/cluster.md, "Recorded hand-offs".)
+            filled: Some(old.is_some_and(|(o, _)| o.filled() && o.node_state() != NodeState::Out)),
             ttl_s: joining.ttl_s,
         };
         let seen = old.map_or(0, |(_, r)| *r);
@@ -812,6 +894,11 @@ pub fn join(
         ];
         if old.map(|(o, _)| o) != Some(&record) {
             let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+            // Placement moves if its state or zone did (or it is new).
+            let after = placed_with(&view, &record);
+            let (gain_compare, gain_success) = with_gainers(keys, &view, &after, id)?;
+            compare.extend(gain_compare);
+            success.extend(gain_success);
             success.push(txn::put(&keys.node(id), &json));
             success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
             success.push(txn::delete(&keys.down(id)));
@@ -837,21 +924,24 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
                 "node {name} is running (or stopped less than its lease time ago, cluster_lease_ttl_s): stop it, wait that long and retry; drain it first so that its data moves"
             ));
         }
-        let done = etcd.txn(
-            vec![
-                txn::unchanged(&keys.epoch(), view.epoch_revision),
-                txn::unchanged(&keys.node(record.id), seen),
-                txn::absent(&keys.alive(record.id)),
-            ],
-            vec![
-                txn::delete(&keys.node(record.id)),
-                txn::delete(&keys.name(name)),
-                txn::delete(&keys.down(record.id)),
-                txn::delete(&keys.skipped(record.id)),
-                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
-            ],
-            vec![],
-        )?;
+        let mut after = view.placed();
+        if let Some(i) = after.iter().position(|n| n.id == record.id) {
+            after[i].state = NodeState::Out;
+        }
+        let (mut compare, mut success) = with_gainers(keys, &view, &after, record.id)?;
+        compare.extend([
+            txn::unchanged(&keys.epoch(), view.epoch_revision),
+            txn::unchanged(&keys.node(record.id), seen),
+            txn::absent(&keys.alive(record.id)),
+        ]);
+        success.extend([
+            txn::delete(&keys.node(record.id)),
+            txn::delete(&keys.name(name)),
+            txn::delete(&keys.down(record.id)),
+            txn::delete(&keys.skipped(record.id)),
+            txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
+        ]);
+        let done = etcd.txn(compare, success, vec![])?;
         if done {
             return Ok(record);
         }
@@ -886,19 +976,30 @@ pub fn detect_failures(
             since_ms: now_ms(),
             // Writes go on without it: it must catch up when it returns.
             synced: false,
+            // Out: its groups are placed elsewhere (and written there).
+            filled: if next == NodeState::Out {
+                Some(false)
+            } else {
+                record.filled
+            },
             ..record.clone()
         };
         let json = serde_json::to_vec(&new).map_err(|e| e.to_string())?;
-        let mut compare = vec![
+        let mut after = view.placed();
+        if let Some(i) = after.iter().position(|n| n.id == record.id) {
+            after[i].state = next;
+        }
+        let (mut compare, mut success) = with_gainers(keys, view, &after, record.id)?;
+        compare.extend([
             txn::unchanged(&keys.epoch(), view.epoch_revision),
             txn::unchanged(&keys.node(record.id), *seen),
             // The lease must still be gone when the change is made.
             txn::absent(&keys.alive(record.id)),
-        ];
-        let mut success = vec![
+        ]);
+        success.extend([
             txn::put(&keys.node(record.id), &json),
             txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
-        ];
+        ]);
         match grace {
             Some(lease) => success.push(txn::put_leased(&keys.down(record.id), b"", lease)),
             None => compare.push(txn::absent(&keys.down(record.id))),

@@ -74,7 +74,6 @@ use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::handoff;
 use super::peer_http::{self, Signed};
 use super::shardmap::{MapNode, Report, ShardMap, SkipAsk, SKIP_DONE};
 use crate::shard::msg::ShardError;
@@ -286,7 +285,9 @@ impl Applier {
         condition: PutCondition,
     ) -> Result<Result<Applier, Applied>, ShardError> {
         if state.etag.is_none() {
-            let written = shard.delete_stamped(bucket, key, condition).await?;
+            let written = shard
+                .delete_stamped(bucket, key, condition, u64::MAX)
+                .await?;
             return Ok(Err(if written {
                 Applied::Installed
             } else {
@@ -1288,7 +1289,6 @@ async fn reach_peers(map: &ShardMap) -> Result<(), String> {
 /// (source node, mirror) -> groups (see `catch_up`).
 fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String> {
     let mut sources: BTreeMap<(u32, bool), Vec<u32>> = BTreeMap::new();
-    let settled = handoff::Settled::of(&map.placed());
     for pg in (0..map.pgs).filter(|&pg| map.holds_pg(pg)) {
         let p = map.primary_of_pg(pg);
         if p != map.node_id && map.node(p).is_some_and(|n| n.synced) {
@@ -1312,8 +1312,8 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         for &r in &up {
             sources.entry((r, false)).or_default().push(pg);
         }
-        // The group's settled replicas (`handoff::Settled`, a record of
-        // the hand-off: where its acknowledged writes were before the
+        // The group's settled replicas (`placement::settled_replicas`, a
+        // record of the hand-off: where its acknowledged writes were before the
         // placement moved) need not be its replicas: with R = 1 the only
         // holder is its settled primary, the node that held it; with
         // more, the replicas may all be new (nodes added at once) and a
@@ -1321,10 +1321,13 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         // of the settled replicas is merged from too (this node counts if
         // it is one), and waited for while too few are up or draining:
         // the group merged without them would sync without its keys.
-        let holders = settled.replicas(map.seed, pg, map.replica_count);
+        let holders: Vec<&MapNode> = map
+            .settled_of_pg(pg)
+            .filter_map(|id| map.node(id))
+            .collect();
         let mut have = 0;
         let mut missing = Vec::new();
-        for s in holders.iter().map(|&i| &map.nodes[i]) {
+        for s in &holders {
             if s.id == map.node_id {
                 have += 1;
             } else if matches!(s.state, NodeState::Up | NodeState::Draining) {
@@ -1553,6 +1556,7 @@ async fn take_from(
                         seen: Some(m),
                         stamp: m,
                     },
+                    u64::MAX,
                 )
                 .await
                 .map_err(|e| fail(format!("{e:?}"))),
@@ -1872,17 +1876,9 @@ fn given_up(map: &ShardMap) -> Vec<u32> {
     // Nor copies of a group this node is a settled replica of: the
     // hand-off is not recorded yet (`handoff`), and the record says the
     // group's data is here.
-    let settled = handoff::Settled::of(&map.placed());
-    let me = map.nodes.iter().position(|n| n.id == map.node_id);
     (0..map.pgs)
         .filter(|&pg| !map.holds_pg(pg) && map.primary_of_pg(pg) != map.node_id && whole(pg))
-        .filter(|&pg| {
-            me.is_none_or(|i| {
-                !settled
-                    .replicas(map.seed, pg, map.replica_count)
-                    .contains(&i)
-            })
-        })
+        .filter(|&pg| !map.settled_of_pg(pg).any(|n| n == map.node_id))
         .collect()
 }
 
@@ -2034,16 +2030,15 @@ async fn drop_copies(
                 {
                     return Err("the map changed, or is not confirmed; looking again".into());
                 }
-                // A copy taken under a newer map (this node is the key's
-                // replica again there): it stays.
-                if shard.key_fence(&b, &k, 0).await > map.epoch {
-                    continue;
-                }
+                // Not if the key's shard took a copy or answered a digest
+                // under a newer map (this node is the key's replica, or a
+                // catch-up's source, again there): checked in the same
+                // turn of that shard as the drop.
                 let condition = PutCondition::Replace {
                     seen: Some(stamp),
                     stamp,
                 };
-                match shard.delete_stamped(&b, &k, condition).await {
+                match shard.delete_stamped(&b, &k, condition, map.epoch).await {
                     Ok(true) => {
                         dropped += 1;
                         crate::metrics::ShardMetrics::add(

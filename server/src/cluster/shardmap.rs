@@ -92,6 +92,9 @@ pub struct ShardMap {
     /// Each group's replicas' node ids in placement order, `replica_count`
     /// per group (`NO_NODE` where fewer nodes are eligible).
     replicas: Vec<u32>,
+    /// Each group's settled replicas' node ids
+    /// (`placement::settled_replicas`), as `replicas`.
+    settled: Vec<u32>,
     /// The map for clients (`ClientMap` as JSON).
     pub json: String,
     /// Every node of the map, in id order.
@@ -247,13 +250,16 @@ impl ShardMap {
         let r = view.config.replicas;
         let mut primaries = Vec::with_capacity(pgs as usize);
         let mut replicas = Vec::with_capacity(pgs as usize * r);
+        let mut settled = Vec::with_capacity(pgs as usize * r);
         for pg in 0..pgs {
             let chosen = placement::replicas(seed, pg, r, &placed);
             primaries.push(
-                placement::acting_primary(seed, pg, &chosen, &placed)
+                placement::acting_primary(seed, pg, r, &chosen, &placed)
                     .map_or(NO_NODE, |i| placed[i].id),
             );
             replicas.extend((0..r).map(|k| chosen.get(k).map_or(NO_NODE, |&i| placed[i].id)));
+            let held = placement::settled_replicas(seed, pg, r, &placed);
+            settled.extend((0..r).map(|k| held.get(k).map_or(NO_NODE, |&i| placed[i].id)));
         }
         Ok(ShardMap {
             epoch: view.epoch,
@@ -263,6 +269,7 @@ impl ShardMap {
             primaries,
             replica_count: r,
             replicas,
+            settled,
             json,
             nodes: view
                 .nodes
@@ -659,6 +666,16 @@ impl ShardMap {
     pub fn replicas_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
         let r = self.replica_count;
         self.replicas[pg as usize * r..(pg as usize + 1) * r]
+            .iter()
+            .copied()
+            .filter(|&n| n != NO_NODE)
+    }
+
+    /// Group `pg`'s settled replicas (node ids, settled primary first:
+    /// `placement::settled_replicas`); none if no node is filled.
+    pub fn settled_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
+        let r = self.replica_count;
+        self.settled[pg as usize * r..(pg as usize + 1) * r]
             .iter()
             .copied()
             .filter(|&n| n != NO_NODE)
@@ -1260,6 +1277,7 @@ mod tests {
             primaries: vec![1],
             replica_count: 1,
             replicas: vec![1],
+            settled: vec![1],
             json: json.into(),
             nodes: Vec::new(),
             synced_tx: mpsc::channel().0,

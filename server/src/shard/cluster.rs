@@ -113,17 +113,21 @@ impl Shard {
     }
 
     /// A replica's copy of its primary's delete, under `condition`
-    /// (`Store::delete_stamped`): Ok(true) if the tombstone was written.
+    /// (`Store::delete_stamped`): Ok(true) if the tombstone was written;
+    /// Ok(false) also when the key's shard is fenced above `fence_max`
+    /// (`u64::MAX`: whatever its fence).
     pub async fn delete_stamped(
         self: &std::rc::Rc<Self>,
         bucket: &str,
         key: &str,
         condition: crate::store::PutCondition,
+        fence_max: u64,
     ) -> Result<bool, ShardError> {
         let op = Op::DeleteStamped {
             bucket: bucket.into(),
             key: key.into(),
             condition,
+            fence_max,
         };
         match self.call(self.owner_of(bucket, key), op).await {
             Reply::Count(n) => Ok(n == 1),

@@ -198,10 +198,16 @@ impl Shard {
                 bucket,
                 key,
                 condition,
-            } => match self.store.delete_stamped(&bucket, &key, condition).await {
-                Ok(applied) => Reply::Count(usize::from(applied)),
-                Err(e) => Reply::Err(super::store_error(e)),
-            },
+                fence_max,
+            } => {
+                if self.fence.get() > fence_max {
+                    return Reply::Count(0);
+                }
+                match self.store.delete_stamped(&bucket, &key, condition).await {
+                    Ok(applied) => Reply::Count(usize::from(applied)),
+                    Err(e) => Reply::Err(super::store_error(e)),
+                }
+            }
             Op::Digest {
                 after,
                 limit,

@@ -188,11 +188,14 @@ pub enum Op {
         bucket: String,
         key: String,
     },
-    /// Cluster: a replica's copy of its primary's delete, stamped.
+    /// Cluster: a replica's copy of its primary's delete, stamped; not
+    /// written (`Reply::Count(0)`) while the shard's fence is above
+    /// `fence_max` (checked with the condition, in the same turn).
     DeleteStamped {
         bucket: String,
         key: String,
         condition: PutCondition,
+        fence_max: u64,
     },
     /// Cluster: a page of this shard's replication digest, of the keys in
     /// `pgs` (sorted; None: every group), after raising the fence to

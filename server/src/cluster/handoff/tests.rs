@@ -1,10 +1,22 @@
-//! A model of a cluster's groups moving between nodes (adds, drains,
-//! deaths, returns, catch-ups, drops and removals, in random orders),
-//! checking after every step that no group's data is lost and that every
-//! node that serves a group (up, synced, its acting primary or a replica)
-//! holds it. The catch-up and drop rules are those of `replicate`
-//! (`sources_of`, `given_up`), the flags those of `changes`. The model
-//! has no writes: a group's data is whether a node holds it.
+//! A model of a cluster's groups moving between nodes under writes (adds,
+//! drains, undrains, deaths, returns, nodes marked out and back, catch-ups,
+//! hand-offs, drops and removals, in random orders), checking after every
+//! step that no acknowledged write is lost, that the node leading a group
+//! (up and synced) holds its newest acknowledged write, and that every
+//! synced replica does. The rules are those of the server: placement and
+//! leading (`placement::acting_primary`), copies to the up replicas, a
+//! write acknowledged by a majority of its replicas (the settled primary
+//! counting its own copy with R = 1: `replicate::own_count`), catch-ups
+//! (`replicate::sources_of`: a mirror of a synced primary, else a merge of
+//! majorities of the replicas and of the settled replicas), the flags
+//! (`map::mark_synced`, `changes`), nodes that gain groups marked unsynced
+//! with the change (`map::with_gainers`), and drops
+//! (`replicate::given_up`, checked against the primary's digest). A
+//! group's data is the set of writes (keys) a node holds: a mirror takes
+//! the primary's set (dropping what the primary lacks), a merge the
+//! union.
+
+use std::collections::BTreeSet;
 
 use super::*;
 use percore_protocol::routing::HASH_SEED_DEFAULT;
@@ -14,8 +26,12 @@ const PGS: u32 = 64;
 struct Sim {
     r: usize,
     nodes: Vec<PlacedNode>,
-    /// Per node (index), per group: holds the group's data.
-    has: Vec<Vec<bool>>,
+    /// Per node (index), per group: the writes it holds.
+    ver: Vec<Vec<BTreeSet<u32>>>,
+    /// Per group: the acknowledged writes.
+    acked: Vec<BTreeSet<u32>>,
+    /// The next write's number.
+    next_write: u32,
     /// The rule before hand-offs were recorded: a node is filled when it
     /// first syncs (kept to show the model catches it).
     fill_on_sync: bool,
@@ -24,12 +40,14 @@ struct Sim {
 
 impl Sim {
     /// `n` nodes in zones a, b, c..., up, synced and filled, each holding
-    /// its groups.
+    /// write 0 of its groups.
     fn new(n: u32, r: usize) -> Sim {
         let mut s = Sim {
             r,
             nodes: Vec::new(),
-            has: Vec::new(),
+            ver: Vec::new(),
+            acked: vec![BTreeSet::from([0]); PGS as usize],
+            next_write: 1,
             fill_on_sync: false,
             log: Vec::new(),
         };
@@ -41,11 +59,11 @@ impl Sim {
                 synced: true,
                 filled: true,
             });
-            s.has.push(vec![false; PGS as usize]);
+            s.ver.push(vec![BTreeSet::new(); PGS as usize]);
         }
         for pg in 0..PGS {
             for i in s.replicas(pg) {
-                s.has[i][pg as usize] = true;
+                s.ver[i][pg as usize].insert(0);
             }
         }
         s
@@ -55,20 +73,41 @@ impl Sim {
         placement::replicas(HASH_SEED_DEFAULT, pg, self.r, &self.nodes)
     }
 
+    fn settled(&self, pg: u32) -> Vec<usize> {
+        placement::settled_replicas(HASH_SEED_DEFAULT, pg, self.r, &self.nodes)
+    }
+
     fn acting(&self, pg: u32) -> Option<usize> {
-        placement::acting_primary(HASH_SEED_DEFAULT, pg, &self.replicas(pg), &self.nodes)
+        placement::acting_primary(
+            HASH_SEED_DEFAULT,
+            pg,
+            self.r,
+            &self.replicas(pg),
+            &self.nodes,
+        )
     }
 
     fn index(&self, id: u32) -> usize {
         self.nodes.iter().position(|n| n.id == id).unwrap()
     }
 
-    /// A map change: an up node placed on a group it does not hold is
-    /// not synced (the node marks itself so before it takes the map).
-    fn regain(&mut self) {
+    /// A map change: nodes that gain a group are marked unsynced with it.
+    fn change(&mut self, f: impl FnOnce(&mut Vec<PlacedNode>)) {
+        let before: Vec<Vec<u32>> = (0..PGS)
+            .map(|pg| {
+                self.replicas(pg)
+                    .iter()
+                    .map(|&i| self.nodes[i].id)
+                    .collect()
+            })
+            .collect();
+        f(&mut self.nodes);
+        while self.ver.len() < self.nodes.len() {
+            self.ver.push(vec![BTreeSet::new(); PGS as usize]);
+        }
         for pg in 0..PGS {
             for i in self.replicas(pg) {
-                if self.nodes[i].state == NodeState::Up && !self.has[i][pg as usize] {
+                if !before[pg as usize].contains(&self.nodes[i].id) {
                     self.nodes[i].synced = false;
                 }
             }
@@ -78,69 +117,96 @@ impl Sim {
     fn add(&mut self) {
         let id = self.nodes.iter().map(|n| n.id).max().unwrap() + 1;
         self.log.push(format!("add n{id}"));
-        self.nodes.push(PlacedNode {
-            id,
-            zone: zone(id),
-            state: NodeState::Up,
-            synced: false,
-            filled: false,
+        self.change(|nodes| {
+            nodes.push(PlacedNode {
+                id,
+                zone: zone(id),
+                state: NodeState::Up,
+                synced: false,
+                filled: false,
+            });
         });
-        self.has.push(vec![false; PGS as usize]);
-        self.regain();
     }
 
-    fn drain(&mut self, id: u32) {
-        self.log.push(format!("drain n{id}"));
+    fn set_state(&mut self, id: u32, state: NodeState) {
         let i = self.index(id);
-        self.nodes[i].state = NodeState::Draining;
-        self.regain();
-    }
-
-    fn kill(&mut self, id: u32) {
-        self.log.push(format!("kill n{id}"));
-        let i = self.index(id);
-        self.nodes[i].state = NodeState::Down;
-        self.nodes[i].synced = false;
-    }
-
-    fn revive(&mut self, id: u32) {
-        self.log.push(format!("revive n{id}"));
-        let i = self.index(id);
-        self.nodes[i].state = NodeState::Up;
-        self.nodes[i].synced = false;
+        self.log.push(format!("n{id} {}", state.name()));
+        self.change(|nodes| {
+            let n = &mut nodes[i];
+            match (n.state, state) {
+                // Joins again (`map::join`): unsynced; unfilled if it was out.
+                (old, NodeState::Up) => {
+                    n.synced = false;
+                    n.filled &= old != NodeState::Out;
+                }
+                (_, NodeState::Down) => n.synced = false,
+                (_, NodeState::Out) => {
+                    n.synced = false;
+                    n.filled = false;
+                }
+                _ => {}
+            }
+            n.state = state;
+        });
     }
 
     /// Removal of a drained node that holds nothing (the runbook's rule:
     /// its copies are dropped, none stranded).
     fn remove(&mut self, id: u32) {
-        self.log.push(format!("remove n{id}"));
         let i = self.index(id);
-        assert!(self.has[i].iter().all(|h| !h));
-        self.nodes[i].state = NodeState::Out;
-        self.regain();
+        assert!(self.ver[i].iter().all(BTreeSet::is_empty));
+        self.log.push(format!("remove n{id}"));
+        self.change(|nodes| nodes[i].state = NodeState::Out);
     }
 
-    /// A catch-up of node `id` (`replicate::sources_of`): each group it
-    /// is placed on from the acting primary when that one is synced, else
-    /// merged from the other up replicas and the up settled replicas (a
-    /// majority of each needed) (waited for while it is down). False:
-    /// it waits.
+    /// A write of group `pg` through its acting primary, when it leads
+    /// (up and synced): copied to every up replica, acknowledged by a
+    /// majority of the replicas.
+    fn write(&mut self, pg: u32) {
+        let Some(a) = self.acting(pg) else {
+            return;
+        };
+        if self.nodes[a].state != NodeState::Up || !self.nodes[a].synced {
+            return;
+        }
+        let v = self.next_write;
+        self.next_write += 1;
+        let reps = self.replicas(pg);
+        self.ver[a][pg as usize].insert(v);
+        let mut acks = usize::from(reps.contains(&a) || self.r == 1);
+        for &i in reps.iter().filter(|&&i| i != a) {
+            if self.nodes[i].state == NodeState::Up {
+                self.ver[i][pg as usize].insert(v);
+                acks += 1;
+            }
+        }
+        if acks > self.r / 2 {
+            self.acked[pg as usize].insert(v);
+        }
+    }
+
+    /// A catch-up of node `id` (`replicate::sources_of`): each group it is
+    /// placed on mirrored from the acting primary when that one is synced,
+    /// else merged from the other up replicas and the up or draining
+    /// settled replicas (a majority of each needed, waited for
+    /// otherwise). False: it waits. Marked synced, and filled with it if
+    /// the hand-off allows it alone (`map::mark_synced`).
     fn sync(&mut self, id: u32) -> bool {
         let i = self.index(id);
         if self.nodes[i].state != NodeState::Up || self.nodes[i].synced {
             return false;
         }
-        let mut got = self.has[i].clone();
+        let mut got = self.ver[i].clone();
         for pg in 0..PGS {
             let reps = self.replicas(pg);
             if !reps.contains(&i) {
                 continue;
             }
-            let p = self.acting(pg);
-            let sources: Vec<usize> = match p {
-                Some(p) if p != i && self.nodes[p].synced => vec![p],
+            let held = |s: usize| self.ver[s][pg as usize].clone();
+            match self.acting(pg) {
+                Some(p) if p != i && self.nodes[p].synced => got[pg as usize] = held(p),
                 _ => {
-                    let mut up: Vec<usize> = reps
+                    let up: Vec<usize> = reps
                         .iter()
                         .copied()
                         .filter(|&r| r != i && self.nodes[r].state == NodeState::Up)
@@ -148,29 +214,32 @@ impl Sim {
                     if up.len() + 1 < self.r / 2 + 1 {
                         return false;
                     }
-                    // And a majority of the settled replicas.
-                    let settled = Settled::of(&self.nodes).replicas(HASH_SEED_DEFAULT, pg, self.r);
-                    let mut count = usize::from(settled.contains(&i));
-                    for &s in settled.iter().filter(|&&s| s != i) {
-                        if matches!(self.nodes[s].state, NodeState::Up | NodeState::Draining) {
-                            count += 1;
-                            up.push(s);
-                        }
-                    }
-                    if !settled.is_empty() && count < settled.len() / 2 + 1 {
+                    let settled = self.settled(pg);
+                    let from: Vec<usize> = settled
+                        .iter()
+                        .copied()
+                        .filter(|&s| {
+                            s != i
+                                && matches!(
+                                    self.nodes[s].state,
+                                    NodeState::Up | NodeState::Draining
+                                )
+                        })
+                        .collect();
+                    let have = from.len() + usize::from(settled.contains(&i));
+                    if !settled.is_empty() && have < settled.len() / 2 + 1 {
                         return false;
                     }
-                    up
+                    for s in up.into_iter().chain(from) {
+                        got[pg as usize].extend(held(s));
+                    }
                 }
-            };
-            if sources.iter().any(|&s| self.has[s][pg as usize]) {
-                got[pg as usize] = true;
             }
         }
         self.log.push(format!("n{id} syncs"));
-        self.has[i] = got;
+        self.ver[i] = got;
         self.nodes[i].synced = true;
-        if self.fill_on_sync {
+        if self.fill_on_sync || may_fill(HASH_SEED_DEFAULT, PGS, self.r, &self.nodes, i) {
             self.nodes[i].filled = true;
         }
         true
@@ -194,8 +263,8 @@ impl Sim {
     }
 
     /// Node `id` drops its copies of the groups it gave up
-    /// (`replicate::given_up`), each only if the acting primary holds it
-    /// (the digest check: else the copy is stranded).
+    /// (`replicate::given_up`), each write only if the acting primary
+    /// holds it (its digest: else the copy is stranded).
     fn drop_copies(&mut self, id: u32) {
         let i = self.index(id);
         if !matches!(self.nodes[i].state, NodeState::Up | NodeState::Draining) {
@@ -204,7 +273,7 @@ impl Sim {
         for pg in 0..PGS {
             let reps = self.replicas(pg);
             let p = self.acting(pg);
-            if reps.contains(&i) || p == Some(i) || !self.has[i][pg as usize] {
+            if reps.contains(&i) || p == Some(i) || self.settled(pg).contains(&i) {
                 continue;
             }
             let whole = reps.len() == self.r
@@ -212,37 +281,40 @@ impl Sim {
                     .iter()
                     .all(|&r| self.nodes[r].state == NodeState::Up && self.nodes[r].synced)
                 && p.is_some_and(|p| reps.contains(&p));
-            let recorded = self.fill_on_sync
-                || !Settled::of(&self.nodes)
-                    .replicas(HASH_SEED_DEFAULT, pg, self.r)
-                    .contains(&i);
-            if whole && recorded && p.is_some_and(|p| self.has[p][pg as usize]) {
-                self.has[i][pg as usize] = false;
+            if let Some(p) = p.filter(|_| whole) {
+                let theirs = self.ver[p][pg as usize].clone();
+                self.ver[i][pg as usize].retain(|v| !theirs.contains(v));
             }
         }
     }
 
-    /// Every group held somewhere; every node serving a group holds it.
+    /// No acknowledged write lost; the leader and every synced replica
+    /// hold each group's acknowledged writes.
     fn check(&self) -> Result<(), String> {
         for pg in 0..PGS {
-            let held = self
-                .nodes
-                .iter()
-                .enumerate()
-                .any(|(i, n)| n.state != NodeState::Out && self.has[i][pg as usize]);
-            if !held {
-                return Err(format!("group {pg} is held nowhere"));
+            let acked = &self.acked[pg as usize];
+            let lacks = |i: usize| acked.difference(&self.ver[i][pg as usize]).next().copied();
+            for &v in acked {
+                let held = (0..self.nodes.len()).any(|i| {
+                    self.nodes[i].state != NodeState::Out && self.ver[i][pg as usize].contains(&v)
+                });
+                if !held {
+                    return Err(format!("group {pg} lost write {v}"));
+                }
             }
             if let Some(p) = self.acting(pg) {
                 let n = &self.nodes[p];
-                if n.state == NodeState::Up && n.synced && !self.has[p][pg as usize] {
-                    return Err(format!("n{} leads group {pg} without its data", n.id));
+                if let Some(v) = lacks(p).filter(|_| n.state == NodeState::Up && n.synced) {
+                    return Err(format!("n{} leads group {pg} without write {v}", n.id));
                 }
             }
             for i in self.replicas(pg) {
                 let n = &self.nodes[i];
-                if n.state == NodeState::Up && n.synced && !self.has[i][pg as usize] {
-                    return Err(format!("n{} is synced without group {pg}", n.id));
+                if let Some(v) = lacks(i).filter(|_| n.state == NodeState::Up && n.synced) {
+                    return Err(format!(
+                        "n{} is synced without group {pg}'s write {v}",
+                        n.id
+                    ));
                 }
             }
         }
@@ -268,10 +340,13 @@ fn two_adds(fill_on_sync: bool) -> Result<(), String> {
     s.add();
     s.add();
     for step in 0..4 {
-        // n4 first, then n5; the settled flags and drops between.
+        // n4 first, then n5; writes, the flags and drops between.
         let id = if step < 2 { 4 } else { 5 };
         s.sync(id);
         s.settle();
+        for pg in 0..PGS {
+            s.write(pg);
+        }
         for n in 1..=5 {
             s.drop_copies(n);
         }
@@ -286,36 +361,38 @@ fn two_adds(fill_on_sync: bool) -> Result<(), String> {
 fn two_nodes_added_at_once_to_a_single_replica_cluster() {
     two_adds(false).unwrap();
     let e = two_adds(true).unwrap_err();
-    assert!(e.contains("without its data"), "{e}");
+    assert!(e.contains("leads group"), "{e}");
 }
 
-/// A drain while an earlier drained node still runs: the earlier one
-/// must not be taken for the settled primary of groups it handed off.
+/// A drain while an earlier drained node still runs: the earlier one,
+/// unfilled once its groups were held elsewhere, is not taken for where
+/// the groups it handed off are.
 #[test]
 fn a_drain_while_an_earlier_drained_node_still_runs() {
-    for fill_on_sync in [false, true] {
-        let mut s = Sim::new(4, 1);
-        s.fill_on_sync = fill_on_sync;
-        s.drain(2);
-        for id in [1, 3, 4] {
-            s.sync(id);
-        }
-        s.settle();
-        for id in 1..=4 {
-            s.drop_copies(id);
-        }
-        s.check().unwrap();
-        s.drain(3);
-        let mut bad = None;
-        for id in [1, 4] {
-            s.sync(id);
-            s.settle();
-            if let Err(e) = s.check() {
-                bad = Some(s.fail(&e));
-            }
-        }
-        assert_eq!(bad.is_some(), fill_on_sync, "{bad:?}");
+    let mut s = Sim::new(4, 1);
+    s.set_state(2, NodeState::Draining);
+    for id in [1, 3, 4] {
+        s.sync(id);
     }
+    s.settle();
+    assert!(!s.nodes[s.index(2)].filled, "{:?}", s.log);
+    for pg in 0..PGS {
+        s.write(pg);
+    }
+    for id in 1..=4 {
+        s.drop_copies(id);
+    }
+    s.check().unwrap();
+    s.set_state(3, NodeState::Draining);
+    for id in [1, 4] {
+        s.sync(id);
+        s.settle();
+        for pg in 0..PGS {
+            s.write(pg);
+        }
+        s.check().map_err(|e| s.fail(&e)).unwrap();
+    }
+    assert!(!s.nodes[s.index(3)].filled, "{:?}", s.log);
 }
 
 #[test]
@@ -349,47 +426,65 @@ fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Random histories: adds, drains, deaths and returns (never two nodes
-/// down at once with R = 1... any number with R > 1 only while a
-/// majority of each group may still be up is not modelled: one at a
-/// time), catch-ups in any order, settles and drops at any time, removals
-/// of drained nodes that hold nothing.
+/// One random step of node `pick`: membership changes within what the
+/// cluster survives (one node down at a time, and only while every up
+/// node is synced; out, and back from out, only with R > 1), catch-ups,
+/// writes,
+/// hand-offs and drops at any time.
+fn step(s: &mut Sim, rng: &mut u64, pick: u32) {
+    let r = s.r;
+    let i = s.index(pick);
+    let state = s.nodes[i].state;
+    let count = |st: NodeState| s.nodes.iter().filter(|n| n.state == st).count();
+    let (ups, downs) = (count(NodeState::Up), count(NodeState::Down));
+    // A second failure before the first one's groups are whole again
+    // loses what only the two held: not modelled.
+    let all_synced = s.nodes.iter().all(|n| n.state != NodeState::Up || n.synced);
+    match next(rng) % 14 {
+        0 if s.nodes.len() < 8 => s.add(),
+        1 if state == NodeState::Up && ups > r + 1 && downs == 0 => {
+            s.set_state(pick, NodeState::Draining);
+        }
+        2 if state == NodeState::Draining => s.set_state(pick, NodeState::Up),
+        3 if state == NodeState::Up && downs == 0 && ups > r && all_synced => {
+            s.set_state(pick, NodeState::Down);
+        }
+        4 if state == NodeState::Down || (state == NodeState::Out && r > 1) => {
+            s.set_state(pick, NodeState::Up);
+        }
+        5 if state == NodeState::Down && r > 1 => s.set_state(pick, NodeState::Out),
+        6 if state == NodeState::Draining && s.ver[i].iter().all(BTreeSet::is_empty) => {
+            s.remove(pick);
+        }
+        7 | 8 => {
+            s.sync(pick);
+        }
+        9 => s.settle(),
+        10 | 11 => {
+            let pg = (next(rng) % u64::from(PGS)) as u32;
+            s.write(pg);
+        }
+        _ => s.drop_copies(pick),
+    }
+}
+
+/// Random histories (R = 1 to 3, 300 each): no acknowledged write lost,
+/// none missing where a group is led or synced.
 #[test]
-fn random_histories_lose_no_group_and_lead_none_empty() {
+fn random_histories_lose_no_write_and_lead_none_stale() {
     for r in [1usize, 2, 3] {
         for seed in 0..300u64 {
             let mut rng = seed * 7 + r as u64;
             let mut s = Sim::new(3 + (seed % 2) as u32, r);
-            for _ in 0..60 {
+            for _ in 0..80 {
                 let live: Vec<u32> = s
                     .nodes
                     .iter()
-                    .filter(|n| n.state != NodeState::Out)
+                    .filter(|n| n.state != NodeState::Out || r > 1)
                     .map(|n| n.id)
                     .collect();
                 let pick = live[(next(&mut rng) % live.len() as u64) as usize];
-                let i = s.index(pick);
-                let state = s.nodes[i].state;
-                let ups = s.nodes.iter().filter(|n| n.state == NodeState::Up).count();
-                let downs = s
-                    .nodes
-                    .iter()
-                    .filter(|n| n.state == NodeState::Down)
-                    .count();
-                match next(&mut rng) % 10 {
-                    0 if s.nodes.len() < 8 => s.add(),
-                    1 if state == NodeState::Up && ups > r + 1 && downs == 0 => s.drain(pick),
-                    2 if state == NodeState::Up && downs == 0 && ups > r => s.kill(pick),
-                    3 if state == NodeState::Down => s.revive(pick),
-                    4 if state == NodeState::Draining && s.has[i].iter().all(|h| !h) => {
-                        s.remove(pick);
-                    }
-                    5 | 6 => {
-                        s.sync(pick);
-                    }
-                    7 => s.settle(),
-                    _ => s.drop_copies(pick),
-                }
+                step(&mut s, &mut rng, pick);
                 if let Err(e) = s.check() {
                     panic!("R = {r}, seed {seed}: {}", s.fail(&e));
                 }
