@@ -907,7 +907,12 @@ mod tests {
                 .enumerate()
                 .map(|(i, st)| {
                     let id = u32::try_from(i).unwrap() + 1;
-                    record(id, &format!("z{id}"), st, 1)
+                    let mut r = record(id, &format!("z{id}"), st, 1);
+                    // Drained: its hand-offs recorded (`handoff`).
+                    if *st == "draining" {
+                        r.0.filled = Some(false);
+                    }
+                    r
                 })
                 .collect(),
             alive: Default::default(),
