@@ -271,7 +271,7 @@ impl ClusterStatus {
         metric(
             out,
             "percore_cluster_copies_stranded",
-            "Live copies of keys of placement groups this node gave up that the groups' acting primaries do not hold (as of the last look, every 10 minutes or at a map change): kept, never dropped. Nonzero: a placement went wrong (docs/cluster.md, 'Where the settled primary is wrong') or writes were never acknowledged; do not remove this node before it is 0 or the keys are checked.",
+            "Live copies of keys of placement groups this node gave up that the groups' acting primaries do not hold (as of the last look, every 10 minutes or at a map change): kept, never dropped. Nonzero: a placement went wrong (docs/cluster.md, 'Recorded hand-offs') or writes were never acknowledged; do not remove this node before it is 0 or the keys are checked.",
             "gauge",
             &[(String::new(), self.copies_stranded.load(Ordering::Relaxed))],
         );

@@ -83,14 +83,13 @@ pub struct NodeRecord {
     /// replication have none: synced.
     #[serde(default = "synced_default")]
     pub synced: bool,
-    /// Whether it holds its settled groups' data (`placement::PlacedNode::filled`,
-    /// `handoff`): false for a node that joins under a new name, set and
-    /// cleared by `settle` when the hand-off allows it, kept across joins.
-    /// Records written before it was kept have none: filled. Taking a node as filled is the safe side: at worst the
-    /// node, unsynced, is a group's settled primary and the group is led
-    /// by its first up replica, as without settled primaries; taking a
-    /// node that holds a group's data as not filled could make a node
-    /// that never held the group its settled primary.
+    /// Whether it is recorded as holding its groups
+    /// (`placement::PlacedNode::filled`, `handoff`): false for a node that
+    /// joins under a new name or after it was out; set with `synced`
+    /// (`mark_synced`) or by `settle` when the hand-off allows it, cleared
+    /// by `settle` (drained) and when marked out; kept across joins.
+    /// Records written before it was kept have none: filled (every node
+    /// of a cluster made before it held its groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filled: Option<bool>,
     /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record

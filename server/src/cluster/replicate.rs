@@ -650,15 +650,16 @@ async fn newer_map(shard: &Rc<Shard>, epoch: u64, deadline: Instant) {
     }
 }
 
-/// Pushes `(bucket, key)` to `others` at once; returns each one's outcome
-/// (same order). A push not done by `deadline` failed; once a majority of
-/// the group holds the write (this node counts), the others get as long
-/// again as that took (at least `STRAGGLER_WAIT`): a replica that stalls
-/// is skipped (`replicate`) rather than holding every write up.
+/// Pushes `(bucket, key)` of group `pg` to `others` at once; returns
+/// each one's outcome (same order). A push not done by `deadline` failed;
+/// once a majority of the group holds the write (`counts`: this node's
+/// copy and those of replicas that count), the others get as long again
+/// as that took (at least `STRAGGLER_WAIT`): a replica that stalls is
+/// skipped (`replicate`) rather than holding every write up.
 async fn push_all(
     shard: &Rc<Shard>,
     ckey: &[u8; 32],
-    map: &ShardMap,
+    (map, pg): (&ShardMap, u32),
     others: &[&MapNode],
     (bucket, key): (&str, &str),
     deadline: Instant,
@@ -680,7 +681,7 @@ async fn push_all(
         })
         .collect();
     let mut results: Vec<Option<Pushed>> = others.iter().map(|_| None).collect();
-    let mut applied = 1;
+    let mut applied = own_count(map, pg);
     // A replica catching up is slower (it takes its catch-up too): more
     // time before it is skipped (which would void its pass); not one whose
     // copies failed here lately (cut off: every write would wait).
@@ -706,7 +707,7 @@ async fn push_all(
         let Some((i, r)) = next else {
             break;
         };
-        if matches!(r, Pushed::Applied) {
+        if matches!(r, Pushed::Applied) && counts(map, pg, others[i].id) {
             applied += 1;
             if cut.is_none() && applied >= map.majority() {
                 cut = Some(Instant::now() + started.elapsed().max(straggle));
@@ -850,12 +851,8 @@ pub async fn replicate(
             .filter_map(|n| map.node(n))
             .filter(|n| n.state == NodeState::Up)
             .collect();
-        let results = push_all(shard, ckey, &map, &others, (bucket, key), deadline).await;
-        let applied = own_count(&map, pg)
-            + results
-                .iter()
-                .filter(|r| matches!(r, Pushed::Applied))
-                .count();
+        let results = push_all(shard, ckey, (&map, pg), &others, (bucket, key), deadline).await;
+        let applied = applied_count(&map, pg, &others, &results);
         let mut why = Vec::new();
         let mut refused = false;
         let mut local = false;
@@ -938,11 +935,34 @@ pub async fn replicate(
 /// Whether a primary's own copy of a write in `pg` counts toward its
 /// majority (1) or not (0): it does when the primary is one of the
 /// group's replicas, or with R = 1 (a settled primary that is not one: its
-/// copy is the group's data until the new holder is synced). With more
-/// replicas a settled primary that is not one needs a majority of the
-/// replicas: they alone are merged if it fails.
+/// copy is the group's data until the new holder is synced and filled),
+/// and it is one of the group's settled replicas (`counts`; a primary
+/// always is: `placement::acting_primary`).
 fn own_count(map: &ShardMap, pg: u32) -> usize {
-    usize::from(map.holds_pg(pg) || map.replica_count == 1)
+    usize::from((map.holds_pg(pg) || map.replica_count == 1) && counts(map, pg, map.node_id))
+}
+
+/// The copies of a write in group `pg` that count toward its majority:
+/// this node's and those of `others` that `results` say took it.
+fn applied_count(map: &ShardMap, pg: u32, others: &[&MapNode], results: &[Pushed]) -> usize {
+    own_count(map, pg)
+        + others
+            .iter()
+            .zip(results)
+            .filter(|(n, r)| matches!(r, Pushed::Applied) && counts(map, pg, n.id))
+            .count()
+}
+
+/// Whether node `id`'s copy of a write in group `pg` counts toward the
+/// write's majority: it is one of the group's settled replicas (any node
+/// while none is filled). A replica not recorded yet (a node added,
+/// filling) takes copies but does not count: a write acknowledged on it
+/// could be lost if the group moved off it before it was filled (the
+/// settled replicas, which catch-ups merge, would not hold it). So every
+/// acknowledged write is on a majority of the settled replicas.
+fn counts(map: &ShardMap, pg: u32, id: u32) -> bool {
+    let mut settled = map.settled_of_pg(pg).peekable();
+    settled.peek().is_none() || settled.any(|n| n == id)
 }
 
 /// A copy another node sent (`PUT /_percore/push`): refused (Err with
@@ -1325,16 +1345,29 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
             .settled_of_pg(pg)
             .filter_map(|id| map.node(id))
             .collect();
+        // Up ones first; a draining one only if the majority needs it (it
+        // may be stopped: it stays draining in the map).
+        let need = holders.len() / 2 + 1;
         let mut have = 0;
         let mut missing = Vec::new();
-        for s in &holders {
+        for state in [NodeState::Up, NodeState::Draining] {
+            for s in holders.iter().filter(|s| s.state == state) {
+                if s.id == map.node_id {
+                    have += 1;
+                } else if state == NodeState::Up || have < need {
+                    have += 1;
+                    if !up.contains(&s.id) {
+                        sources.entry((s.id, false)).or_default().push(pg);
+                    }
+                }
+            }
+        }
+        for s in holders
+            .iter()
+            .filter(|s| !matches!(s.state, NodeState::Up | NodeState::Draining))
+        {
             if s.id == map.node_id {
                 have += 1;
-            } else if matches!(s.state, NodeState::Up | NodeState::Draining) {
-                have += 1;
-                if !up.contains(&s.id) {
-                    sources.entry((s.id, false)).or_default().push(pg);
-                }
             } else {
                 missing.push(format!("{} ({})", s.name, s.state.name()));
             }

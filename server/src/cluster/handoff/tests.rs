@@ -35,6 +35,11 @@ struct Sim {
     /// The rule before hand-offs were recorded: a node is filled when it
     /// first syncs (kept to show the model catches it).
     fill_on_sync: bool,
+    /// Every replica's copy counts toward a write's majority (the rule
+    /// before `replicate::counts`).
+    count_all: bool,
+    /// A node whose copies fail (it is skipped).
+    slow: Option<u32>,
     log: Vec<String>,
 }
 
@@ -49,6 +54,8 @@ impl Sim {
             acked: vec![BTreeSet::from([0]); PGS as usize],
             next_write: 1,
             fill_on_sync: false,
+            count_all: false,
+            slow: None,
             log: Vec::new(),
         };
         for id in 1..=n {
@@ -160,8 +167,10 @@ impl Sim {
     }
 
     /// A write of group `pg` through its acting primary, when it leads
-    /// (up and synced): copied to every up replica, acknowledged by a
-    /// majority of the replicas.
+    /// (up and synced): copied to the up replicas (one in five copies
+    /// fails: that replica is skipped, unsynced), acknowledged by a
+    /// majority of the copies that count (`replicate::counts`: the
+    /// settled replicas').
     fn write(&mut self, pg: u32) {
         let Some(a) = self.acting(pg) else {
             return;
@@ -172,12 +181,20 @@ impl Sim {
         let v = self.next_write;
         self.next_write += 1;
         let reps = self.replicas(pg);
+        let settled = self.settled(pg);
+        let counts = |i: usize| self.count_all || settled.is_empty() || settled.contains(&i);
         self.ver[a][pg as usize].insert(v);
-        let mut acks = usize::from(reps.contains(&a) || self.r == 1);
+        let mut acks = usize::from((reps.contains(&a) || self.r == 1) && counts(a));
         for &i in reps.iter().filter(|&&i| i != a) {
-            if self.nodes[i].state == NodeState::Up {
+            // A slow replica misses some copies (it is skipped: unsynced).
+            let slow = self.slow.map_or((v + i as u32).is_multiple_of(5), |id| {
+                id == self.nodes[i].id
+            });
+            if self.nodes[i].state == NodeState::Up && !slow {
                 self.ver[i][pg as usize].insert(v);
-                acks += 1;
+                acks += usize::from(counts(i));
+            } else if self.nodes[i].state == NodeState::Up {
+                self.nodes[i].synced = false;
             }
         }
         if acks > self.r / 2 {
@@ -321,6 +338,21 @@ impl Sim {
         Ok(())
     }
 
+    /// Whether every group's acknowledged writes are each on two up nodes
+    /// or more (one more failure loses none: R > 1 promises no more).
+    fn survives(&self) -> bool {
+        (0..PGS).all(|pg| {
+            self.acked[pg as usize].iter().all(|v| {
+                (0..self.nodes.len())
+                    .filter(|&i| {
+                        self.nodes[i].state == NodeState::Up && self.ver[i][pg as usize].contains(v)
+                    })
+                    .count()
+                    >= 2
+            })
+        })
+    }
+
     fn fail(&self, why: &str) -> String {
         format!("{why} after: {}", self.log.join(", "))
     }
@@ -395,6 +427,59 @@ fn a_drain_while_an_earlier_drained_node_still_runs() {
     assert!(!s.nodes[s.index(3)].filled, "{:?}", s.log);
 }
 
+/// R = 3: a write acknowledged with the copy of a replica added and not
+/// yet filled (another replica skipped), then the group moves off that
+/// replica (more nodes added) and its primary dies: the merge of the
+/// replicas and the settled replicas must still find the write. Unless
+/// the new replica's copy does not count (`replicate::counts`), the
+/// write is acknowledged on two nodes of which neither is merged.
+fn write_on_a_new_replica(count_all: bool) -> Result<(), String> {
+    let ids =
+        |s: &Sim, pg: u32| -> Vec<u32> { s.replicas(pg).iter().map(|&i| s.nodes[i].id).collect() };
+    // A group n4 takes, and the nodes added after it that take it off n4.
+    let (pg, more) = {
+        let mut t = Sim::new(3, 3);
+        t.add();
+        let mine: Vec<u32> = (0..PGS).filter(|&pg| ids(&t, pg).contains(&4)).collect();
+        let mut found = None;
+        for k in 1..=8 {
+            t.add();
+            if let Some(&pg) = mine.iter().find(|&&pg| !ids(&t, pg).contains(&4)) {
+                found = Some((pg, k));
+                break;
+            }
+        }
+        found.ok_or("no group leaves n4")?
+    };
+    let mut s = Sim::new(3, 3);
+    s.count_all = count_all;
+    s.add();
+    let primary = s.nodes[s.acting(pg).ok_or("no primary")?].id;
+    let other = *ids(&s, pg)
+        .iter()
+        .find(|&&n| n != primary && n != 4)
+        .ok_or("no other replica")?;
+    s.slow = Some(other);
+    s.write(pg);
+    s.slow = None;
+    for _ in 0..more {
+        s.add();
+    }
+    s.set_state(primary, NodeState::Down);
+    for id in 1..=s.nodes.len() as u32 {
+        s.sync(id);
+        s.check().map_err(|e| s.fail(&e))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_write_on_a_replica_not_yet_filled_does_not_count() {
+    write_on_a_new_replica(false).unwrap();
+    let e = write_on_a_new_replica(true).unwrap_err();
+    assert!(e.contains("without"), "{e}");
+}
+
 #[test]
 fn nodes_that_all_start_empty_are_filled_together() {
     let mut nodes: Vec<PlacedNode> = (1..=3)
@@ -446,7 +531,12 @@ fn step(s: &mut Sim, rng: &mut u64, pick: u32) {
             s.set_state(pick, NodeState::Draining);
         }
         2 if state == NodeState::Draining => s.set_state(pick, NodeState::Up),
-        3 if state == NodeState::Up && downs == 0 && ups > r && all_synced => {
+        3 if state == NodeState::Up
+            && downs == 0
+            && ups > r
+            && (r > 1 || all_synced)
+            && s.survives() =>
+        {
             s.set_state(pick, NodeState::Down);
         }
         4 if state == NodeState::Down || (state == NodeState::Out && r > 1) => {
