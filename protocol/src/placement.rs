@@ -267,29 +267,6 @@ pub fn acting_primary(
         .copied()
 }
 
-/// The settled primary of placement group `pg` (an index into `nodes`):
-/// the best-scoring (ties: lower id) of the filled nodes that are up,
-/// down or draining, which is `replicas(pg)[0]` as it was before nodes
-/// that did not hold it yet joined or a node began to drain (the first of a
-/// placement walk is the best score: zones matter from the second replica
-/// on). None if no node is filled.
-#[must_use]
-pub fn settled_primary(seed: u64, pg: u32, nodes: &[PlacedNode]) -> Option<usize> {
-    nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| {
-            n.filled
-                && matches!(
-                    n.state,
-                    NodeState::Up | NodeState::Down | NodeState::Draining
-                )
-        })
-        .map(|(i, n)| (score(seed, pg, n.id), std::cmp::Reverse(n.id), i))
-        .max()
-        .map(|(_, _, i)| i)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -99,11 +99,7 @@ pub fn changes(seed: u64, pgs: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
     let mut candidates: Vec<(usize, bool)> = nodes
         .iter()
         .enumerate()
-        .filter_map(|(i, n)| match n.state {
-            NodeState::Up if n.synced && !n.filled => Some((i, true)),
-            NodeState::Draining if n.filled => Some((i, false)),
-            _ => None,
-        })
+        .filter_map(|(i, n)| flip(n).map(|f| (i, f)))
         .collect();
     for _ in 0..TRIES_MAX {
         if candidates.is_empty() {
@@ -122,6 +118,16 @@ pub fn changes(seed: u64, pgs: u32, replicas: usize, nodes: &[PlacedNode]) -> Ve
     Vec::new()
 }
 
+/// The flag a candidate of `changes` would take: filled for an up, synced
+/// node not filled; unfilled for a draining node filled; None otherwise.
+fn flip(n: &PlacedNode) -> Option<bool> {
+    match n.state {
+        NodeState::Up if n.synced && !n.filled => Some(true),
+        NodeState::Draining if n.filled => Some(false),
+        _ => None,
+    }
+}
+
 /// Tries of `changes` per map: each places every group twice.
 const TRIES_MAX: usize = 8;
 
@@ -131,12 +137,7 @@ const TRIES_MAX: usize = 8;
 #[must_use]
 pub fn settles(nodes: &[PlacedNode], i: usize) -> bool {
     let n = &nodes[i];
-    let candidate = match n.state {
-        NodeState::Up => n.synced && !n.filled,
-        NodeState::Draining => n.filled,
-        _ => false,
-    };
-    candidate
+    flip(n).is_some()
         || (n.state == NodeState::Up
             && nodes
                 .iter()

@@ -664,18 +664,20 @@ impl ShardMap {
 
     /// Group `pg`'s replicas (node ids, placement order).
     pub fn replicas_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
-        let r = self.replica_count;
-        self.replicas[pg as usize * r..(pg as usize + 1) * r]
-            .iter()
-            .copied()
-            .filter(|&n| n != NO_NODE)
+        self.slots(&self.replicas, pg)
     }
 
     /// Group `pg`'s settled replicas (node ids, settled primary first:
     /// `placement::settled_replicas`); none if no node is filled.
     pub fn settled_of_pg(&self, pg: u32) -> impl Iterator<Item = u32> + '_ {
+        self.slots(&self.settled, pg)
+    }
+
+    /// Group `pg`'s node ids in `per_group` (`replica_count` per group,
+    /// `NO_NODE` left out).
+    fn slots<'a>(&self, per_group: &'a [u32], pg: u32) -> impl Iterator<Item = u32> + 'a {
         let r = self.replica_count;
-        self.settled[pg as usize * r..(pg as usize + 1) * r]
+        per_group[pg as usize * r..(pg as usize + 1) * r]
             .iter()
             .copied()
             .filter(|&n| n != NO_NODE)
