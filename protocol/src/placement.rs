@@ -44,7 +44,7 @@
 //!   `NodeState::Down` until its grace period ends); `Draining` and `Out`
 //!   nodes hold no new replicas.
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::routing::{object_hash, SHARD_COUNT_MAX};
 
@@ -150,11 +150,13 @@ pub fn cluster_shard(
 /// A node's rendezvous score for a placement group.
 #[must_use]
 pub fn score(seed: u64, pg: u32, node_id: u32) -> u64 {
-    let mut h = Xxh3::with_seed(seed);
-    h.update(b"pg");
-    h.update(&pg.to_le_bytes());
-    h.update(&node_id.to_le_bytes());
-    h.digest()
+    // One call over the 10 bytes (the same digest as streaming them in
+    // three updates, as the contract reads; pinned by the tests).
+    let mut input = [0u8; 10];
+    input[..2].copy_from_slice(b"pg");
+    input[2..6].copy_from_slice(&pg.to_le_bytes());
+    input[6..].copy_from_slice(&node_id.to_le_bytes());
+    xxh3_64_with_seed(&input, seed)
 }
 
 /// The ordered replica list (indexes into `nodes`, primary first) of `pg`:
@@ -182,7 +184,13 @@ pub fn settled_replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode
     })
 }
 
-/// `replicas` over the nodes `eligible` takes.
+/// `replicas` over the nodes `eligible` takes. One pass: the first walk
+/// takes the best node of each of the `replicas` zones whose best nodes
+/// rank highest, in that order, so only those are kept (at most
+/// `replicas` entries, each the best seen so far of a distinct zone).
+/// Where the eligible nodes span fewer zones, the second walk needs the
+/// whole ranking (`replicas_walked`). A placement pass over every group
+/// is what a map change costs each node (N hashes per group, no sort).
 fn replicas_among(
     seed: u64,
     pg: u32,
@@ -191,15 +199,59 @@ fn replicas_among(
     eligible: impl Fn(&PlacedNode) -> bool,
 ) -> Vec<usize> {
     assert!(replicas > 0 && replicas <= REPLICAS_MAX);
+    // (score, id, index), best first: higher score, then lower id.
+    let ahead = |a: &(u64, u32, usize), b: &(u64, u32, usize)| (a.0, b.1) > (b.0, a.1);
+    let mut best: Vec<(u64, u32, usize)> = Vec::with_capacity(replicas + 1);
+    let mut eligible_count = 0usize;
+    for (i, n) in nodes.iter().enumerate() {
+        if !eligible(n) {
+            continue;
+        }
+        eligible_count += 1;
+        let candidate = (score(seed, pg, n.id), n.id, i);
+        if let Some(k) = best.iter().position(|e| nodes[e.2].zone == n.zone) {
+            // Its zone is kept: only its best node stays.
+            if !ahead(&candidate, &best[k]) {
+                continue;
+            }
+            best.remove(k);
+        } else if best.len() == replicas {
+            // A new zone enters only ahead of the last kept; the last's
+            // zone leaves (its best is behind `replicas` zones' bests).
+            if !best.last().is_some_and(|last| ahead(&candidate, last)) {
+                continue;
+            }
+            best.pop();
+        }
+        let at = best
+            .iter()
+            .position(|e| ahead(&candidate, e))
+            .unwrap_or(best.len());
+        best.insert(at, candidate);
+    }
+    if best.len() < replicas && eligible_count > best.len() {
+        return replicas_walked(seed, pg, replicas, nodes, eligible);
+    }
+    best.into_iter().map(|(_, _, i)| i).collect()
+}
+
+/// `replicas` over the nodes `eligible` takes, as the contract reads:
+/// every eligible node ranked, then the two walks. The reference for
+/// `replicas_among`, which it calls only when the eligible nodes span
+/// fewer zones than `replicas` (the second walk).
+fn replicas_walked(
+    seed: u64,
+    pg: u32,
+    replicas: usize,
+    nodes: &[PlacedNode],
+    eligible: impl Fn(&PlacedNode) -> bool,
+) -> Vec<usize> {
     let mut ranked: Vec<(u64, u32, usize)> = nodes
         .iter()
         .enumerate()
         .filter(|(_, n)| eligible(n))
         .map(|(i, n)| (score(seed, pg, n.id), n.id, i))
         .collect();
-    // Only the leaders matter: each zone's best, and a few more for the
-    // second walk. Sorting all keeps the contract obvious; N log N per PG
-    // is cheap next to a map change.
     ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut chosen: Vec<usize> = Vec::with_capacity(replicas);
     let mut zones: Vec<&str> = Vec::with_capacity(replicas);
@@ -245,7 +297,19 @@ pub fn acting_primary(
     replicas: &[usize],
     nodes: &[PlacedNode],
 ) -> Option<usize> {
-    let settled = settled_replicas(seed, pg, r, nodes);
+    acting_primary_of(r, replicas, &settled_replicas(seed, pg, r, nodes), nodes)
+}
+
+/// `acting_primary`, given the group's settled replicas (as
+/// `settled_replicas` made them): a map build that keeps both places each
+/// group twice, not three times.
+#[must_use]
+pub fn acting_primary_of(
+    r: usize,
+    replicas: &[usize],
+    settled: &[usize],
+    nodes: &[PlacedNode],
+) -> Option<usize> {
     let up = |i: usize| nodes[i].state == NodeState::Up;
     let leads = |i: usize| settled.is_empty() || settled.contains(&i);
     if let Some(&i) = replicas
@@ -301,6 +365,58 @@ mod tests {
             .map(|i| nodes[i].id)
             .collect();
         assert_eq!(ids, PINNED_REPLICAS);
+    }
+
+    /// The one-pass selection is the contract's two walks over the whole
+    /// ranking, on random maps: few and many zones (fewer zones than
+    /// replicas takes the second walk), every state, filled or not.
+    #[test]
+    fn one_pass_is_the_walk() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e37_79b9);
+        let states = [
+            NodeState::Up,
+            NodeState::Down,
+            NodeState::Draining,
+            NodeState::Out,
+        ];
+        for round in 0..3000 {
+            let count = rng.gen_range(0..40usize);
+            let zones = rng.gen_range(1..9u32);
+            let mut ids: Vec<u32> = Vec::new();
+            while ids.len() < count {
+                let id = rng.gen_range(1..200u32);
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+            let nodes: Vec<PlacedNode> = ids
+                .iter()
+                .map(|&id| PlacedNode {
+                    id,
+                    zone: format!("z{}", rng.gen_range(0..zones)),
+                    state: states[rng.gen_range(0..states.len())],
+                    synced: rng.gen_bool(0.5),
+                    filled: rng.gen_bool(0.5),
+                })
+                .collect();
+            let seed = rng.gen::<u64>();
+            let r = rng.gen_range(1..=REPLICAS_MAX);
+            for pg in 0..8 {
+                let eligible = |n: &PlacedNode| n.state.eligible();
+                assert_eq!(
+                    replicas_among(seed, pg, r, &nodes, eligible),
+                    replicas_walked(seed, pg, r, &nodes, eligible),
+                    "round {round}, pg {pg}, r {r}"
+                );
+                let settles = |n: &PlacedNode| n.filled && n.state != NodeState::Out;
+                assert_eq!(
+                    replicas_among(seed, pg, r, &nodes, settles),
+                    replicas_walked(seed, pg, r, &nodes, settles),
+                    "settled: round {round}, pg {pg}, r {r}"
+                );
+            }
+        }
     }
 
     // pg = the top 12 bits of object_hash = 0x5dcd_05cf_acfd_11ce, the

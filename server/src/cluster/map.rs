@@ -7,6 +7,10 @@
 //! /percore/<cluster>/next_id       decimal, the next node id
 //! /percore/<cluster>/names/<name>  decimal id of a node name
 //! /percore/<cluster>/nodes/<id>    NodeRecord (JSON)
+//! /percore/<cluster>/filled        JSON array of the filled node ids (the
+//!                                  record of hand-offs, handoff.rs): one
+//!                                  key, so that one transaction of a few
+//!                                  operations fills any number of nodes
 //! /percore/<cluster>/alive/<id>    the running process's nonce, on its lease
 //! /percore/<cluster>/down/<id>     on a lease of the grace period, from when the
 //!                                  node was marked down
@@ -21,7 +25,7 @@
 //! writer, whoever else tries. Time is etcd's: the grace period is a lease,
 //! not a comparison of two nodes' clocks.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use percore_protocol::placement::{self, NodeState, PlacedNode};
 use serde::{Deserialize, Serialize};
@@ -33,6 +37,10 @@ use super::handoff;
 pub const PGS_MAX: u32 = placement::PG_COUNT_MAX;
 /// Tries of an optimistic transaction before giving up.
 const CONFLICT_RETRIES: usize = 20;
+/// Most node records one transaction marks unsynced (`with_gainers`):
+/// etcd refuses a transaction of more than `--max-txn-ops` operations
+/// (128 by default) in its compares or its puts.
+const GAINERS_PER_TXN: usize = 100;
 /// Default grace period before a down node is marked out.
 pub const DOWN_OUT_S_DEFAULT: u64 = 600;
 
@@ -88,8 +96,11 @@ pub struct NodeRecord {
     /// joins under a new name or after it was out; set with `synced`
     /// (`mark_synced`) or by `settle` when the hand-off allows it, cleared
     /// by `settle` (drained) and when marked out; kept across joins.
-    /// Records written before it was kept have none: filled (every node
-    /// of a cluster made before it held its groups).
+    /// Kept in the `filled` key (`load` sets it here from that key; records
+    /// are stored without it: `record_json`). A cluster without the key
+    /// (made before it) has it in its records, and records without it
+    /// there count as filled (every node of a cluster made before hand-offs
+    /// were recorded held its groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filled: Option<bool>,
     /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record
@@ -142,6 +153,8 @@ pub struct View {
     pub skipped: HashMap<u32, i64>,
     /// Records that could not be read (key, error): skipped.
     pub unreadable: Vec<(String, String)>,
+    /// The `filled` key's ids (None: the key is absent, each record says).
+    pub filled_ids: Option<BTreeSet<u32>>,
     pub epoch_revision: i64,
     /// The store's revision when the read began: a later read that finds
     /// the same revision finds this map (`Control::check_map`).
@@ -235,6 +248,9 @@ impl Keys {
     }
     fn nodes(&self) -> Vec<u8> {
         self.key("nodes/")
+    }
+    fn filled(&self) -> Vec<u8> {
+        self.key("filled")
     }
     fn alive(&self, id: u32) -> Vec<u8> {
         self.key(&format!("alive/{id}"))
@@ -355,11 +371,13 @@ pub fn init(
             txn::absent(&keys.epoch()),
             txn::absent(&keys.next_id()),
             txn::absent(&keys.catalog()),
+            txn::absent(&keys.filled()),
         ],
         vec![
             txn::put(&keys.config(), &json),
             txn::put(&keys.epoch(), b"1"),
             txn::put(&keys.next_id(), b"1"),
+            txn::put(&keys.filled(), b"[]"),
             // No buckets yet: the catalog holds them from the start.
             txn::put(&keys.catalog(), b"1"),
         ],
@@ -418,6 +436,19 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         }
     }
     records.sort_by_key(|(n, _)| n.id);
+    // Read after the epoch, as the records: a change since moved the
+    // epoch, which every write compares.
+    let filled_ids = match etcd.get(&keys.filled())? {
+        Some(kv) => {
+            let ids: BTreeSet<u32> = serde_json::from_slice(&kv.value)
+                .map_err(|e| format!("the cluster's filled key cannot be read: {e}"))?;
+            for (r, _) in &mut records {
+                r.filled = Some(ids.contains(&r.id));
+            }
+            Some(ids)
+        }
+        None => None,
+    };
     let ids = |prefix: &[u8], kvs: &[super::etcd::Kv]| -> Vec<(u32, usize)> {
         kvs.iter()
             .enumerate()
@@ -460,6 +491,7 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         downs,
         skipped,
         unreadable,
+        filled_ids,
         epoch_revision: epoch.mod_revision,
         revision,
     })
@@ -473,6 +505,52 @@ fn next_epoch(view: &View) -> Result<String, String> {
         .ok_or_else(|| "the map epoch is exhausted".into())
 }
 
+/// A node record as stored: without its `filled` flag, which the `filled`
+/// key holds (`filled_put`).
+fn record_json(record: &NodeRecord) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(&NodeRecord {
+        filled: None,
+        ..record.clone()
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// The put of the `filled` key for a transaction under `view` that sets
+/// the flags `changes` (node id, filled): None if the key holds them
+/// already. Every transaction that writes a node record calls it with
+/// that record's flag: records are stored without theirs (`record_json`),
+/// so a cluster made before the key has it written then, from its
+/// records' flags. (No compare of its own: every writer compares the
+/// epoch, and moves it.)
+fn filled_put(
+    keys: &Keys,
+    view: &View,
+    changes: &[(u32, bool)],
+) -> Result<Option<serde_json::Value>, String> {
+    let before: BTreeSet<u32> = match &view.filled_ids {
+        Some(ids) => ids.clone(),
+        None => view
+            .nodes
+            .iter()
+            .filter(|(r, _)| r.filled())
+            .map(|(r, _)| r.id)
+            .collect(),
+    };
+    let mut after = before.clone();
+    for &(id, filled) in changes {
+        if filled {
+            after.insert(id);
+        } else {
+            after.remove(&id);
+        }
+    }
+    if view.filled_ids.is_some() && after == before {
+        return Ok(None);
+    }
+    let json = serde_json::to_vec(&after).map_err(|e| e.to_string())?;
+    Ok(Some(txn::put(&keys.filled(), &json)))
+}
+
 /// Writes `record` (compared against the revision `seen` it was read at;
 /// 0: it must not exist yet) and moves the epoch, in one transaction.
 /// Whether it was written (false: the map changed meanwhile).
@@ -483,12 +561,17 @@ fn write_node(
     record: &NodeRecord,
     seen: i64,
 ) -> Result<bool, String> {
-    let json = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+    let json = record_json(record)?;
     let after = placed_with(view, record);
-    let (mut compare, mut success) = with_gainers(keys, view, &after, record.id)?;
-    compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
-    compare.push(txn::unchanged(&keys.node(record.id), seen));
+    let Some(mut success) = with_gainers(etcd, keys, view, &after, record.id)? else {
+        return Ok(false);
+    };
+    let compare = vec![
+        txn::unchanged(&keys.epoch(), view.epoch_revision),
+        txn::unchanged(&keys.node(record.id), seen),
+    ];
     success.push(txn::put(&keys.node(record.id), &json));
+    success.extend(filled_put(keys, view, &[(record.id, record.filled())])?);
     success.push(txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()));
     etcd.txn(compare, success, vec![])
 }
@@ -516,18 +599,26 @@ fn placed_with(view: &View, record: &NodeRecord) -> Vec<PlacedNode> {
 /// The nodes other than `except` that gain a placement group (a replica
 /// slot) when the map `view` holds becomes `after` (its nodes as placement
 /// sees them after the change; ids compared) and are marked synced: each
-/// one's record marked unsynced, as compares and puts to add to the
-/// change's transaction. A map change that gives a node groups marks it
-/// unsynced in the same transaction, so that no reader of the new map
-/// takes it for holding them: the node marks itself unsynced too when it
-/// reads such a map, but a hand-off recorded on the word of its flag in
-/// between (`settle`) would point at a node without the group's data.
+/// one's record marked unsynced, as puts to add to the change's
+/// transaction (which compares the epoch: every change to a record moves
+/// it). A map change that gives a node groups marks it unsynced in the
+/// same transaction, so that no reader of the new map takes it for
+/// holding them: the node marks itself unsynced too when it reads such a
+/// map, but a hand-off recorded on the word of its flag in between
+/// (`settle`) would point at a node without the group's data.
+///
+/// More than `GAINERS_PER_TXN` of them (a node of a cluster of a few
+/// hundred, with many groups, drained): the first ones are marked
+/// unsynced in a transaction of their own (early is safe: an unsynced
+/// node leads nothing and catches up again), and None says so; the caller
+/// reads the map again and retries.
 fn with_gainers(
+    etcd: &Etcd,
     keys: &Keys,
     view: &View,
     after: &[PlacedNode],
     except: u32,
-) -> Result<(Vec<serde_json::Value>, Vec<serde_json::Value>), String> {
+) -> Result<Option<Vec<serde_json::Value>>, String> {
     let seed = view.config.seed()?;
     let r = view.config.replicas;
     let before = view.placed();
@@ -543,20 +634,31 @@ fn with_gainers(
             }
         }
     }
-    let (mut compare, mut success) = (Vec::new(), Vec::new());
-    for (record, seen) in &view.nodes {
+    let mut success = Vec::new();
+    for (record, _) in &view.nodes {
         if record.id == except || !record.synced || !gain.contains(&record.id) {
             continue;
         }
-        let json = serde_json::to_vec(&NodeRecord {
-            synced: false,
-            ..record.clone()
-        })
-        .map_err(|e| e.to_string())?;
-        compare.push(txn::unchanged(&keys.node(record.id), *seen));
-        success.push(txn::put(&keys.node(record.id), &json));
+        success.push(txn::put(
+            &keys.node(record.id),
+            &record_json(&NodeRecord {
+                synced: false,
+                ..record.clone()
+            })?,
+        ));
     }
-    Ok((compare, success))
+    if success.len() <= GAINERS_PER_TXN {
+        return Ok(Some(success));
+    }
+    success.truncate(GAINERS_PER_TXN);
+    success.extend(filled_put(keys, view, &[])?);
+    success.push(txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()));
+    etcd.txn(
+        vec![txn::unchanged(&keys.epoch(), view.epoch_revision)],
+        success,
+        vec![],
+    )?;
+    Ok(None)
 }
 
 /// A change to a node's record: the new record, or None to leave it.
@@ -621,22 +723,20 @@ pub fn mark_synced(
             }
             None => record.filled(),
         };
-        let json = serde_json::to_vec(&NodeRecord {
+        let json = record_json(&NodeRecord {
             synced: true,
-            filled: Some(filled),
             ..record
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
+        let mut success = vec![txn::put(&keys.node(id), &json)];
+        success.extend(filled_put(keys, &view, &[(id, filled)])?);
+        success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
         let done = etcd.txn(
             vec![
                 txn::unchanged(&keys.epoch(), view.epoch_revision),
                 txn::unchanged(&keys.node(id), seen),
                 txn::unchanged(&keys.skipped(id), skipped),
             ],
-            vec![
-                txn::put(&keys.node(id), &json),
-                txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()),
-            ],
+            success,
             vec![],
         )?;
         if done {
@@ -649,9 +749,10 @@ pub fn mark_synced(
 /// Changes the nodes' `filled` flags as far as the hand-off of their
 /// groups allows (`handoff::changes`: nodes synced since they joined or
 /// gained groups are filled, drained nodes unfilled), in one transaction
-/// with the epoch, compared on the records and the map `view` was read
-/// at. Returns the changes made (node name, filled); empty if none (or
-/// the map moved: the next read tries again).
+/// with the epoch (the `filled` key and the epoch, however many nodes
+/// change), compared on the epoch `view` was read at. Returns the changes
+/// made (node name, filled); empty if none (or the map moved: the next
+/// read tries again).
 pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool)>, String> {
     let seed = view.config.seed()?;
     let placed = view.placed();
@@ -659,21 +760,21 @@ pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool
     if changes.is_empty() {
         return Ok(Vec::new());
     }
-    let mut compare = vec![txn::unchanged(&keys.epoch(), view.epoch_revision)];
+    let ids: Vec<(u32, bool)> = changes
+        .iter()
+        .map(|&(i, filled)| (view.nodes[i].0.id, filled))
+        .collect();
+    let made = changes
+        .iter()
+        .map(|&(i, filled)| (view.nodes[i].0.name.clone(), filled))
+        .collect();
     let mut success = vec![txn::put(&keys.epoch(), next_epoch(view)?.as_bytes())];
-    let mut made = Vec::with_capacity(changes.len());
-    for (i, filled) in changes {
-        let (record, seen) = &view.nodes[i];
-        let json = serde_json::to_vec(&NodeRecord {
-            filled: Some(filled),
-            ..record.clone()
-        })
-        .map_err(|e| e.to_string())?;
-        compare.push(txn::unchanged(&keys.node(record.id), *seen));
-        success.push(txn::put(&keys.node(record.id), &json));
-        made.push((record.name.clone(), filled));
-    }
-    if etcd.txn(compare, success, vec![])? {
+    success.extend(filled_put(keys, view, &ids)?);
+    if etcd.txn(
+        vec![txn::unchanged(&keys.epoch(), view.epoch_revision)],
+        success,
+        vec![],
+    )? {
         Ok(made)
     } else {
         Ok(Vec::new())
@@ -738,12 +839,13 @@ pub fn skip(
         let marks = record.synced;
         let mut success = vec![txn::put(&keys.skipped(id), value.as_bytes())];
         if marks {
-            let json = serde_json::to_vec(&NodeRecord {
+            let filled = record.filled();
+            let json = record_json(&NodeRecord {
                 synced: false,
                 ..record
-            })
-            .map_err(|e| e.to_string())?;
+            })?;
             success.push(txn::put(&keys.node(id), &json));
+            success.extend(filled_put(keys, v, &[(id, filled)])?);
             success.push(txn::put(&keys.epoch(), next_epoch(v)?.as_bytes()));
         }
         // Compared: a node that turned synced since needs the mark, and a
@@ -892,13 +994,15 @@ pub fn join(
             txn::unchanged(&keys.node(id), seen),
         ];
         if old.map(|(o, _)| o) != Some(&record) {
-            let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+            let json = record_json(&record)?;
             // Placement moves if its state or zone did (or it is new).
             let after = placed_with(&view, &record);
-            let (gain_compare, gain_success) = with_gainers(keys, &view, &after, id)?;
-            compare.extend(gain_compare);
-            success.extend(gain_success);
+            let Some(gainers) = with_gainers(etcd, keys, &view, &after, id)? else {
+                continue;
+            };
+            success.extend(gainers);
             success.push(txn::put(&keys.node(id), &json));
+            success.extend(filled_put(keys, &view, &[(id, record.filled())])?);
             success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
             success.push(txn::delete(&keys.down(id)));
             compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
@@ -927,12 +1031,15 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
         if let Some(i) = after.iter().position(|n| n.id == record.id) {
             after[i].state = NodeState::Out;
         }
-        let (mut compare, mut success) = with_gainers(keys, &view, &after, record.id)?;
-        compare.extend([
+        let Some(mut success) = with_gainers(etcd, keys, &view, &after, record.id)? else {
+            continue;
+        };
+        let compare = vec![
             txn::unchanged(&keys.epoch(), view.epoch_revision),
             txn::unchanged(&keys.node(record.id), seen),
             txn::absent(&keys.alive(record.id)),
-        ]);
+        ];
+        success.extend(filled_put(keys, &view, &[(record.id, false)])?);
         success.extend([
             txn::delete(&keys.node(record.id)),
             txn::delete(&keys.name(name)),
@@ -983,18 +1090,26 @@ pub fn detect_failures(
             },
             ..record.clone()
         };
-        let json = serde_json::to_vec(&new).map_err(|e| e.to_string())?;
+        let json = record_json(&new)?;
         let mut after = view.placed();
         if let Some(i) = after.iter().position(|n| n.id == record.id) {
             after[i].state = next;
         }
-        let (mut compare, mut success) = with_gainers(keys, view, &after, record.id)?;
-        compare.extend([
+        let Some(mut success) = with_gainers(etcd, keys, view, &after, record.id)? else {
+            // A first part of its gainers marked unsynced (or the map
+            // moved): the next map read goes on.
+            if let Some(lease) = grace {
+                let _ = etcd.lease_revoke(lease);
+            }
+            return Ok(None);
+        };
+        let mut compare = vec![
             txn::unchanged(&keys.epoch(), view.epoch_revision),
             txn::unchanged(&keys.node(record.id), *seen),
             // The lease must still be gone when the change is made.
             txn::absent(&keys.alive(record.id)),
-        ]);
+        ];
+        success.extend(filled_put(keys, view, &[(record.id, new.filled())])?);
         success.extend([
             txn::put(&keys.node(record.id), &json),
             txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
@@ -1013,3 +1128,6 @@ pub fn detect_failures(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests;

@@ -253,12 +253,12 @@ impl ShardMap {
         let mut settled = Vec::with_capacity(pgs as usize * r);
         for pg in 0..pgs {
             let chosen = placement::replicas(seed, pg, r, &placed);
+            let held = placement::settled_replicas(seed, pg, r, &placed);
             primaries.push(
-                placement::acting_primary(seed, pg, r, &chosen, &placed)
+                placement::acting_primary_of(r, &chosen, &held, &placed)
                     .map_or(NO_NODE, |i| placed[i].id),
             );
             replicas.extend((0..r).map(|k| chosen.get(k).map_or(NO_NODE, |&i| placed[i].id)));
-            let held = placement::settled_replicas(seed, pg, r, &placed);
             settled.extend((0..r).map(|k| held.get(k).map_or(NO_NODE, |&i| placed[i].id)));
         }
         Ok(ShardMap {
@@ -864,6 +864,7 @@ mod tests {
             downs: Default::default(),
             skipped: Default::default(),
             unreadable: Vec::new(),
+            filled_ids: None,
             epoch_revision: 0,
             revision: 0,
         };
@@ -921,6 +922,7 @@ mod tests {
             downs: Default::default(),
             skipped: Default::default(),
             unreadable: Vec::new(),
+            filled_ids: None,
             epoch_revision: 0,
             revision: 0,
         }

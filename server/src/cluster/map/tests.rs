@@ -1,0 +1,262 @@
+//! The map's transactions against a real etcd, started by each test with
+//! etcd's default limits (`--max-txn-ops 128`): changes that touch more
+//! nodes than one transaction may (a cluster of hundreds started at once,
+//! a node holding many nodes' groups drained), and a cluster whose records
+//! carry their own `filled` flags (made before the `filled` key).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use percore_protocol::placement::{self, NodeState};
+
+use super::*;
+
+/// An etcd of one member on loopback, stopped when dropped.
+struct EtcdProcess {
+    child: Child,
+    urls: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for EtcdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn start_etcd() -> EtcdProcess {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (client, peer) = (free_port(), free_port());
+    let urls = format!("http://127.0.0.1:{client}");
+    let peer_url = format!("http://127.0.0.1:{peer}");
+    let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd's log file");
+    let child = Command::new("etcd")
+        .args(["--name", "m0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args([
+            "--listen-client-urls",
+            &urls,
+            "--advertise-client-urls",
+            &urls,
+        ])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("m0={peer_url}")])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("etcd is not installed: tools/install-test-deps.sh installs etcd-server");
+    let etcd = EtcdProcess {
+        child,
+        urls,
+        _dir: dir,
+    };
+    let client = Etcd::new(&etcd.urls).unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while client.get(b"/ready").is_err() {
+        assert!(Instant::now() < until, "etcd did not start within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    etcd
+}
+
+fn joining(name: &str, zone: &str) -> Joining {
+    Joining {
+        name: name.into(),
+        zone: zone.into(),
+        s3: "127.0.0.1:1".into(),
+        native: "127.0.0.1:2".into(),
+        admin: "127.0.0.1:3".into(),
+        shards: 1,
+        nonce: name.as_bytes().to_vec(),
+        ttl_s: 600,
+    }
+}
+
+/// Joins `nodes` (name, zone), each on a lease of its own.
+fn join_all(etcd: &Etcd, keys: &Keys, nodes: &[(String, String)]) -> Vec<u32> {
+    nodes
+        .iter()
+        .map(|(name, zone)| {
+            let lease = etcd.lease_grant(600).unwrap();
+            join(etcd, keys, &joining(name, zone), lease, None)
+                .unwrap_or_else(|e| panic!("{name} joins: {e:?}"))
+                .id
+        })
+        .collect()
+}
+
+/// Marks every node synced (as each would once caught up), one at a
+/// time: none of them may be filled alone.
+fn sync_all(etcd: &Etcd, keys: &Keys, ids: &[u32]) {
+    for &id in ids {
+        let view = load(etcd, keys).unwrap();
+        let skipped = view.skipped.get(&id).copied().unwrap_or(0);
+        assert!(
+            mark_synced(etcd, keys, id, view.epoch, skipped).unwrap(),
+            "{id} marked synced"
+        );
+    }
+}
+
+fn filled_count(view: &View) -> usize {
+    view.nodes.iter().filter(|(r, _)| r.filled()).count()
+}
+
+/// 300 nodes join a new cluster at once and sync: each was refused
+/// filling alone (it would become a settled replica of groups it does not
+/// hold), and one `settle` fills them all together, in one transaction of
+/// three operations (it was one put and one compare per node: etcd
+/// refused it, and the cluster never took a write).
+#[test]
+fn a_cluster_of_hundreds_started_at_once_is_filled_in_one_step() {
+    let e = start_etcd();
+    let etcd = Etcd::new(&e.urls).unwrap();
+    let keys = Keys::new("many").unwrap();
+    init(&etcd, &keys, (3, 256, 600), 0x5eed).unwrap();
+    let nodes: Vec<(String, String)> = (0..300)
+        .map(|i| (format!("n{i}"), format!("z{}", i % 10)))
+        .collect();
+    let ids = join_all(&etcd, &keys, &nodes);
+    sync_all(&etcd, &keys, &ids);
+    let view = load(&etcd, &keys).unwrap();
+    assert_eq!(filled_count(&view), 0, "none may be filled alone");
+    assert!(view.nodes.iter().all(|(r, _)| r.synced));
+    let made = settle(&etcd, &keys, &view).unwrap();
+    assert_eq!(made.len(), 300, "every node filled at once");
+    assert!(made.iter().all(|(_, filled)| *filled));
+    let view = load(&etcd, &keys).unwrap();
+    assert_eq!(filled_count(&view), 300);
+    assert_eq!(view.filled_ids.as_ref().map(BTreeSet::len), Some(300));
+    assert!(
+        settle(&etcd, &keys, &view).unwrap().is_empty(),
+        "nothing left"
+    );
+    // Stored once: the records do not carry the flag.
+    let (kvs, _) = etcd
+        .range(&keys.nodes(), Some(&prefix_end(&keys.nodes())))
+        .unwrap();
+    assert!(kvs
+        .iter()
+        .all(|kv| !String::from_utf8_lossy(&kv.value).contains("filled")));
+}
+
+/// A node alone in its zone is a replica of every group; drained, its
+/// slots go to about 200 other nodes (a third replica each), more than one transaction may mark
+/// unsynced: the drain marks them in parts, and every node that gains a
+/// group is unsynced once it is recorded (the others are not).
+#[test]
+fn a_drain_that_gives_hundreds_of_nodes_groups_is_made_in_parts() {
+    let e = start_etcd();
+    let etcd = Etcd::new(&e.urls).unwrap();
+    let keys = Keys::new("wide").unwrap();
+    init(&etcd, &keys, (3, 512, 600), 0xd1a1).unwrap();
+    let mut nodes: Vec<(String, String)> = vec![("solo".into(), "a".into())];
+    nodes.extend((0..220).map(|i| (format!("n{i}"), format!("z{}", i % 2))));
+    let ids = join_all(&etcd, &keys, &nodes);
+    sync_all(&etcd, &keys, &ids);
+    // (solo was filled with its sync: a replica of every group, it could
+    // be alone.)
+    let view = load(&etcd, &keys).unwrap();
+    assert_eq!(settle(&etcd, &keys, &view).unwrap().len(), nodes.len() - 1);
+    let before = load(&etcd, &keys).unwrap();
+    assert_eq!(filled_count(&before), nodes.len());
+    let seed = before.config.seed().unwrap();
+    let placed = before.placed();
+    let mut after = placed.clone();
+    let solo = after.iter().position(|n| n.id == ids[0]).unwrap();
+    after[solo].state = NodeState::Draining;
+    let mut gainers = BTreeSet::new();
+    for pg in 0..before.config.pgs {
+        let was = placement::replicas(seed, pg, 3, &placed);
+        assert!(was.contains(&solo), "solo holds group {pg}");
+        for i in placement::replicas(seed, pg, 3, &after) {
+            if !was.contains(&i) {
+                gainers.insert(after[i].id);
+            }
+        }
+    }
+    assert!(
+        gainers.len() > GAINERS_PER_TXN,
+        "{} gainers: more than one transaction's worth",
+        gainers.len()
+    );
+    let drained = update_node(&etcd, &keys, "solo", &|_, r| {
+        Ok(Some(NodeRecord {
+            state: NodeState::Draining.name().into(),
+            ..r.clone()
+        }))
+    })
+    .unwrap();
+    assert!(drained.is_some());
+    let view = load(&etcd, &keys).unwrap();
+    for (r, _) in &view.nodes {
+        if r.id == ids[0] {
+            assert_eq!(r.node_state(), NodeState::Draining);
+        } else {
+            assert_eq!(!r.synced, gainers.contains(&r.id), "node {}", r.name);
+        }
+        assert!(r.filled(), "flags untouched: {}", r.name);
+    }
+    assert!(view.epoch >= before.epoch + 2, "parts, then the drain");
+}
+
+/// A cluster made before the `filled` key: its records carry the flag
+/// (false for one node, none for another: filled). The map reads them
+/// so, and the first change writes the key with them.
+#[test]
+fn records_with_their_own_flags_are_read_and_carried_into_the_key() {
+    let e = start_etcd();
+    let etcd = Etcd::new(&e.urls).unwrap();
+    let keys = Keys::new("old").unwrap();
+    init(&etcd, &keys, (1, 64, 600), 0x01d).unwrap();
+    let nodes: Vec<(String, String)> = (0..3).map(|i| (format!("n{i}"), "z".into())).collect();
+    let ids = join_all(&etcd, &keys, &nodes);
+    // As an older version left it: no key, flags in the records.
+    assert!(etcd
+        .txn(vec![], vec![txn::delete(&keys.filled())], vec![])
+        .unwrap());
+    let view = load(&etcd, &keys).unwrap();
+    for ((record, _), flag) in view.nodes.iter().zip([Some(false), None, Some(true)]) {
+        let mut json = serde_json::to_value(NodeRecord {
+            filled: flag,
+            ..record.clone()
+        })
+        .unwrap();
+        if flag.is_none() {
+            json.as_object_mut().unwrap().remove("filled");
+        }
+        etcd.put(&keys.node(record.id), json.to_string().as_bytes(), 0)
+            .unwrap();
+    }
+    let view = load(&etcd, &keys).unwrap();
+    assert!(view.filled_ids.is_none());
+    let flags: Vec<bool> = view.nodes.iter().map(|(r, _)| r.filled()).collect();
+    assert_eq!(flags, [false, true, true]);
+    // A change that writes a record (n1 marked unsynced, as a node that
+    // gained groups marks itself): the key now holds the flags.
+    update_node(&etcd, &keys, "n1", &|_, r| {
+        Ok(Some(NodeRecord {
+            synced: false,
+            ..r.clone()
+        }))
+    })
+    .unwrap();
+    let view = load(&etcd, &keys).unwrap();
+    assert_eq!(
+        view.filled_ids,
+        Some(BTreeSet::from([ids[1], ids[2]])),
+        "n0 unfilled, n1 and n2 filled"
+    );
+    let flags: Vec<bool> = view.nodes.iter().map(|(r, _)| r.filled()).collect();
+    assert_eq!(flags, [false, true, true]);
+}
