@@ -235,6 +235,16 @@ fn replicas_among(
     best.into_iter().map(|(_, _, i)| i).collect()
 }
 
+/// `replicas`, computed as the contract reads (every eligible node
+/// ranked, then the two walks): the reference the simulation times and
+/// checks the one pass against at scale (`bench/src/bin/placement-sim.rs`).
+#[doc(hidden)]
+#[must_use]
+pub fn replicas_by_walks(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode]) -> Vec<usize> {
+    assert!(replicas > 0 && replicas <= REPLICAS_MAX);
+    replicas_walked(seed, pg, replicas, nodes, |n| n.state.eligible())
+}
+
 /// `replicas` over the nodes `eligible` takes, as the contract reads:
 /// every eligible node ranked, then the two walks. The reference for
 /// `replicas_among`, which it calls only when the eligible nodes span

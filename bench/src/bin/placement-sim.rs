@@ -1,7 +1,9 @@
 //! Deterministic simulation of the cluster placement contract
 //! (`percore_protocol::placement`) for large clusters: balance, data moved
 //! on node add/remove and zone loss against the optimum, map size and etcd
-//! traffic per change, and the time to compute a whole placement table.
+//! traffic per change, the time to compute a whole placement table, and
+//! what a map change costs a node's control thread at that size (the map
+//! build, and the hand-off checks of `cluster::handoff`).
 //!
 //!     cargo run --release -p percore-bench --bin placement-sim -- \
 //!         [--nodes 1000] [--zones 50] [--replicas 3] [--pgs 4096,16384,65536]
@@ -12,8 +14,11 @@
 use std::time::Instant;
 
 use clap::Parser;
-use percore_protocol::placement::{replicas, NodeState, PlacedNode};
+use percore_protocol::placement::{
+    acting_primary_of, replicas, replicas_by_walks, settled_replicas, NodeState, PlacedNode,
+};
 use percore_protocol::routing::HASH_SEED_DEFAULT;
+use percore_server::cluster::handoff;
 
 #[derive(Parser)]
 #[command(about = "Simulates percore's cluster placement for a large cluster")]
@@ -72,6 +77,54 @@ fn balance(t: &Table, nodes: &[PlacedNode]) -> (f64, f64, f64) {
     )
 }
 
+/// The median of `runs` timings of `f`, in ms.
+fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
+    let mut times: Vec<f64> = (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            f();
+            started.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+/// What a map change costs a node's control thread (ms, medians of 3):
+/// the shard map build (every group's replicas, settled replicas and
+/// acting primary), the hand-off check when a node added has synced (one
+/// candidate) and when a new cluster's nodes have all synced (every node
+/// a candidate, filled together).
+fn control_costs(pgs: u32, r: usize, nodes: &[PlacedNode]) -> (f64, f64, f64) {
+    let seed = HASH_SEED_DEFAULT;
+    let build = median_ms(3, || {
+        let mut led = 0usize;
+        for pg in 0..pgs {
+            let chosen = replicas(seed, pg, r, nodes);
+            let settled = settled_replicas(seed, pg, r, nodes);
+            led += usize::from(acting_primary_of(r, &chosen, &settled, nodes).is_some());
+        }
+        assert_eq!(led, pgs as usize);
+    });
+    let mut added = nodes.to_vec();
+    let last = added.len() - 1;
+    added[last].filled = false;
+    let add = median_ms(3, || {
+        assert_eq!(handoff::changes(seed, pgs, r, &added), vec![(last, true)]);
+    });
+    let fresh: Vec<PlacedNode> = nodes
+        .iter()
+        .map(|n| PlacedNode {
+            filled: false,
+            ..n.clone()
+        })
+        .collect();
+    let start = median_ms(3, || {
+        assert_eq!(handoff::changes(seed, pgs, r, &fresh).len(), fresh.len());
+    });
+    (build, add, start)
+}
+
 /// One node's record as the map keeps it in etcd (JSON; see docs/cluster.md).
 fn node_record(id: u32, zone: &str) -> String {
     format!(
@@ -99,12 +152,21 @@ fn main() {
         args.nodes, args.zones
     );
     println!("Moved: replica slots whose node changed, as a share of all R x PGs slots; optimum: the share that must move (the new node's fair share on add, the lost nodes' slots on removal). On add, every moved slot goes to the new node (checked: no replica moves between old nodes), so moved below the optimum means the new node got less than its share (balance, see max/mean).\n");
-    println!("| PGs | PGs/node (R x PGs / N) | max/mean | min/mean | primaries max/mean | add 1 node: moved (optimum) | remove 1 node: moved (optimum) | lose a zone: moved (optimum) | table time |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("Table time: one core computing every PG's replicas in one pass per PG (the zones' best nodes kept, `placement::replicas`), and as the contract reads it (every node ranked, then the walks: `replicas_by_walks`, checked equal for every PG), medians of 3.\n");
+    println!("| PGs | PGs/node (R x PGs / N) | max/mean | min/mean | primaries max/mean | add 1 node: moved (optimum) | remove 1 node: moved (optimum) | lose a zone: moved (optimum) | table time (one pass) | table time (walks) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for &pgs in &args.pgs {
-        let started = Instant::now();
         let base = table(pgs, r, &nodes);
-        let table_ms = started.elapsed().as_secs_f64() * 1e3;
+        let table_ms = median_ms(3, || {
+            assert_eq!(table(pgs, r, &nodes).len(), pgs as usize);
+        });
+        let mut walked = Vec::new();
+        let walks_ms = median_ms(3, || {
+            walked = (0..pgs)
+                .map(|pg| replicas_by_walks(HASH_SEED_DEFAULT, pg, r, &nodes))
+                .collect();
+        });
+        assert_eq!(walked, base, "the one pass places as the walks do");
         let (max, min, pmax) = balance(&base, &nodes);
         let total = (pgs as usize * r) as f64;
 
@@ -155,7 +217,7 @@ fn main() {
             / total;
         let zone_moved = moved_slots(&base, &table(pgs, r, &zone_lost)) as f64 / total;
         println!(
-            "| {pgs} | {:.1} | {max:.2} | {min:.2} | {pmax:.2} | {:.3}% ({:.3}%) | {:.3}% ({:.3}%) | {:.2}% ({:.2}%) | {table_ms:.0} ms |",
+            "| {pgs} | {:.1} | {max:.2} | {min:.2} | {pmax:.2} | {:.3}% ({:.3}%) | {:.3}% ({:.3}%) | {:.2}% ({:.2}%) | {table_ms:.0} ms | {walks_ms:.0} ms |",
             total / f64::from(args.nodes),
             add * 100.0,
             add_opt * 100.0,
@@ -164,6 +226,14 @@ fn main() {
             zone_moved * 100.0,
             must_zone * 100.0,
         );
+    }
+    println!();
+    println!("Control-thread cost of a map change on each node (one core, medians of 3): the shard map build (every group's replicas, settled replicas and acting primary); the hand-off check (`cluster::handoff::changes`) when an added node has synced, and when every node of a new cluster has (all filled together, one etcd transaction of three operations: the `filled` key and the epoch).\n");
+    println!("| PGs | map build | hand-off check: a node added | hand-off check: a new cluster |");
+    println!("|---|---|---|---|");
+    for &pgs in &args.pgs {
+        let (build, add, start) = control_costs(pgs, r, &nodes);
+        println!("| {pgs} | {build:.0} ms | {add:.0} ms | {start:.0} ms |");
     }
     let record_bytes: usize = (0..args.nodes)
         .map(|id| node_record(id, &zone(id)).len())

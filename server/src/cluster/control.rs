@@ -1,15 +1,18 @@
 //! The control thread of a cluster node (`percore serve --cluster`): joins
-//! the map, keeps the node's lease alive, checks its own entry, and marks
-//! nodes whose lease expired `down` (then `out` after the grace period).
-//! One plain thread with blocking etcd calls: nothing here touches a shard,
-//! and a slow or lost etcd stalls only this thread (the node keeps
-//! serving, but not the keys it leads once its lease is not confirmed).
+//! the map, checks its own entry, and marks nodes whose lease expired
+//! `down` (then `out` after the grace period). One plain thread with
+//! blocking etcd calls: nothing here touches a shard, and a slow or lost
+//! etcd stalls only this thread (the node keeps serving, but not the keys
+//! it leads once its lease is not confirmed). The lease's keepalives run
+//! on a thread of their own (`keep_lease`): a map change costs this thread
+//! CPU time that grows with the cluster (every group placed: seconds at
+//! 1,000 nodes and 65,536 groups), which must not delay a renewal.
 //! It hands each new map to the shards and says how long the
 //! node may lead keys (`may_lead`: its lease and map confirmed by etcd).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use percore_protocol::placement::NodeState;
@@ -413,7 +416,9 @@ struct Control {
     keys: Keys,
     joining: Joining,
     id: u32,
+    /// The lease this node's `alive/` key is on (its keeper renews it).
     lease: i64,
+    share: Arc<LeaseShare>,
     ttl_s: u64,
     cluster: String,
     feed: MapFeed,
@@ -575,6 +580,10 @@ pub fn start(
         joining,
         id: record.id,
         lease,
+        share: Arc::new(LeaseShare {
+            lease: Mutex::new(lease),
+            ..LeaseShare::default()
+        }),
         ttl_s,
         cluster: settings.cluster.clone(),
         feed,
@@ -612,18 +621,134 @@ pub fn start(
     let leaver = Leaver {
         tx: control.feed.synced_tx.clone(),
     };
+    spawn(control, shared, &settings.urls, timeout)?;
+    Ok((status, leaver))
+}
+
+/// Starts the lease keeper's thread and the control thread.
+fn spawn(
+    mut control: Control,
+    status: Arc<ClusterStatus>,
+    urls: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let keeper = Etcd::with_timeout(urls, timeout)?;
+    let (share, keeper_status) = (control.share.clone(), status.clone());
+    let wake = control.feed.synced_tx.clone();
+    let ttl_s = control.ttl_s;
+    std::thread::Builder::new()
+        .name("percore-lease".into())
+        .spawn(move || keep_lease(&keeper, &share, &keeper_status, ttl_s, &wake))
+        .map_err(|e| format!("cannot start the cluster lease thread: {e}"))?;
     std::thread::Builder::new()
         .name("percore-cluster".into())
-        .spawn(move || control.run(&shared))
+        .spawn(move || control.run(&status))
         .map_err(|e| format!("cannot start the cluster control thread: {e}"))?;
-    Ok((status, leaver))
+    Ok(())
+}
+
+/// What the control thread and the lease keeper (`keep_lease`) share.
+#[derive(Default)]
+struct LeaseShare {
+    /// The lease the keeper renews (0: none: the node is joining again, or
+    /// leaving). Held while `ClusterStatus::lead_until_ms` is set from a
+    /// renewal of it, so that a renewal of a lease being replaced never
+    /// lets the node lead again.
+    lease: Mutex<i64>,
+    /// The keeper found the lease gone: the control thread joins again.
+    expired: AtomicBool,
+    /// The control thread ended: so does the keeper.
+    stop: AtomicBool,
+}
+
+impl LeaseShare {
+    fn lease(&self) -> std::sync::MutexGuard<'_, i64> {
+        // A panic while held leaves a plain integer: still good.
+        self.lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Ends the keeper when the control thread ends, however it ends.
+struct StopKeeper(Arc<LeaseShare>);
+
+impl Drop for StopKeeper {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::Release);
+    }
+}
+
+/// The lease keeper's thread: renews the lease every third of its time
+/// (two renewals may fail before it expires), whatever the control thread
+/// is doing, and says until when the node may lead (`ClusterStatus::lead`).
+/// A lease etcd says is gone: the node leads nothing, and the control
+/// thread is woken (`Report::LeaseLost`) to join again with a new one.
+fn keep_lease(
+    etcd: &Etcd,
+    share: &LeaseShare,
+    status: &ClusterStatus,
+    ttl_s: u64,
+    wake: &std::sync::mpsc::Sender<Report>,
+) {
+    let period = Duration::from_millis(ttl_s * 1000 / 3);
+    let mut next = Instant::now() + period;
+    while !share.stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep((next - now).min(Duration::from_millis(100)));
+            continue;
+        }
+        let lease = *share.lease();
+        if lease == 0 {
+            next = now + Duration::from_millis(100);
+            continue;
+        }
+        // Scheduled from when each call was sent: a slow etcd does not
+        // stretch the time between renewals.
+        let sent = mono_ms();
+        let renewed = catch_unwind(AssertUnwindSafe(|| etcd.lease_keepalive(lease)));
+        let mut held = share.lease();
+        match renewed {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                if *held == lease {
+                    let ttl_s = u64::try_from(ttl).unwrap_or(0).min(ttl_s);
+                    status.lead(0, sent, ttl_s);
+                    status.leased.store(true, Ordering::Relaxed);
+                }
+                next = now + period;
+            }
+            Ok(Ok(_)) => {
+                if *held == lease {
+                    *held = 0;
+                    status.lead_until_ms.store(0, Ordering::Release);
+                    share.expired.store(true, Ordering::Release);
+                    warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
+                    let _ = wake.send(Report::LeaseLost);
+                }
+                next = now + Duration::from_millis(100);
+            }
+            Ok(Err(e)) => {
+                status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                status.leased.store(false, Ordering::Relaxed);
+                warn!(error = %e, "cluster: lease renewal failed; retrying");
+                next = Instant::now() + Duration::from_millis(500);
+            }
+            Err(_) => {
+                status.etcd_errors.fetch_add(1, Ordering::Relaxed);
+                error!("cluster: the lease renewal panicked; going on");
+                next = Instant::now() + Duration::from_millis(500);
+            }
+        }
+    }
 }
 
 impl Control {
     fn run(&mut self, status: &ClusterStatus) {
-        // A third of the lease: two renewals may fail before it expires.
-        // The map is read between renewals, never delaying one (a watch
-        // would scale better: see docs/cluster.md, "Not yet").
+        let _stop = StopKeeper(self.share.clone());
+        // A third of the lease (a watch would scale better: see
+        // docs/cluster.md, "Not yet"). The lease is renewed by its keeper;
+        // this thread joins again when the keeper found it gone.
         let period = Duration::from_millis(self.ttl_s * 1000 / 3);
         let mut renew_at = Instant::now() + period;
         let mut read_at = Instant::now() + period / 2;
@@ -633,8 +758,16 @@ impl Control {
                 let _ = done.send(gave_up);
                 return;
             }
+            if self.share.expired.swap(false, Ordering::AcqRel) {
+                self.rejoining = true;
+                renew_at = Instant::now();
+            }
             let now = Instant::now();
-            let next = renew_at.min(read_at);
+            let next = if self.rejoining {
+                renew_at.min(read_at)
+            } else {
+                read_at
+            };
             if next > now {
                 // A shard that caught up, or was asked to release groups,
                 // wakes this thread early.
@@ -645,7 +778,7 @@ impl Control {
                 }
                 continue;
             }
-            let renewing = renew_at <= read_at;
+            let renewing = self.rejoining && renew_at <= read_at;
             // Scheduled from when each call was sent: a slow etcd does not
             // stretch the time between confirmations.
             let started = Instant::now();
@@ -671,6 +804,7 @@ impl Control {
                 Ok(Err(JoinError::Removed)) => {
                     status.leased.store(false, Ordering::Relaxed);
                     status.removed.store(true, Ordering::Relaxed);
+                    *self.share.lease() = 0;
                     error!(
                         node = %self.joining.name,
                         "cluster: this node was removed from the cluster while it ran; it no longer takes part (restart it to join as a new node)"
@@ -700,27 +834,14 @@ impl Control {
         }
     }
 
-    /// Renews the lease (and with it, how long this node may lead); if it
-    /// expired (etcd lost it, or this node was cut off longer than the
-    /// TTL), takes a new one and joins again: the node leads again only
-    /// under the map read after that join (which says it is not synced:
-    /// others may have taken writes meanwhile).
+    /// The lease expired (etcd lost it, or this node was cut off longer
+    /// than the TTL; its keeper found it gone and leads nothing since):
+    /// takes a new one and joins again. The node leads again only under
+    /// the map read after that join (which says it is not synced: others
+    /// may have taken writes meanwhile), and the keeper renews the new
+    /// lease only from then on (each failed try takes a new lease: a
+    /// keepalive of one must not let the node lead under its old map).
     fn renew(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
-        if !self.rejoining {
-            let sent = mono_ms();
-            let ttl = self.etcd.lease_keepalive(self.lease)?;
-            if ttl > 0 {
-                let ttl_s = u64::try_from(ttl).unwrap_or(0).min(self.ttl_s);
-                status.lead(0, sent, ttl_s);
-                return Ok(());
-            }
-            status.lead_until_ms.store(0, Ordering::Release);
-            warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
-            // Until the join and the map read after it both succeed (each
-            // try takes a new lease): a keepalive of a lease granted by a
-            // failed try must not let the node lead under its old map.
-            self.rejoining = true;
-        }
         let sent = mono_ms();
         self.lease = self
             .etcd
@@ -737,7 +858,11 @@ impl Control {
         if self.feed.sent_epoch() >= view.epoch {
             status.map_read(read, self.ttl_s);
         }
-        status.lead(view.epoch, sent, self.ttl_s);
+        {
+            let mut held = self.share.lease();
+            status.lead(view.epoch, sent, self.ttl_s);
+            *held = self.lease;
+        }
         self.rejoining = false;
         // Bucket changes made while it was cut off (a failed read is
         // made again at the next map read).
@@ -968,9 +1093,14 @@ impl Control {
                 }
                 None
             }
+            Report::LeaseLost => None,
             Report::Leave(done) => {
-                // Leads nothing from now on.
+                // Leads nothing from now on (and the keeper leaves the
+                // lease alone: it is given up in `leave`).
+                let mut held = self.share.lease();
+                *held = 0;
                 status.lead_until_ms.store(0, Ordering::Release);
+                drop(held);
                 status.map_until_ms.store(0, Ordering::Release);
                 let margin = lead_margin_ms(self.ttl_s.saturating_mul(1000));
                 self.leaving = Some((done, Instant::now() + Duration::from_millis(margin)));

@@ -34,6 +34,8 @@ pub enum Report {
     /// A write is to be acknowledged without some replicas' copies
     /// (`SkipAsk`).
     Skip(SkipAsk),
+    /// etcd said the lease is gone (`control::Keeper`): join again.
+    LeaseLost,
     /// The node stops (SIGTERM): lead nothing more from now on; give the
     /// lease up once the shards have stopped (`Drained`) or the lease
     /// margin has passed, say on the channel whether that worked, and end
