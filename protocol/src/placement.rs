@@ -184,6 +184,22 @@ pub fn settled_replicas(seed: u64, pg: u32, replicas: usize, nodes: &[PlacedNode
     })
 }
 
+/// Whether every group's settled replicas are its replicas: each node is
+/// taken by both walks or by neither (every up or down node filled, no
+/// draining node filled), as in a cluster with no hand-off pending. A map
+/// build then places each group once.
+#[must_use]
+pub fn settled_as_placed(nodes: &[PlacedNode]) -> bool {
+    nodes.iter().all(|n| {
+        let settles = n.filled
+            && matches!(
+                n.state,
+                NodeState::Up | NodeState::Down | NodeState::Draining
+            );
+        settles == n.state.eligible()
+    })
+}
+
 /// `replicas` over the nodes `eligible` takes. One pass: the first walk
 /// takes the best node of each of the `replicas` zones whose best nodes
 /// rank highest, in that order, so only those are kept (at most
@@ -410,6 +426,14 @@ mod tests {
                     filled: rng.gen_bool(0.5),
                 })
                 .collect();
+            let mut nodes = nodes;
+            if round % 3 == 0 {
+                // No hand-off pending: filled as placed.
+                for n in &mut nodes {
+                    n.filled = n.state.eligible();
+                }
+                assert!(settled_as_placed(&nodes));
+            }
             let seed = rng.gen::<u64>();
             let r = rng.gen_range(1..=REPLICAS_MAX);
             for pg in 0..8 {
@@ -425,6 +449,12 @@ mod tests {
                     replicas_walked(seed, pg, r, &nodes, settles),
                     "settled: round {round}, pg {pg}, r {r}"
                 );
+                if settled_as_placed(&nodes) {
+                    assert_eq!(
+                        settled_replicas(seed, pg, r, &nodes),
+                        replicas(seed, pg, r, &nodes)
+                    );
+                }
             }
         }
     }

@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use percore_protocol::placement::{
-    acting_primary_of, replicas, replicas_by_walks, settled_replicas, NodeState, PlacedNode,
+    acting_primary_of, replicas, replicas_by_walks, settled_as_placed, settled_replicas, NodeState,
+    PlacedNode,
 };
 use percore_protocol::routing::HASH_SEED_DEFAULT;
 use percore_server::cluster::handoff;
@@ -90,25 +91,36 @@ fn median_ms(runs: usize, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
+/// The shard map build of `ShardMap::build`: every group's replicas,
+/// settled replicas and acting primary (with no hand-off pending, the
+/// settled replicas are the replicas: each group placed once).
+fn map_build(seed: u64, pgs: u32, r: usize, nodes: &[PlacedNode]) {
+    let as_placed = settled_as_placed(nodes);
+    let mut led = 0usize;
+    for pg in 0..pgs {
+        let chosen = replicas(seed, pg, r, nodes);
+        let settled = if as_placed {
+            chosen.clone()
+        } else {
+            settled_replicas(seed, pg, r, nodes)
+        };
+        led += usize::from(acting_primary_of(r, &chosen, &settled, nodes).is_some());
+    }
+    assert_eq!(led, pgs as usize);
+}
+
 /// What a map change costs a node's control thread (ms, medians of 3):
-/// the shard map build (every group's replicas, settled replicas and
-/// acting primary), the hand-off check when a node added has synced (one
-/// candidate) and when a new cluster's nodes have all synced (every node
-/// a candidate, filled together).
-fn control_costs(pgs: u32, r: usize, nodes: &[PlacedNode]) -> (f64, f64, f64) {
+/// the shard map build with no hand-off pending and with one (a node
+/// added, not filled yet), and the hand-off check when that node has
+/// synced (one candidate) and when a new cluster's nodes have all synced
+/// (every node a candidate, filled together).
+fn control_costs(pgs: u32, r: usize, nodes: &[PlacedNode]) -> [f64; 4] {
     let seed = HASH_SEED_DEFAULT;
-    let build = median_ms(3, || {
-        let mut led = 0usize;
-        for pg in 0..pgs {
-            let chosen = replicas(seed, pg, r, nodes);
-            let settled = settled_replicas(seed, pg, r, nodes);
-            led += usize::from(acting_primary_of(r, &chosen, &settled, nodes).is_some());
-        }
-        assert_eq!(led, pgs as usize);
-    });
+    let steady = median_ms(3, || map_build(seed, pgs, r, nodes));
     let mut added = nodes.to_vec();
     let last = added.len() - 1;
     added[last].filled = false;
+    let pending = median_ms(3, || map_build(seed, pgs, r, &added));
     let add = median_ms(3, || {
         assert_eq!(handoff::changes(seed, pgs, r, &added), vec![(last, true)]);
     });
@@ -122,7 +134,7 @@ fn control_costs(pgs: u32, r: usize, nodes: &[PlacedNode]) -> (f64, f64, f64) {
     let start = median_ms(3, || {
         assert_eq!(handoff::changes(seed, pgs, r, &fresh).len(), fresh.len());
     });
-    (build, add, start)
+    [steady, pending, add, start]
 }
 
 /// One node's record as the map keeps it in etcd (JSON; see docs/cluster.md).
@@ -132,6 +144,18 @@ fn node_record(id: u32, zone: &str) -> String {
         a = id / 250,
         b = id % 250
     )
+}
+
+/// The control-thread cost table (`control_costs`) for each PG count.
+fn print_control_costs(pg_counts: &[u32], r: usize, nodes: &[PlacedNode]) {
+    println!();
+    println!("Control-thread cost of a map change on each node (one core, medians of 3): the shard map build (every group's replicas, settled replicas and acting primary), with no hand-off pending (each group placed once) and with one (a node added, not filled yet: twice); the hand-off check (`cluster::handoff::changes`) when that node has synced, and when every node of a new cluster has (all filled together, one etcd transaction of three operations: the `filled` key and the epoch).\n");
+    println!("| PGs | map build | map build, a hand-off pending | hand-off check: a node added | hand-off check: a new cluster |");
+    println!("|---|---|---|---|---|");
+    for &pgs in pg_counts {
+        let [steady, pending, add, start] = control_costs(pgs, r, nodes);
+        println!("| {pgs} | {steady:.0} ms | {pending:.0} ms | {add:.0} ms | {start:.0} ms |");
+    }
 }
 
 fn main() {
@@ -227,14 +251,7 @@ fn main() {
             must_zone * 100.0,
         );
     }
-    println!();
-    println!("Control-thread cost of a map change on each node (one core, medians of 3): the shard map build (every group's replicas, settled replicas and acting primary); the hand-off check (`cluster::handoff::changes`) when an added node has synced, and when every node of a new cluster has (all filled together, one etcd transaction of three operations: the `filled` key and the epoch).\n");
-    println!("| PGs | map build | hand-off check: a node added | hand-off check: a new cluster |");
-    println!("|---|---|---|---|");
-    for &pgs in &args.pgs {
-        let (build, add, start) = control_costs(pgs, r, &nodes);
-        println!("| {pgs} | {build:.0} ms | {add:.0} ms | {start:.0} ms |");
-    }
+    print_control_costs(&args.pgs, r, &nodes);
     let record_bytes: usize = (0..args.nodes)
         .map(|id| node_record(id, &zone(id)).len())
         .sum();

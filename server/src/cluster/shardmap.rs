@@ -253,9 +253,15 @@ impl ShardMap {
         let mut primaries = Vec::with_capacity(pgs as usize);
         let mut replicas = Vec::with_capacity(pgs as usize * r);
         let mut settled = Vec::with_capacity(pgs as usize * r);
+        // No hand-off pending: each group placed once.
+        let as_placed = placement::settled_as_placed(&placed);
         for pg in 0..pgs {
             let chosen = placement::replicas(seed, pg, r, &placed);
-            let held = placement::settled_replicas(seed, pg, r, &placed);
+            let held = if as_placed {
+                chosen.clone()
+            } else {
+                placement::settled_replicas(seed, pg, r, &placed)
+            };
             primaries.push(
                 placement::acting_primary_of(r, &chosen, &held, &placed)
                     .map_or(NO_NODE, |i| placed[i].id),
