@@ -393,6 +393,22 @@ mod tests {
         assert_eq!(ids, PINNED_REPLICAS);
     }
 
+    /// `score` hashes the 10 bytes in one call: the digest of streaming
+    /// them as the contract reads, for any seed.
+    #[test]
+    fn score_is_the_streamed_digest() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..10_000 {
+            let (seed, pg, id) = (rng.gen::<u64>(), rng.gen::<u32>(), rng.gen::<u32>());
+            let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+            h.update(b"pg");
+            h.update(&pg.to_le_bytes());
+            h.update(&id.to_le_bytes());
+            assert_eq!(score(seed, pg, id), h.digest(), "seed {seed:#x}");
+        }
+    }
+
     /// The one-pass selection is the contract's two walks over the whole
     /// ranking, on random maps: few and many zones (fewer zones than
     /// replicas takes the second walk), every state, filled or not.

@@ -663,7 +663,7 @@ pub type UserRecord = (String, Bytes);
 /// node), only while the catalog is not marked made; the first node to
 /// have put all of its own marks it made.
 ///
-/// Stops after `budget` (the lease renewals share this thread), to go on
+/// Stops after `budget` (the map reads share this thread), to go on
 /// at the next read. Returns whether the catalog is made and this node's
 /// users are in.
 pub fn seed(

@@ -39,7 +39,8 @@ pub struct ClusterSettings {
 }
 
 /// What the control thread shares with the rest of the node: plain
-/// atomics, written by the control thread only.
+/// atomics, written by the control thread and the lease keeper
+/// (`keep_lease`: `leased`, `lead_until_ms`, `etcd_errors`).
 #[derive(Default)]
 pub struct ClusterStatus {
     pub epoch: AtomicU64,
@@ -359,7 +360,7 @@ impl ClusterStatus {
         );
         gauge(
             "percore_cluster_etcd_errors_total",
-            "Failed calls of the control thread to etcd.",
+            "Failed calls to etcd of the control thread and the lease keeper.",
             "counter",
             &plain(self.etcd_errors.load(Ordering::Relaxed)),
         );
@@ -527,32 +528,7 @@ pub fn start(
     let etcd = Etcd::with_timeout(&settings.urls, timeout)?;
     let keys = Keys::new(&settings.cluster)?;
     joining.nonce = format!("{:032x}", rand::random::<u128>()).into_bytes();
-    let mut lease_from = mono_ms();
-    let lease = etcd.lease_grant(i64::try_from(ttl_s).unwrap_or(10))?;
-    let deadline = Instant::now() + Duration::from_secs(ttl_s + 2);
-    let record = loop {
-        match map::join(&etcd, &keys, &joining, lease, None) {
-            Ok(r) => break r,
-            Err(JoinError::AliveElsewhere) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(500));
-                // Our own lease must outlive the wait.
-                lease_from = mono_ms();
-                etcd.lease_keepalive(lease)?;
-            }
-            Err(JoinError::AliveElsewhere) => {
-                let _ = etcd.lease_revoke(lease);
-                return Err(format!(
-                    "another process runs as node {} (its lease is still renewed); stop it, or give this one another --node",
-                    joining.name
-                ));
-            }
-            Err(JoinError::Removed) => unreachable!("a first join takes any id"),
-            Err(JoinError::Etcd(e)) => {
-                let _ = etcd.lease_revoke(lease);
-                return Err(e);
-            }
-        }
-    };
+    let (record, lease, lease_from) = first_join(&etcd, &keys, &joining, ttl_s)?;
     let status = Arc::new(ClusterStatus::default());
     status
         .ttl_ms
@@ -574,16 +550,23 @@ pub fn start(
         "joined the cluster"
     );
     let shared = status.clone();
+    // The lease is renewed from now on, by its own thread (the first map
+    // read below may take seconds on a large map).
+    let share = Arc::new(LeaseShare::new(lease));
+    spawn_keeper(
+        &share,
+        &status,
+        feed.synced_tx.clone(),
+        &settings.urls,
+        timeout,
+    )?;
     let mut control = Control {
         etcd,
         keys,
         joining,
         id: record.id,
         lease,
-        share: Arc::new(LeaseShare {
-            lease: Mutex::new(lease),
-            ..LeaseShare::default()
-        }),
+        share,
         ttl_s,
         cluster: settings.cluster.clone(),
         feed,
@@ -621,53 +604,117 @@ pub fn start(
     let leaver = Leaver {
         tx: control.feed.synced_tx.clone(),
     };
-    spawn(control, shared, &settings.urls, timeout)?;
+    std::thread::Builder::new()
+        .name("percore-cluster".into())
+        .spawn(move || control.run(&shared))
+        .map_err(|e| format!("cannot start the cluster control thread: {e}"))?;
     Ok((status, leaver))
 }
 
-/// Starts the lease keeper's thread and the control thread.
-fn spawn(
-    mut control: Control,
-    status: Arc<ClusterStatus>,
+/// A node's first join: a new lease, and its record joined on it (waiting
+/// up to the lease time for a previous process's `alive/` key to expire).
+/// Returns the record, the lease and when it was last renewed (`mono_ms`).
+fn first_join(
+    etcd: &Etcd,
+    keys: &Keys,
+    joining: &Joining,
+    ttl_s: u64,
+) -> Result<(map::NodeRecord, i64, u64), String> {
+    let mut lease_from = mono_ms();
+    let lease = etcd.lease_grant(i64::try_from(ttl_s).unwrap_or(10))?;
+    let deadline = Instant::now() + Duration::from_secs(ttl_s + 2);
+    loop {
+        match map::join(etcd, keys, joining, lease, None) {
+            Ok(r) => return Ok((r, lease, lease_from)),
+            Err(JoinError::AliveElsewhere) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(500));
+                // Our own lease must outlive the wait.
+                lease_from = mono_ms();
+                etcd.lease_keepalive(lease)?;
+            }
+            Err(JoinError::AliveElsewhere) => {
+                let _ = etcd.lease_revoke(lease);
+                return Err(format!(
+                    "another process runs as node {} (its lease is still renewed); stop it, or give this one another --node",
+                    joining.name
+                ));
+            }
+            Err(JoinError::Removed) => unreachable!("a first join takes any id"),
+            Err(JoinError::Etcd(e)) => {
+                let _ = etcd.lease_revoke(lease);
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Starts the lease keeper's thread.
+fn spawn_keeper(
+    share: &Arc<LeaseShare>,
+    status: &Arc<ClusterStatus>,
+    wake: std::sync::mpsc::Sender<Report>,
     urls: &str,
     timeout: Duration,
 ) -> Result<(), String> {
     let keeper = Etcd::with_timeout(urls, timeout)?;
-    let (share, keeper_status) = (control.share.clone(), status.clone());
-    let wake = control.feed.synced_tx.clone();
-    let ttl_s = control.ttl_s;
+    let (share, status) = (share.clone(), status.clone());
+    let ttl_s = status.ttl_ms.load(Ordering::Relaxed) / 1000;
     std::thread::Builder::new()
         .name("percore-lease".into())
-        .spawn(move || keep_lease(&keeper, &share, &keeper_status, ttl_s, &wake))
-        .map_err(|e| format!("cannot start the cluster lease thread: {e}"))?;
-    std::thread::Builder::new()
-        .name("percore-cluster".into())
-        .spawn(move || control.run(&status))
-        .map_err(|e| format!("cannot start the cluster control thread: {e}"))?;
-    Ok(())
+        .spawn(move || keep_lease(&keeper, &share, &status, ttl_s, &wake))
+        .map(drop)
+        .map_err(|e| format!("cannot start the cluster lease thread: {e}"))
+}
+
+/// The lease the keeper renews (0: none), and whether a renewal of it
+/// lets the node lead (not while the node joins again: until the map read
+/// after that join is with its shards; not while it stops).
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    lease: i64,
+    leads: bool,
 }
 
 /// What the control thread and the lease keeper (`keep_lease`) share.
-#[derive(Default)]
 struct LeaseShare {
-    /// The lease the keeper renews (0: none: the node is joining again, or
-    /// leaving). Held while `ClusterStatus::lead_until_ms` is set from a
-    /// renewal of it, so that a renewal of a lease being replaced never
-    /// lets the node lead again.
-    lease: Mutex<i64>,
+    /// Held while `ClusterStatus::lead_until_ms` is set from a renewal,
+    /// so that a renewal of a lease being replaced, or of one that no
+    /// longer leads, never lets the node lead again.
+    held: Mutex<Held>,
     /// The keeper found the lease gone: the control thread joins again.
     expired: AtomicBool,
     /// The control thread ended: so does the keeper.
     stop: AtomicBool,
+    /// When the control loop last went round (`mono_ms`): a control
+    /// thread stuck for longer than `stuck_ms` lets the lease expire, so
+    /// that the other nodes take its groups over (its map, no longer
+    /// confirmed, lets it lead nothing).
+    beat_ms: AtomicU64,
 }
 
 impl LeaseShare {
-    fn lease(&self) -> std::sync::MutexGuard<'_, i64> {
-        // A panic while held leaves a plain integer: still good.
-        self.lease
+    fn new(lease: i64) -> LeaseShare {
+        LeaseShare {
+            held: Mutex::new(Held { lease, leads: true }),
+            expired: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            beat_ms: AtomicU64::new(mono_ms()),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        // A panic while held leaves plain values: still good.
+        self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// How long the control loop may go without a turn before the keeper
+/// stops renewing the lease: three leases, at least 30 s (a map change
+/// at 1,000 nodes and 65,536 groups takes the loop a few seconds).
+fn stuck_ms(ttl_ms: u64) -> u64 {
+    ttl_ms.saturating_mul(3).max(30_000)
 }
 
 /// Ends the keeper when the control thread ends, however it ends.
@@ -681,9 +728,11 @@ impl Drop for StopKeeper {
 
 /// The lease keeper's thread: renews the lease every third of its time
 /// (two renewals may fail before it expires), whatever the control thread
-/// is doing, and says until when the node may lead (`ClusterStatus::lead`).
-/// A lease etcd says is gone: the node leads nothing, and the control
-/// thread is woken (`Report::LeaseLost`) to join again with a new one.
+/// is doing unless it is stuck (`stuck_ms`), and says until when the node
+/// may lead (`ClusterStatus::lead`). A lease etcd says is gone: the node
+/// leads nothing, and the control thread is woken (`Report::LeaseLost`)
+/// to join again with a new one. The first renewal is at once (the join
+/// and first map read before took some of the lease).
 fn keep_lease(
     etcd: &Etcd,
     share: &LeaseShare,
@@ -692,36 +741,56 @@ fn keep_lease(
     wake: &std::sync::mpsc::Sender<Report>,
 ) {
     let period = Duration::from_millis(ttl_s * 1000 / 3);
-    let mut next = Instant::now() + period;
+    let stuck = stuck_ms(ttl_s.saturating_mul(1000));
+    let mut next = Instant::now();
+    // When a failure was last logged: at most one line per 10 s.
+    let mut logged: Option<Instant> = None;
+    let mut log = |what: &dyn Fn()| {
+        if logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            what();
+            logged = Some(Instant::now());
+        }
+    };
     while !share.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if next > now {
             std::thread::sleep((next - now).min(Duration::from_millis(100)));
             continue;
         }
-        let lease = *share.lease();
+        let lease = share.held().lease;
         if lease == 0 {
             next = now + Duration::from_millis(100);
+            continue;
+        }
+        let quiet = mono_ms().saturating_sub(share.beat_ms.load(Ordering::Acquire));
+        if quiet > stuck {
+            log(&|| {
+                error!(quiet_ms = quiet, "cluster: the control thread has not gone round for this long; the lease is left to expire, so that the other nodes take this node's groups over")
+            });
+            next = now + Duration::from_millis(500);
             continue;
         }
         // Scheduled from when each call was sent: a slow etcd does not
         // stretch the time between renewals.
         let sent = mono_ms();
         let renewed = catch_unwind(AssertUnwindSafe(|| etcd.lease_keepalive(lease)));
-        let mut held = share.lease();
+        let mut held = share.held();
         match renewed {
             Ok(Ok(ttl)) if ttl > 0 => {
-                if *held == lease {
-                    let ttl_s = u64::try_from(ttl).unwrap_or(0).min(ttl_s);
-                    status.lead(0, sent, ttl_s);
+                if held.lease == lease {
                     status.leased.store(true, Ordering::Relaxed);
+                    if held.leads {
+                        let ttl_s = u64::try_from(ttl).unwrap_or(0).min(ttl_s);
+                        status.lead(0, sent, ttl_s);
+                    }
                 }
                 next = now + period;
             }
             Ok(Ok(_)) => {
-                if *held == lease {
-                    *held = 0;
+                if held.lease == lease {
+                    *held = Held::default();
                     status.lead_until_ms.store(0, Ordering::Release);
+                    status.leased.store(false, Ordering::Relaxed);
                     share.expired.store(true, Ordering::Release);
                     warn!("cluster: this node's lease had expired; joining again (it leads no keys until it has caught up)");
                     let _ = wake.send(Report::LeaseLost);
@@ -729,12 +798,14 @@ fn keep_lease(
                 next = now + Duration::from_millis(100);
             }
             Ok(Err(e)) => {
+                drop(held);
                 status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                 status.leased.store(false, Ordering::Relaxed);
-                warn!(error = %e, "cluster: lease renewal failed; retrying");
+                log(&|| warn!(error = %e, "cluster: lease renewal failed; retrying every 500 ms"));
                 next = Instant::now() + Duration::from_millis(500);
             }
             Err(_) => {
+                drop(held);
                 status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                 error!("cluster: the lease renewal panicked; going on");
                 next = Instant::now() + Duration::from_millis(500);
@@ -753,6 +824,7 @@ impl Control {
         let mut renew_at = Instant::now() + period;
         let mut read_at = Instant::now() + period / 2;
         loop {
+            self.share.beat_ms.store(mono_ms(), Ordering::Release);
             if let Some((done, until)) = self.leaving.take() {
                 let gave_up = self.leave(status, until);
                 let _ = done.send(gave_up);
@@ -802,9 +874,13 @@ impl Control {
                 }
                 Ok(Ok(())) => read_at = started + period,
                 Ok(Err(JoinError::Removed)) => {
+                    {
+                        let mut held = self.share.held();
+                        *held = Held::default();
+                        status.lead_until_ms.store(0, Ordering::Release);
+                    }
                     status.leased.store(false, Ordering::Relaxed);
                     status.removed.store(true, Ordering::Relaxed);
-                    *self.share.lease() = 0;
                     error!(
                         node = %self.joining.name,
                         "cluster: this node was removed from the cluster while it ran; it no longer takes part (restart it to join as a new node)"
@@ -846,6 +922,12 @@ impl Control {
         self.lease = self
             .etcd
             .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
+        // Renewed from now on (the join, map read and hand-over below may
+        // take seconds on a large map), but leading nothing yet.
+        *self.share.held() = Held {
+            lease: self.lease,
+            leads: false,
+        };
         self.rejoin()?;
         // Its copy of the catalog counts from a read after the join only:
         // a door that found it without a lease did not wait for it.
@@ -859,9 +941,9 @@ impl Control {
             status.map_read(read, self.ttl_s);
         }
         {
-            let mut held = self.share.lease();
+            let mut held = self.share.held();
             status.lead(view.epoch, sent, self.ttl_s);
-            *held = self.lease;
+            held.leads = true;
         }
         self.rejoining = false;
         // Bucket changes made while it was cut off (a failed read is
@@ -1097,8 +1179,8 @@ impl Control {
             Report::Leave(done) => {
                 // Leads nothing from now on (and the keeper leaves the
                 // lease alone: it is given up in `leave`).
-                let mut held = self.share.lease();
-                *held = 0;
+                let mut held = self.share.held();
+                held.leads = false;
                 status.lead_until_ms.store(0, Ordering::Release);
                 drop(held);
                 status.map_until_ms.store(0, Ordering::Release);
@@ -1136,6 +1218,8 @@ impl Control {
                 Err(_) => break,
             }
         }
+        // The keeper leaves a lease being given up alone.
+        *self.share.held() = Held::default();
         let gave_up = match self.etcd.lease_revoke(self.lease) {
             Ok(()) => {
                 status.leased.store(false, Ordering::Relaxed);
@@ -1169,7 +1253,7 @@ impl Control {
     /// copies (`map::skip`), with every other skip the shards asked for
     /// meanwhile (at most one round per `SKIP_GAP`, and a round stops
     /// after an eighth of the lease: what is left is refused, so that the
-    /// lease renewals on this thread keep their time); then tells the
+    /// map reads on this thread keep their time); then tells the
     /// asking shards. An ask past its write's deadline fails unrecorded.
     /// Some: when to read the map next (a node was marked not synced).
     fn skip(&mut self, status: &ClusterStatus, first: SkipAsk) -> Option<Instant> {

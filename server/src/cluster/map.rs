@@ -424,7 +424,7 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         .into_iter()
         .next()
         .ok_or("the cluster has no epoch key")?;
-    let (nodes, _) = etcd.range(&keys.nodes(), Some(&prefix_end(&keys.nodes())))?;
+    let (nodes, nodes_revision) = etcd.range(&keys.nodes(), Some(&prefix_end(&keys.nodes())))?;
     let mut records = Vec::with_capacity(nodes.len());
     let mut unreadable = Vec::new();
     for kv in nodes {
@@ -436,9 +436,11 @@ pub fn load(etcd: &Etcd, keys: &Keys) -> Result<View, String> {
         }
     }
     records.sort_by_key(|(n, _)| n.id);
-    // Read after the epoch, as the records: a change since moved the
-    // epoch, which every write compares.
-    let filled_ids = match etcd.get(&keys.filled())? {
+    // At the records' revision: flags and states as they were together
+    // (a change since moved the epoch, which every write compares; the
+    // shards' map, though, is built from this read).
+    let (filled, _, _) = etcd.range_page((&keys.filled(), &[]), 0, nodes_revision, false)?;
+    let filled_ids = match filled.into_iter().next() {
         Some(kv) => {
             let ids: BTreeSet<u32> = serde_json::from_slice(&kv.value)
                 .map_err(|e| format!("the cluster's filled key cannot be read: {e}"))?;
@@ -563,13 +565,13 @@ fn write_node(
 ) -> Result<bool, String> {
     let json = record_json(record)?;
     let after = placed_with(view, record);
-    let Some(mut success) = with_gainers(etcd, keys, view, &after, record.id)? else {
-        return Ok(false);
-    };
     let compare = vec![
         txn::unchanged(&keys.epoch(), view.epoch_revision),
         txn::unchanged(&keys.node(record.id), seen),
     ];
+    let Some(mut success) = with_gainers(etcd, keys, view, (&after, record.id), &compare)? else {
+        return Ok(false);
+    };
     success.push(txn::put(&keys.node(record.id), &json));
     success.extend(filled_put(keys, view, &[(record.id, record.filled())])?);
     success.push(txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()));
@@ -611,13 +613,15 @@ fn placed_with(view: &View, record: &NodeRecord) -> Vec<PlacedNode> {
 /// hundred, with many groups, drained): the first ones are marked
 /// unsynced in a transaction of their own (early is safe: an unsynced
 /// node leads nothing and catches up again), and None says so; the caller
-/// reads the map again and retries.
+/// reads the map again and retries. `guard`: the compares of the
+/// caller's change (the epoch's among them), made by that transaction too
+/// (the change it is a part of must still be due).
 fn with_gainers(
     etcd: &Etcd,
     keys: &Keys,
     view: &View,
-    after: &[PlacedNode],
-    except: u32,
+    (after, except): (&[PlacedNode], u32),
+    guard: &[serde_json::Value],
 ) -> Result<Option<Vec<serde_json::Value>>, String> {
     let seed = view.config.seed()?;
     let r = view.config.replicas;
@@ -653,11 +657,7 @@ fn with_gainers(
     success.truncate(GAINERS_PER_TXN);
     success.extend(filled_put(keys, view, &[])?);
     success.push(txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()));
-    etcd.txn(
-        vec![txn::unchanged(&keys.epoch(), view.epoch_revision)],
-        success,
-        vec![],
-    )?;
+    etcd.txn(guard.to_vec(), success, vec![])?;
     Ok(None)
 }
 
@@ -997,7 +997,8 @@ pub fn join(
             let json = record_json(&record)?;
             // Placement moves if its state or zone did (or it is new).
             let after = placed_with(&view, &record);
-            let Some(gainers) = with_gainers(etcd, keys, &view, &after, id)? else {
+            compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
+            let Some(gainers) = with_gainers(etcd, keys, &view, (&after, id), &compare)? else {
                 continue;
             };
             success.extend(gainers);
@@ -1005,7 +1006,6 @@ pub fn join(
             success.extend(filled_put(keys, &view, &[(id, record.filled())])?);
             success.push(txn::put(&keys.epoch(), next_epoch(&view)?.as_bytes()));
             success.push(txn::delete(&keys.down(id)));
-            compare.push(txn::unchanged(&keys.epoch(), view.epoch_revision));
         }
         if etcd.txn(compare, success, vec![])? {
             return Ok(record);
@@ -1031,14 +1031,15 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
         if let Some(i) = after.iter().position(|n| n.id == record.id) {
             after[i].state = NodeState::Out;
         }
-        let Some(mut success) = with_gainers(etcd, keys, &view, &after, record.id)? else {
-            continue;
-        };
         let compare = vec![
             txn::unchanged(&keys.epoch(), view.epoch_revision),
             txn::unchanged(&keys.node(record.id), seen),
             txn::absent(&keys.alive(record.id)),
         ];
+        let Some(mut success) = with_gainers(etcd, keys, &view, (&after, record.id), &compare)?
+        else {
+            continue;
+        };
         success.extend(filled_put(keys, &view, &[(record.id, false)])?);
         success.extend([
             txn::delete(&keys.node(record.id)),
@@ -1060,11 +1061,35 @@ pub fn remove(etcd: &Etcd, keys: &Keys, name: &str) -> Result<NodeRecord, String
 /// node whose grace period ended `out`. Draining nodes stay draining (they
 /// hold no placement groups either way). At most one change per call (the
 /// caller calls again). Returns the change made, as (name, new state).
+/// A change that gives many nodes groups is made in parts, back to back
+/// (`with_gainers`: the map is read again after each).
 pub fn detect_failures(
     etcd: &Etcd,
     keys: &Keys,
     view: &View,
 ) -> Result<Option<(String, NodeState)>, String> {
+    let mut loaded;
+    let mut view = view;
+    for _ in 0..CONFLICT_RETRIES {
+        match detect_one(etcd, keys, view)? {
+            Some(done) => return Ok(done),
+            None => {
+                loaded = load(etcd, keys)?;
+                view = &loaded;
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// `detect_failures` under `view`: Some(the change made, if any), or None
+/// when a part of a change was made (read the map again and go on).
+#[allow(clippy::option_option)]
+fn detect_one(
+    etcd: &Etcd,
+    keys: &Keys,
+    view: &View,
+) -> Result<Option<Option<(String, NodeState)>>, String> {
     for (record, seen) in &view.nodes {
         if view.alive.contains_key(&record.id) {
             continue;
@@ -1095,28 +1120,29 @@ pub fn detect_failures(
         if let Some(i) = after.iter().position(|n| n.id == record.id) {
             after[i].state = next;
         }
-        let Some(mut success) = with_gainers(etcd, keys, view, &after, record.id)? else {
-            // A first part of its gainers marked unsynced (or the map
-            // moved): the next map read goes on.
-            if let Some(lease) = grace {
-                let _ = etcd.lease_revoke(lease);
-            }
-            return Ok(None);
-        };
         let mut compare = vec![
             txn::unchanged(&keys.epoch(), view.epoch_revision),
             txn::unchanged(&keys.node(record.id), *seen),
             // The lease must still be gone when the change is made.
             txn::absent(&keys.alive(record.id)),
         ];
+        if grace.is_none() {
+            compare.push(txn::absent(&keys.down(record.id)));
+        }
+        let Some(mut success) = with_gainers(etcd, keys, view, (&after, record.id), &compare)?
+        else {
+            if let Some(lease) = grace {
+                let _ = etcd.lease_revoke(lease);
+            }
+            return Ok(None);
+        };
         success.extend(filled_put(keys, view, &[(record.id, new.filled())])?);
         success.extend([
             txn::put(&keys.node(record.id), &json),
             txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
         ]);
-        match grace {
-            Some(lease) => success.push(txn::put_leased(&keys.down(record.id), b"", lease)),
-            None => compare.push(txn::absent(&keys.down(record.id))),
+        if let Some(lease) = grace {
+            success.push(txn::put_leased(&keys.down(record.id), b"", lease));
         }
         let done = etcd.txn(compare, success, vec![])?;
         if !done {
@@ -1124,9 +1150,9 @@ pub fn detect_failures(
                 let _ = etcd.lease_revoke(lease);
             }
         }
-        return Ok(done.then(|| (record.name.clone(), next)));
+        return Ok(Some(done.then(|| (record.name.clone(), next))));
     }
-    Ok(None)
+    Ok(Some(None))
 }
 
 #[cfg(test)]
