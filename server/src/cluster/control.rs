@@ -1535,6 +1535,64 @@ impl Control {
 mod tests {
     use super::may_have_left_and_returned;
 
+    /// Against a real etcd, with a 3 s lease: the keeper renews it while
+    /// the control thread goes no round for more than two leases (a long
+    /// map build), lets the node lead only while the lease leads, and a
+    /// lease etcd no longer has makes the node lead nothing and wakes the
+    /// control thread.
+    #[test]
+    fn the_keeper_renews_alone_and_stops_leading_on_a_lost_lease() {
+        use super::{mono_ms, spawn_keeper, ClusterStatus, LeaseShare, Report};
+        use crate::cluster::etcd::Etcd;
+        use std::sync::atomic::Ordering;
+        use std::sync::Arc;
+        use std::time::Duration;
+        let Some(e) = crate::cluster::map::tests::start_etcd() else {
+            return;
+        };
+        let etcd = Etcd::new(&e.urls).unwrap();
+        let lease = etcd.lease_grant(3).unwrap();
+        let share = Arc::new(LeaseShare::new(lease));
+        let status = Arc::new(ClusterStatus::default());
+        status.ttl_ms.store(3000, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_keeper(&share, &status, tx, &e.urls, Duration::from_millis(500)).unwrap();
+        // No beat for 7 s: busy, not stuck.
+        std::thread::sleep(Duration::from_secs(7));
+        assert!(
+            status.lead_until_ms.load(Ordering::Acquire) > mono_ms(),
+            "may lead"
+        );
+        assert!(status.leased.load(Ordering::Relaxed));
+        assert!(
+            etcd.lease_keepalive(lease).unwrap() > 0,
+            "the lease outlived two TTLs"
+        );
+        // A lease that does not lead (a node joining again, or stopping).
+        share.held().leads = false;
+        status.lead_until_ms.store(0, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(2500));
+        assert_eq!(
+            status.lead_until_ms.load(Ordering::Acquire),
+            0,
+            "renewed, not leading"
+        );
+        assert!(etcd.lease_keepalive(lease).unwrap() > 0);
+        // Lost at etcd.
+        share.held().leads = true;
+        etcd.lease_revoke(lease).unwrap();
+        let woken = rx.recv_timeout(Duration::from_secs(5));
+        assert!(
+            matches!(woken, Ok(Report::LeaseLost)),
+            "the control thread is woken"
+        );
+        assert!(share.expired.load(Ordering::Acquire));
+        assert_eq!(share.held().lease, 0);
+        assert_eq!(status.lead_until_ms.load(Ordering::Acquire), 0);
+        assert!(!status.leased.load(Ordering::Relaxed));
+        share.stop.store(true, Ordering::Release);
+    }
+
     fn m(nodes: &[(u32, &str, u64)]) -> Vec<super::Member> {
         nodes
             .iter()

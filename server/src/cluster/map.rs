@@ -1156,4 +1156,4 @@ fn detect_one(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

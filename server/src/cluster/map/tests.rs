@@ -13,9 +13,9 @@ use percore_protocol::placement::{self, NodeState};
 use super::*;
 
 /// An etcd of one member on loopback, stopped when dropped.
-struct EtcdProcess {
+pub(crate) struct EtcdProcess {
     child: Child,
-    urls: String,
+    pub(crate) urls: String,
     _dir: tempfile::TempDir,
 }
 
@@ -36,7 +36,7 @@ fn free_port() -> u16 {
 /// None (the test is skipped, and says so) when etcd is not installed,
 /// unless `PERCORE_CI_NO_SKIPS=1` (tests/run.sh sets it, and installs
 /// etcd first): then the test fails.
-fn start_etcd() -> Option<EtcdProcess> {
+pub(crate) fn start_etcd() -> Option<EtcdProcess> {
     let installed = Command::new("etcd")
         .arg("--version")
         .stdout(Stdio::null())
