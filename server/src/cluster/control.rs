@@ -594,7 +594,12 @@ pub fn start(
             if control.feed.sent_epoch() >= view.epoch {
                 status.map_read(sent, control.ttl_s);
             }
-            status.lead(view.epoch, lease_from, control.ttl_s);
+            // Unless the keeper found the lease gone meanwhile (the
+            // control thread joins again).
+            let held = control.share.held();
+            if held.lease == lease {
+                status.lead(view.epoch, lease_from, control.ttl_s);
+            }
         }
         Err(e) => warn!(error = %e, "cluster: cannot read the map yet; retrying"),
     }
@@ -711,10 +716,11 @@ impl LeaseShare {
 }
 
 /// How long the control loop may go without a turn before the keeper
-/// stops renewing the lease: three leases, at least 30 s (a map change
-/// at 1,000 nodes and 65,536 groups takes the loop a few seconds).
+/// stops renewing the lease: six leases, at least 60 s (a map change at
+/// 1,000 nodes and 65,536 groups takes the loop a few seconds, a failure
+/// mark made in parts a few times that).
 fn stuck_ms(ttl_ms: u64) -> u64 {
-    ttl_ms.saturating_mul(3).max(30_000)
+    ttl_ms.saturating_mul(6).max(60_000)
 }
 
 /// Ends the keeper when the control thread ends, however it ends.
@@ -743,12 +749,13 @@ fn keep_lease(
     let period = Duration::from_millis(ttl_s * 1000 / 3);
     let stuck = stuck_ms(ttl_s.saturating_mul(1000));
     let mut next = Instant::now();
-    // When a failure was last logged: at most one line per 10 s.
-    let mut logged: Option<Instant> = None;
-    let mut log = |what: &dyn Fn()| {
-        if logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+    // When each kind of failure was last logged (stuck, renewal failed):
+    // at most one line of each per 10 s.
+    let mut logged: [Option<Instant>; 2] = [None; 2];
+    let mut log = |kind: usize, what: &dyn Fn()| {
+        if logged[kind].is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
             what();
-            logged = Some(Instant::now());
+            logged[kind] = Some(Instant::now());
         }
     };
     while !share.stop.load(Ordering::Acquire) {
@@ -764,7 +771,7 @@ fn keep_lease(
         }
         let quiet = mono_ms().saturating_sub(share.beat_ms.load(Ordering::Acquire));
         if quiet > stuck {
-            log(&|| {
+            log(0, &|| {
                 error!(quiet_ms = quiet, "cluster: the control thread has not gone round for this long; the lease is left to expire, so that the other nodes take this node's groups over")
             });
             next = now + Duration::from_millis(500);
@@ -801,7 +808,10 @@ fn keep_lease(
                 drop(held);
                 status.etcd_errors.fetch_add(1, Ordering::Relaxed);
                 status.leased.store(false, Ordering::Relaxed);
-                log(&|| warn!(error = %e, "cluster: lease renewal failed; retrying every 500 ms"));
+                log(
+                    1,
+                    &|| warn!(error = %e, "cluster: lease renewal failed; retrying every 500 ms"),
+                );
                 next = Instant::now() + Duration::from_millis(500);
             }
             Err(_) => {
@@ -912,22 +922,30 @@ impl Control {
 
     /// The lease expired (etcd lost it, or this node was cut off longer
     /// than the TTL; its keeper found it gone and leads nothing since):
-    /// takes a new one and joins again. The node leads again only under
-    /// the map read after that join (which says it is not synced: others
-    /// may have taken writes meanwhile), and the keeper renews the new
-    /// lease only from then on (each failed try takes a new lease: a
-    /// keepalive of one must not let the node lead under its old map).
+    /// takes a new one and joins again. The keeper renews the new lease
+    /// from its grant (the join and map read may take seconds on a large
+    /// map) but it lets the node lead only under the map read after that
+    /// join (which says it is not synced: others may have taken writes
+    /// meanwhile). A try that failed leaves its lease with the keeper,
+    /// not leading: the next try takes it up again while it lives.
     fn renew(&mut self, status: &ClusterStatus) -> Result<(), JoinError> {
         let sent = mono_ms();
-        self.lease = self
-            .etcd
-            .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
-        // Renewed from now on (the join, map read and hand-over below may
-        // take seconds on a large map), but leading nothing yet.
-        *self.share.held() = Held {
-            lease: self.lease,
-            leads: false,
+        let kept = {
+            let held = self.share.held();
+            held.lease != 0 && held.lease == self.lease && !held.leads
         };
+        if !kept {
+            let lease = self
+                .etcd
+                .lease_grant(i64::try_from(self.ttl_s).unwrap_or(10))?;
+            self.lease = lease;
+            let mut held = self.share.held();
+            *held = Held {
+                lease,
+                leads: false,
+            };
+            status.lead_until_ms.store(0, Ordering::Release);
+        }
         self.rejoin()?;
         // Its copy of the catalog counts from a read after the join only:
         // a door that found it without a lease did not wait for it.
@@ -942,6 +960,11 @@ impl Control {
         }
         {
             let mut held = self.share.held();
+            if held.lease != self.lease {
+                return Err(JoinError::Etcd(
+                    "the new lease was lost while this node joined again; joining again".into(),
+                ));
+            }
             status.lead(view.epoch, sent, self.ttl_s);
             held.leads = true;
         }
@@ -1535,7 +1558,7 @@ impl Control {
 mod tests {
     use super::may_have_left_and_returned;
 
-    /// Against a real etcd, with a 3 s lease: the keeper renews it while
+    /// Against a real etcd, with a 4 s lease: the keeper renews it while
     /// the control thread goes no round for more than two leases (a long
     /// map build), lets the node lead only while the lease leads, and a
     /// lease etcd no longer has makes the node lead nothing and wakes the
@@ -1551,14 +1574,15 @@ mod tests {
             return;
         };
         let etcd = Etcd::new(&e.urls).unwrap();
-        let lease = etcd.lease_grant(3).unwrap();
+        let lease = etcd.lease_grant(4).unwrap();
         let share = Arc::new(LeaseShare::new(lease));
+        let _stop = super::StopKeeper(share.clone());
         let status = Arc::new(ClusterStatus::default());
-        status.ttl_ms.store(3000, Ordering::Relaxed);
+        status.ttl_ms.store(4000, Ordering::Relaxed);
         let (tx, rx) = std::sync::mpsc::channel();
         spawn_keeper(&share, &status, tx, &e.urls, Duration::from_millis(500)).unwrap();
-        // No beat for 7 s: busy, not stuck.
-        std::thread::sleep(Duration::from_secs(7));
+        // No beat for 9 s: busy, not stuck.
+        std::thread::sleep(Duration::from_secs(9));
         assert!(
             status.lead_until_ms.load(Ordering::Acquire) > mono_ms(),
             "may lead"
@@ -1571,7 +1595,7 @@ mod tests {
         // A lease that does not lead (a node joining again, or stopping).
         share.held().leads = false;
         status.lead_until_ms.store(0, Ordering::Release);
-        std::thread::sleep(Duration::from_millis(2500));
+        std::thread::sleep(Duration::from_millis(3000));
         assert_eq!(
             status.lead_until_ms.load(Ordering::Acquire),
             0,
@@ -1590,7 +1614,6 @@ mod tests {
         assert_eq!(share.held().lease, 0);
         assert_eq!(status.lead_until_ms.load(Ordering::Acquire), 0);
         assert!(!status.leased.load(Ordering::Relaxed));
-        share.stop.store(true, Ordering::Release);
     }
 
     fn m(nodes: &[(u32, &str, u64)]) -> Vec<super::Member> {

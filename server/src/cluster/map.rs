@@ -1070,7 +1070,9 @@ pub fn detect_failures(
 ) -> Result<Option<(String, NodeState)>, String> {
     let mut loaded;
     let mut view = view;
-    for _ in 0..CONFLICT_RETRIES {
+    // A few parts a turn (each reads the map and places every group
+    // twice); the next map read goes on.
+    for _ in 0..PARTS_PER_TURN {
         match detect_one(etcd, keys, view)? {
             Some(done) => return Ok(done),
             None => {
@@ -1081,6 +1083,9 @@ pub fn detect_failures(
     }
     Ok(None)
 }
+
+/// Parts of a failure mark made per call of `detect_failures`.
+const PARTS_PER_TURN: usize = 4;
 
 /// `detect_failures` under `view`: Some(the change made, if any), or None
 /// when a part of a change was made (read the map again and go on).
@@ -1094,12 +1099,9 @@ fn detect_one(
         if view.alive.contains_key(&record.id) {
             continue;
         }
-        let (next, grace) = match record.node_state() {
-            NodeState::Up => {
-                let ttl = i64::try_from(view.config.down_out_s.max(1)).unwrap_or(i64::MAX);
-                (NodeState::Down, Some(etcd.lease_grant(ttl)?))
-            }
-            NodeState::Down if !view.downs.contains(&record.id) => (NodeState::Out, None),
+        let next = match record.node_state() {
+            NodeState::Up => NodeState::Down,
+            NodeState::Down if !view.downs.contains(&record.id) => NodeState::Out,
             _ => continue,
         };
         let new = NodeRecord {
@@ -1126,14 +1128,11 @@ fn detect_one(
             // The lease must still be gone when the change is made.
             txn::absent(&keys.alive(record.id)),
         ];
-        if grace.is_none() {
+        if next == NodeState::Out {
             compare.push(txn::absent(&keys.down(record.id)));
         }
         let Some(mut success) = with_gainers(etcd, keys, view, (&after, record.id), &compare)?
         else {
-            if let Some(lease) = grace {
-                let _ = etcd.lease_revoke(lease);
-            }
             return Ok(None);
         };
         success.extend(filled_put(keys, view, &[(record.id, new.filled())])?);
@@ -1141,6 +1140,13 @@ fn detect_one(
             txn::put(&keys.node(record.id), &json),
             txn::put(&keys.epoch(), next_epoch(view)?.as_bytes()),
         ]);
+        // Granted last: nothing before the transaction leaves it behind.
+        let grace = if next == NodeState::Down {
+            let ttl = i64::try_from(view.config.down_out_s.max(1)).unwrap_or(i64::MAX);
+            Some(etcd.lease_grant(ttl)?)
+        } else {
+            None
+        };
         if let Some(lease) = grace {
             success.push(txn::put_leased(&keys.down(record.id), b"", lease));
         }
