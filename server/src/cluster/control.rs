@@ -965,7 +965,15 @@ impl Control {
                     "the new lease was lost while this node joined again; joining again".into(),
                 ));
             }
-            status.lead(view.epoch, sent, self.ttl_s);
+            if kept {
+                // Renewed by the keeper since an earlier try, at a time
+                // not known here: the keeper's next renewal says until
+                // when it may lead (`sent` may be later than etcd's
+                // expiry less the margin).
+                status.lead_epoch.fetch_max(view.epoch, Ordering::AcqRel);
+            } else {
+                status.lead(view.epoch, sent, self.ttl_s);
+            }
             held.leads = true;
         }
         self.rejoining = false;
