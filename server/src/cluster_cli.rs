@@ -151,12 +151,13 @@ fn status_text(view: &map::View) -> Result<String, String> {
             "no-lease"
         };
         out.push_str(&format!(
-            "{} {} zone={} sync={} filled={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
+            "{} {} zone={} sync={} filled={} empty={} s3={} native={} admin={} shards={} pgs={pgs} primary={primaries} id={} {lease}\n",
             n.name,
             n.state,
             n.zone,
             if n.synced { "yes" } else { "no" },
             if n.filled() { "yes" } else { "no" },
+            if n.empty { "yes" } else { "no" },
             n.s3,
             n.native,
             n.admin,

@@ -40,7 +40,7 @@ import time
 
 import pytest
 
-from test_cluster_membership import ETCD, LEASE_TTL_S, Etcd, cluster_gauges, etcd  # noqa: F401
+from test_cluster_membership import ETCD, LEASE_TTL_S, Etcd, cluster_gauges, etcd, status  # noqa: F401
 from test_cluster_membership import percore as percore_cli
 from test_cluster_membership import wait_for as wait_for_state
 from test_cluster_replication import (
@@ -53,6 +53,7 @@ from test_cluster_replication import (
     answer_of,
     cluster,  # noqa: F401 - a fixture
     compare_digests,
+    describe,
     describe_all,
     fetch,
     load_client,
@@ -295,6 +296,104 @@ def test_replace_a_node_with_an_empty_disk(cluster):  # noqa: F811
     cluster.nodes[2].client().delete_bucket_tagging(Bucket=full)
     with pytest.raises(Exception, match="NoSuchTagSet"):
         door.get_bucket_tagging(Bucket=full)
+
+
+def test_a_replaced_disk_is_not_merged_from(cluster):  # noqa: F811
+    """A replica that joined with an empty disk under its old name holds
+    none of the writes acknowledged before (docs/cluster.md, Catch-up).
+    R = 3 on three nodes: every group on all three. n2 killed and marked
+    down; keys written through n1 (acknowledged by n1 and n3 alone); n1
+    and n3 killed, n3's disk emptied; n2 and n3 started. The keys are only
+    on n1: n2 and n3 must not merge the groups from each other (they did,
+    and synced without the keys: 404, and n1's copies were dropped when it
+    came back). n3 shows `empty=yes`, the groups answer 503 meanwhile and
+    no node syncs; once n1 is back all sync, every key reads back through
+    every door, the replicas agree, and n3 is no longer empty."""
+    from botocore.exceptions import ClientError
+
+    n1, n2, n3 = cluster.nodes
+    bucket = "replaced-disk"
+    s3 = n1.client()
+    s3.create_bucket(Bucket=bucket)
+    rng = random.Random(SEED + 9)
+    bodies = {f"before/{i:02d}": rng.randbytes(rng.randint(1, 5000)) for i in range(10)}
+    for key, body in bodies.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    n2.kill9()
+    wait_for_state(cluster.urls, "n2", "down")
+    settle(cluster, [n1, n3])
+    only_n1_n3 = {f"w/{i:02d}": rng.randbytes(rng.randint(1, 5000)) for i in range(30)}
+    for key, body in only_n1_n3.items():
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+    bodies.update(only_n1_n3)
+    n1.kill9()
+    n3.kill9()
+    shutil.rmtree(n3.data_dir)
+    n3.data_dir.mkdir()
+    n2.start()
+    n3.start()
+    nodes = wait_for_state(cluster.urls, "n3", "yes", field="empty")
+    assert nodes["n3"]["filled"] == "yes", nodes["n3"]
+    # Two lease times: time for n1 to be marked down and for catch-up
+    # passes to run. Nothing may sync, and no key may read as absent.
+    door = load_client(n2)
+    deadline = time.monotonic() + 2 * LEASE_TTL_S + 3
+    wrong = []
+    answers = {}
+    while time.monotonic() < deadline:
+        for key in list(only_n1_n3)[:5]:
+            try:
+                got = fetch(door, bucket, key)
+            except ClientError as e:
+                answers[answer_of(e)] = answers.get(answer_of(e), 0) + 1
+                continue
+            if got != Blob.of(bodies[key]):
+                wrong.append((key, describe(got)))
+        nodes, _ = status(cluster.urls)
+        synced = [n for n in ("n2", "n3") if nodes[n]["sync"] == "yes"]
+        assert not synced, f"{synced} synced with the keys on n1 alone: {nodes}"
+        time.sleep(0.3)
+    assert not wrong, f"keys on n1 alone served wrong while it was down: {wrong[:10]}"
+    print(f"\nwhile n1 was down, GETs through n2 answered {answers}")
+    n1.start()
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    settle(cluster, cluster.nodes)
+    nodes, _ = status(cluster.urls)
+    assert nodes["n3"]["empty"] == "no", nodes["n3"]
+    for n in cluster.nodes:
+        client = n.client()
+        bad = [k for k, body in bodies.items() if fetch(client, bucket, k) != Blob.of(body)]
+        assert not bad, f"keys served wrong through {n.node_name}: {bad[:10]}"
+    deadline = time.monotonic() + REPAIR_S
+    while True:
+        digests = {n.node_name: {k: v for k, v in digest(n).items() if k[0] == bucket}
+                   for n in cluster.nodes}
+        if all(len(d) == len(bodies) for d in digests.values()) and not compare_digests(digests):
+            break
+        assert time.monotonic() < deadline, (
+            f"replicas disagree {REPAIR_S} s after: {compare_digests(digests)[:10]}, "
+            f"{ {k: len(d) for k, d in digests.items()} } keys of {len(bodies)}")
+        time.sleep(1)
+
+
+def test_a_data_directory_does_not_start_as_another_node(cluster):  # noqa: F811
+    """A data directory remembers the node that joined with it: n3's
+    started as n4 is refused with a message naming n3 (it would hold n3's
+    keys as n4's), and n3 starts on it again as before."""
+    n3 = cluster.nodes[2]
+    n3.kill9()
+    wrong = subprocess.run(
+        [str(percore_bin()), "serve", "--data", str(n3.data_dir), "--cluster", cluster.urls,
+         "--node", "n4", "--zone", "z3", "--s3", "127.0.0.5:0", "--native", "127.0.0.5:0",
+         "--admin", "127.0.0.5:0", "--shards", "2", "--unpinned"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PERCORE_CLUSTER_LEASE_TTL_S": str(LEASE_TTL_S)})
+    assert wrong.returncode != 0, wrong.stdout
+    assert "--node n3" in wrong.stderr + wrong.stdout, wrong.stderr
+    nodes, _ = status(cluster.urls)
+    assert "n4" not in nodes, nodes
+    n3.start()
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
 
 
 def retry_unavailable(call, limit_s: float = 30):

@@ -36,6 +36,17 @@ pub struct DataMeta {
     /// placement groups, so data of one kind never opens as the other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterBinding>,
+    /// The cluster node this data is, once it joined with it: a node's
+    /// directory never starts as another node (absent: not joined yet,
+    /// or written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Made for a cluster node that has not joined with it yet: an empty
+    /// disk, which joins lacking its groups' writes
+    /// (`cluster::map::Joining::fresh`). Cleared once a join recorded
+    /// that; a directory written before it was kept is not fresh.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh: bool,
 }
 
 /// What a cluster node's data was placed with.
@@ -122,12 +133,43 @@ pub fn open_or_create(
                 hash_algorithm: routing::HASH_ALGORITHM.to_string(),
                 hash_seed: routing::HASH_SEED_DEFAULT,
                 cluster: cluster.cloned(),
+                node: None,
+                fresh: cluster.is_some(),
             };
             write_meta(dir, &path, &meta)?;
             Ok(meta)
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
     }
+}
+
+/// Refuses a cluster node's data started as another node.
+pub fn check_node(dir: &Path, meta: &DataMeta, node: &str) -> Result<(), String> {
+    match &meta.node {
+        Some(n) if n != node => Err(format!(
+            "the data in {} is node {n}'s; start it with --node {n}, or give node {node} a data directory of its own (an empty one joins as a replaced disk)",
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Records that cluster node `node` joined with this data (its join
+/// recorded whether the data was fresh): it is that node's from now on,
+/// and not fresh.
+pub fn joined(dir: &Path, node: &str) -> Result<(), String> {
+    let path = dir.join(FILE_NAME);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut meta: DataMeta =
+        toml::from_str(&text).map_err(|e| format!("{} is damaged: {e}", path.display()))?;
+    check_node(dir, &meta, node)?;
+    if meta.node.as_deref() == Some(node) && !meta.fresh {
+        return Ok(());
+    }
+    meta.node = Some(node.to_string());
+    meta.fresh = false;
+    write_meta(dir, &path, &meta)
 }
 
 /// Refuses data placed for another cluster, or for none.

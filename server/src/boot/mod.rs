@@ -43,6 +43,9 @@ struct Plan {
     hash_seed: u64,
     /// Cluster mode: the cluster's placement groups (0: a single node).
     cluster_pgs: u32,
+    /// Cluster mode: the data directory was made for this node and has not
+    /// joined yet (`datadir::DataMeta::fresh`).
+    fresh: bool,
     io_memory: usize,
     direct_io: bool,
 }
@@ -74,13 +77,14 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         None => None,
     };
     let plan = plan(&cfg, binding.as_ref())?;
+    let fresh = plan.fresh;
     // Signals go to the main thread only: block them before spawning shards.
     let sigset = block_signals();
     let listeners = bind_listeners(&cfg, &plan)?;
     let (feed, map_rx, catalog_rx) = crate::cluster::shardmap::feed(plan.placements.len());
     let shards = spawn_shards(&cfg, plan, &listeners, map_rx, catalog_rx)?;
     shards.wait_ready(&sigset)?;
-    let leaver = match join_cluster(&cfg, &listeners.native_ports, feed) {
+    let leaver = match join_cluster(&cfg, &listeners.native_ports, fresh, feed) {
         Ok(l) => l,
         Err(e) => {
             shards.drain_and_stop();
@@ -113,6 +117,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
 fn join_cluster(
     cfg: &ServerConfig,
     native_ports: &[u16],
+    fresh: bool,
     feed: crate::cluster::shardmap::MapFeed,
 ) -> Result<Option<crate::cluster::control::Leaver>, String> {
     let Some(settings) = cfg.cluster.clone() else {
@@ -156,9 +161,13 @@ fn join_cluster(
         shards: native_ports.len(),
         nonce: Vec::new(),
         ttl_s: settings.lease_ttl_s,
+        fresh,
     };
     let (status, leaver) = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;
+    // The join recorded whether the data was fresh (a node recorded as
+    // filled is `empty` until it syncs); from now on it is this node's.
+    datadir::joined(&cfg.data, &settings.node)?;
     println!(
         "cluster: joined {} as node {} (id {}) in zone {}",
         settings.cluster,
@@ -176,6 +185,9 @@ fn plan(cfg: &ServerConfig, cluster: Option<&datadir::ClusterBinding>) -> Result
     let placements = topology::plan(&cores, cfg.cpus.as_deref(), cfg.shards, cfg.unpinned)?;
     let n = placements.len();
     let meta = datadir::open_or_create(&cfg.data, n, cluster)?;
+    if let Some(c) = &cfg.cluster {
+        datadir::check_node(&cfg.data, &meta, &c.node)?;
+    }
     let hash_seed = meta.seed()?;
     let io_memory = checks::io_memory_per_shard(n)?;
     let direct_io = file::probe_direct_io(&cfg.data)
@@ -215,6 +227,7 @@ fn plan(cfg: &ServerConfig, cluster: Option<&datadir::ClusterBinding>) -> Result
         placements,
         hash_seed,
         cluster_pgs: meta.cluster.as_ref().map_or(0, |c| c.pgs),
+        fresh: meta.fresh,
         io_memory,
         direct_io,
     })

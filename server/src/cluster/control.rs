@@ -529,6 +529,9 @@ pub fn start(
     let keys = Keys::new(&settings.cluster)?;
     joining.nonce = format!("{:032x}", rand::random::<u128>()).into_bytes();
     let (record, lease, lease_from) = first_join(&etcd, &keys, &joining, ttl_s)?;
+    // Recorded (`NodeRecord::empty`); a later join of this process keeps
+    // the record's flag until the node syncs.
+    joining.fresh = false;
     let status = Arc::new(ClusterStatus::default());
     status
         .ttl_ms

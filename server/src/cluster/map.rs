@@ -103,6 +103,14 @@ pub struct NodeRecord {
     /// were recorded held its groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filled: Option<bool>,
+    /// Whether it joined filled with an empty data directory (a replaced
+    /// disk under its old name) and has not synced since under a map in
+    /// which its settled groups are the ones it holds: it lacks the writes
+    /// acknowledged before that join, so a merge counts it toward no
+    /// majority (`replicate::sources_of`). Set by `join` (kept across
+    /// joins), cleared by `mark_synced`. Records without it: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty: bool,
     /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record
     /// written before it was kept). A door waits for the longest of
     /// its map's before it counts a node's copy of the catalog lapsed.
@@ -723,8 +731,19 @@ pub fn mark_synced(
             }
             None => record.filled(),
         };
+        // A node that joined with an empty disk holds its groups' writes
+        // now; it lacks those of groups it is a settled replica of but not
+        // placed on (a hand-off pending): it counts in merges once no
+        // hand-off is pending where it syncs (then those are its groups).
+        let empty = record.empty && {
+            if let Some(i) = placed.iter().position(|n| n.id == id) {
+                placed[i].filled = filled;
+            }
+            !placement::settled_as_placed(&placed)
+        };
         let json = record_json(&NodeRecord {
             synced: true,
+            empty,
             ..record
         })?;
         let mut success = vec![txn::put(&keys.node(id), &json)];
@@ -878,6 +897,10 @@ pub struct Joining {
     pub nonce: Vec<u8>,
     /// Its lease time, seconds.
     pub ttl_s: u64,
+    /// Whether its data directory is new (made for this node and never
+    /// joined with): a node recorded as filled that joins with one lacks
+    /// its groups' writes (`NodeRecord::empty`).
+    pub fresh: bool,
 }
 
 /// Why a join did not happen.
@@ -963,6 +986,9 @@ pub fn join(
             Some((o, _)) if o.node_state() == NodeState::Draining => NodeState::Draining,
             _ => NodeState::Up,
         };
+        // Its data, if any, is still there, unless it was `out` (its
+        // groups were placed elsewhere and written there since).
+        let filled = old.is_some_and(|(o, _)| o.filled() && o.node_state() != NodeState::Out);
         let record = NodeRecord {
             id,
             name: joining.name.clone(),
@@ -980,11 +1006,11 @@ pub fn join(
             // new, or older than the map (it may have gained groups while
             // it was gone). It leads nothing until it has.
             synced: false,
-            // Its data, if any, is still there, unless it was `out`
-            // (its groups were placed elsewhere and written there since).
-            // (An empty disk under an old name keeps the flag: see
-            // docs/cluster.md, "Recorded hand-offs".)
-            filled: Some(old.is_some_and(|(o, _)| o.filled() && o.node_state() != NodeState::Out)),
+            filled: Some(filled),
+            // An empty disk under a record that stays filled: the node is
+            // still recorded (settled) where its groups' writes were, and
+            // holds none of them until it syncs.
+            empty: filled && (joining.fresh || old.is_some_and(|(o, _)| o.empty)),
             ttl_s: joining.ttl_s,
         };
         let seen = old.map_or(0, |(_, r)| *r);
@@ -1115,6 +1141,7 @@ fn detect_one(
             } else {
                 record.filled
             },
+            empty: record.empty && next != NodeState::Out,
             ..record.clone()
         };
         let json = record_json(&new)?;

@@ -1329,6 +1329,17 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
                 map.replica_count
             ));
         }
+        // A replica that joined with an empty disk (`MapNode::empty`)
+        // lacks the writes acknowledged before: the others merged from
+        // must meet every majority of the group's replicas without it.
+        let placed = map.replicas_of_pg(pg).count();
+        let full =
+            up.iter().filter(|&&r| !empty(map, r)).count() + usize::from(!empty(map, map.node_id));
+        if full < meets_every_majority(placed, map.majority()) {
+            return Err(format!(
+                "group {pg} has no synced replica up, and too few of its replicas up that did not join with an empty disk to merge from ({full} of {placed}); waiting for more to return"
+            ));
+        }
         for &r in &up {
             sources.entry((r, false)).or_default().push(pg);
         }
@@ -1348,14 +1359,19 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         // Up ones first; a draining one only if the majority needs it (it
         // may be stopped: it stays draining in the map).
         let need = holders.len() / 2 + 1;
-        let mut have = 0;
+        // Counted, and counted not empty (the empty ones are merged from
+        // too: they hold the writes made since they joined).
+        let (mut have, mut full) = (0, 0);
+        let full_need = meets_every_majority(holders.len(), need);
         let mut missing = Vec::new();
         for state in [NodeState::Up, NodeState::Draining] {
             for s in holders.iter().filter(|s| s.state == state) {
                 if s.id == map.node_id {
                     have += 1;
-                } else if state == NodeState::Up || have < need {
+                    full += usize::from(!s.empty);
+                } else if state == NodeState::Up || have < need || full < full_need {
                     have += 1;
+                    full += usize::from(!s.empty);
                     if !up.contains(&s.id) {
                         sources.entry((s.id, false)).or_default().push(pg);
                     }
@@ -1368,18 +1384,41 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         {
             if s.id == map.node_id {
                 have += 1;
+                full += usize::from(!s.empty);
             } else {
                 missing.push(format!("{} ({})", s.name, s.state.name()));
             }
         }
-        if !holders.is_empty() && have < holders.len() / 2 + 1 {
+        if !holders.is_empty() && (have < need || full < full_need) {
+            let empties: Vec<&str> = holders
+                .iter()
+                .filter(|s| s.empty)
+                .map(|s| s.name.as_str())
+                .collect();
             return Err(format!(
-                "group {pg}'s keys are on nodes {} that are not up: waiting for them (or for them to be removed)",
-                missing.join(", ")
+                "group {pg}'s keys are on nodes {} that are not up{}: waiting for them (or for them to be removed)",
+                missing.join(", "),
+                if empties.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (and {} joined with an empty disk)", empties.join(", "))
+                }
             ));
         }
     }
     Ok(sources)
+}
+
+/// Whether node `id` joined with an empty disk and has not synced since
+/// (`MapNode::empty`).
+fn empty(map: &ShardMap, id: u32) -> bool {
+    map.node(id).is_some_and(|n| n.empty)
+}
+
+/// How many of `placed` replicas a merge must read so that it meets
+/// every `majority` of them (each acknowledged write is on one).
+fn meets_every_majority(placed: usize, majority: usize) -> usize {
+    placed.saturating_sub(majority) + 1
 }
 
 /// A running catch-up pass's progress, on `/metrics`:

@@ -193,6 +193,10 @@ pub struct MapNode {
     pub ttl_ms: u64,
     /// Whether it is recorded as holding its groups (`placement::PlacedNode::filled`).
     pub filled: bool,
+    /// Whether it lacks the writes of its groups from before it joined
+    /// with an empty disk (`NodeRecord::empty`): it counts toward no
+    /// merge's majority.
+    pub empty: bool,
 }
 
 impl ShardMap {
@@ -292,6 +296,7 @@ impl ShardMap {
                     // As a node's own setting is bounded.
                     ttl_ms: n.ttl_s.min(3600) * 1000,
                     filled: n.filled(),
+                    empty: n.empty,
                 })
                 .collect(),
             synced_tx,
@@ -841,6 +846,7 @@ mod tests {
                 since_ms: 0,
                 synced: true,
                 filled: None,
+                empty: false,
                 ttl_s: 0,
             },
             1,

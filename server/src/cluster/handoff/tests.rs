@@ -40,6 +40,12 @@ struct Sim {
     count_all: bool,
     /// A node whose copies fail (it is skipped).
     slow: Option<u32>,
+    /// Per node (index): it joined filled with an empty disk and has not
+    /// synced since with no hand-off pending (`NodeRecord::empty`).
+    empty: Vec<bool>,
+    /// A merge counts a replica that joined with an empty disk like any
+    /// other (the rule before `NodeRecord::empty`).
+    count_empty: bool,
     log: Vec<String>,
 }
 
@@ -56,6 +62,8 @@ impl Sim {
             fill_on_sync: false,
             count_all: false,
             slow: None,
+            empty: Vec::new(),
+            count_empty: false,
             log: Vec::new(),
         };
         for id in 1..=n {
@@ -67,6 +75,7 @@ impl Sim {
                 filled: true,
             });
             s.ver.push(vec![BTreeSet::new(); PGS as usize]);
+            s.empty.push(false);
         }
         for pg in 0..PGS {
             for i in s.replicas(pg) {
@@ -111,6 +120,7 @@ impl Sim {
         f(&mut self.nodes);
         while self.ver.len() < self.nodes.len() {
             self.ver.push(vec![BTreeSet::new(); PGS as usize]);
+            self.empty.push(false);
         }
         for pg in 0..PGS {
             for i in self.replicas(pg) {
@@ -155,6 +165,21 @@ impl Sim {
             }
             n.state = state;
         });
+        // `empty` only on a node that stays filled (`map::join`); cleared
+        // when marked out.
+        self.empty[i] &= self.nodes[i].filled;
+    }
+
+    /// A down node comes back with an empty disk under its name
+    /// (`map::join` with a fresh directory): it holds nothing, and is
+    /// empty if it stays filled.
+    fn wipe(&mut self, id: u32) {
+        let i = self.index(id);
+        assert_eq!(self.nodes[i].state, NodeState::Down);
+        self.log.push(format!("n{id} wiped"));
+        self.ver[i] = vec![BTreeSet::new(); PGS as usize];
+        self.set_state(id, NodeState::Up);
+        self.empty[i] = self.nodes[i].filled;
     }
 
     /// Removal of a drained node that holds nothing (the runbook's rule:
@@ -228,7 +253,16 @@ impl Sim {
                         .copied()
                         .filter(|&r| r != i && self.nodes[r].state == NodeState::Up)
                         .collect();
-                    if up.len() + 1 < self.r / 2 + 1 {
+                    let majority = self.r / 2 + 1;
+                    if up.len() + 1 < majority {
+                        return false;
+                    }
+                    // Without the replicas that joined with an empty
+                    // disk, every majority must still be met.
+                    let full = |of: &[usize]| of.iter().filter(|&&n| !self.empty[n]).count();
+                    let me = usize::from(!self.empty[i]);
+                    if !self.count_empty && full(&up) + me < reps.len().saturating_sub(majority) + 1
+                    {
                         return false;
                     }
                     let settled = self.settled(pg);
@@ -243,8 +277,17 @@ impl Sim {
                                 )
                         })
                         .collect();
-                    let have = from.len() + usize::from(settled.contains(&i));
-                    if !settled.is_empty() && have < settled.len() / 2 + 1 {
+                    let mine = settled.contains(&i);
+                    let have = from.len() + usize::from(mine);
+                    let need = settled.len() / 2 + 1;
+                    if !settled.is_empty() && have < need {
+                        return false;
+                    }
+                    let full_have = full(&from) + usize::from(mine && !self.empty[i]);
+                    if !self.count_empty
+                        && !settled.is_empty()
+                        && full_have < settled.len() - need + 1
+                    {
                         return false;
                     }
                     for s in up.into_iter().chain(from) {
@@ -259,6 +302,7 @@ impl Sim {
         if self.fill_on_sync || may_fill(HASH_SEED_DEFAULT, PGS, self.r, &self.nodes, i) {
             self.nodes[i].filled = true;
         }
+        self.empty[i] &= !placement::settled_as_placed(&self.nodes);
         true
     }
 
@@ -336,6 +380,22 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// Whether every acknowledged write node `i` holds is also held by a
+    /// node that is not out.
+    fn held_elsewhere(&self, i: usize) -> bool {
+        (0..PGS).all(|pg| {
+            self.acked[pg as usize]
+                .intersection(&self.ver[i][pg as usize])
+                .all(|v| {
+                    (0..self.nodes.len()).any(|n| {
+                        n != i
+                            && self.nodes[n].state != NodeState::Out
+                            && self.ver[n][pg as usize].contains(v)
+                    })
+                })
+        })
     }
 
     /// Whether every group's acknowledged writes are each on two up nodes
@@ -480,6 +540,54 @@ fn a_write_on_a_replica_not_yet_filled_does_not_count() {
     assert!(e.contains("without"), "{e}");
 }
 
+/// R = 3, every group on all three nodes: a write acknowledged by A and
+/// C (B skipped), C's disk replaced (it joins again empty, under its
+/// name), A down. B and C must not merge the group from each other: the
+/// write is on A alone. Unless a merge leaves C out of its majorities
+/// (`NodeRecord::empty`), B syncs without it; A's return lets them merge.
+fn a_wiped_replica(count_empty: bool) -> Result<(), String> {
+    let mut s = Sim::new(3, 3);
+    s.count_empty = count_empty;
+    let pg = 0;
+    let a = s.nodes[s.acting(pg).ok_or("no primary")?].id;
+    let others: Vec<u32> = s
+        .replicas(pg)
+        .iter()
+        .map(|&i| s.nodes[i].id)
+        .filter(|&n| n != a)
+        .collect();
+    let (b, c) = (others[0], others[1]);
+    s.slow = Some(b);
+    s.write(pg);
+    s.slow = None;
+    if s.acked[pg as usize].len() != 2 {
+        return Err("the write was not acknowledged".into());
+    }
+    s.set_state(c, NodeState::Down);
+    s.wipe(c);
+    s.set_state(a, NodeState::Down);
+    for id in [b, c] {
+        s.sync(id);
+        s.check().map_err(|e| s.fail(&e))?;
+    }
+    s.set_state(a, NodeState::Up);
+    for id in [b, c, a, b, c] {
+        s.sync(id);
+        s.check().map_err(|e| s.fail(&e))?;
+    }
+    if !s.nodes.iter().all(|n| n.synced) || s.empty.iter().any(|&e| e) {
+        return Err(s.fail("not every node synced and counted again"));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_replica_that_joined_with_an_empty_disk_counts_toward_no_merge() {
+    a_wiped_replica(false).unwrap();
+    let e = a_wiped_replica(true).unwrap_err();
+    assert!(e.contains("without"), "{e}");
+}
+
 #[test]
 fn nodes_that_all_start_empty_are_filled_together() {
     let mut nodes: Vec<PlacedNode> = (1..=3)
@@ -525,24 +633,22 @@ fn step(s: &mut Sim, rng: &mut u64, pick: u32) {
     // A second failure before the first one's groups are whole again
     // loses what only the two held: not modelled.
     let all_synced = s.nodes.iter().all(|n| n.state != NodeState::Up || n.synced);
-    match next(rng) % 14 {
+    match next(rng) % 15 {
         0 if s.nodes.len() < 8 => s.add(),
         1 if state == NodeState::Up && ups > r + 1 && downs == 0 => {
             s.set_state(pick, NodeState::Draining);
         }
         2 if state == NodeState::Draining => s.set_state(pick, NodeState::Up),
-        3 if state == NodeState::Up
-            && downs == 0
-            && ups > r
-            && (r > 1 || all_synced)
-            && s.survives() =>
-        {
+        3 if state == NodeState::Up && downs == 0 && ups > r && all_synced && s.survives() => {
             s.set_state(pick, NodeState::Down);
         }
         4 if state == NodeState::Down || (state == NodeState::Out && r > 1) => {
             s.set_state(pick, NodeState::Up);
         }
         5 if state == NodeState::Down && r > 1 => s.set_state(pick, NodeState::Out),
+        // Its disk replaced, if what it holds is held elsewhere too (else
+        // the loss is a second failure).
+        13 if state == NodeState::Down && r > 1 && s.held_elsewhere(i) => s.wipe(pick),
         6 if state == NodeState::Draining && s.ver[i].iter().all(BTreeSet::is_empty) => {
             s.remove(pick);
         }

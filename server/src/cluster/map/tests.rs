@@ -94,6 +94,21 @@ pub(crate) fn start_etcd() -> Option<EtcdProcess> {
     Some(etcd)
 }
 
+/// A cluster `name` made with `replicas` and `pgs` (600 s down-out) in a
+/// new etcd, and a client of it; None where etcd is missing (skipped).
+fn new_cluster(
+    name: &str,
+    replicas: usize,
+    pgs: u32,
+    seed: u64,
+) -> Option<(EtcdProcess, Etcd, Keys)> {
+    let e = start_etcd()?;
+    let etcd = Etcd::new(&e.urls).unwrap();
+    let keys = Keys::new(name).unwrap();
+    init(&etcd, &keys, (replicas, pgs, 600), seed).unwrap();
+    Some((e, etcd, keys))
+}
+
 fn joining(name: &str, zone: &str) -> Joining {
     Joining {
         name: name.into(),
@@ -104,6 +119,7 @@ fn joining(name: &str, zone: &str) -> Joining {
         shards: 1,
         nonce: name.as_bytes().to_vec(),
         ttl_s: 600,
+        fresh: false,
     }
 }
 
@@ -144,12 +160,9 @@ fn filled_count(view: &View) -> usize {
 /// refused it, and the cluster never took a write).
 #[test]
 fn a_cluster_of_hundreds_started_at_once_is_filled_in_one_step() {
-    let Some(e) = start_etcd() else {
+    let Some((_e, etcd, keys)) = new_cluster("many", 3, 256, 0x5eed) else {
         return;
     };
-    let etcd = Etcd::new(&e.urls).unwrap();
-    let keys = Keys::new("many").unwrap();
-    init(&etcd, &keys, (3, 256, 600), 0x5eed).unwrap();
     let nodes: Vec<(String, String)> = (0..300)
         .map(|i| (format!("n{i}"), format!("z{}", i % 10)))
         .collect();
@@ -183,12 +196,9 @@ fn a_cluster_of_hundreds_started_at_once_is_filled_in_one_step() {
 /// group is unsynced once it is recorded (the others are not).
 #[test]
 fn a_drain_that_gives_hundreds_of_nodes_groups_is_made_in_parts() {
-    let Some(e) = start_etcd() else {
+    let Some((_e, etcd, keys)) = new_cluster("wide", 3, 512, 0xd1a1) else {
         return;
     };
-    let etcd = Etcd::new(&e.urls).unwrap();
-    let keys = Keys::new("wide").unwrap();
-    init(&etcd, &keys, (3, 512, 600), 0xd1a1).unwrap();
     let mut nodes: Vec<(String, String)> = vec![("solo".into(), "a".into())];
     nodes.extend((0..220).map(|i| (format!("n{i}"), format!("z{}", i % 2))));
     let ids = join_all(&etcd, &keys, &nodes);
@@ -244,12 +254,9 @@ fn a_drain_that_gives_hundreds_of_nodes_groups_is_made_in_parts() {
 /// so, and the first change writes the key with them.
 #[test]
 fn records_with_their_own_flags_are_read_and_carried_into_the_key() {
-    let Some(e) = start_etcd() else {
+    let Some((_e, etcd, keys)) = new_cluster("old", 1, 64, 0x01d) else {
         return;
     };
-    let etcd = Etcd::new(&e.urls).unwrap();
-    let keys = Keys::new("old").unwrap();
-    init(&etcd, &keys, (1, 64, 600), 0x01d).unwrap();
     let nodes: Vec<(String, String)> = (0..3).map(|i| (format!("n{i}"), "z".into())).collect();
     let ids = join_all(&etcd, &keys, &nodes);
     // As an older version left it: no key, flags in the records.
@@ -290,4 +297,84 @@ fn records_with_their_own_flags_are_read_and_carried_into_the_key() {
     );
     let flags: Vec<bool> = view.nodes.iter().map(|(r, _)| r.filled()).collect();
     assert_eq!(flags, [false, true, true]);
+}
+
+/// A filled node that joins again with an empty data directory (a
+/// replaced disk under its old name) stays filled (it is still where its
+/// groups' writes are recorded) but is `empty`: a merge counts it toward
+/// no majority. A later join (its directory no longer fresh) keeps the
+/// flag; its sync clears it only where no hand-off is pending (then its
+/// settled groups are the ones it caught up). A node that joins unfilled
+/// is never empty (it is not a settled replica), nor one marked out.
+#[test]
+fn a_filled_node_rejoining_with_an_empty_disk_is_empty_until_it_syncs() {
+    let Some((_e, etcd, keys)) = new_cluster("wiped", 3, 64, 0xd15c) else {
+        return;
+    };
+    let nodes: Vec<(String, String)> = (0..3).map(|i| (format!("n{i}"), format!("z{i}"))).collect();
+    let ids = join_all(&etcd, &keys, &nodes);
+    sync_all(&etcd, &keys, &ids);
+    let view = load(&etcd, &keys).unwrap();
+    settle(&etcd, &keys, &view).unwrap();
+    let record = |name: &str| {
+        load(&etcd, &keys)
+            .unwrap()
+            .node_named(name)
+            .map(|(r, _)| r.clone())
+            .unwrap()
+    };
+    assert!(record("n2").filled() && !record("n2").empty);
+    let rejoin = |name: &str, fresh: bool| {
+        let lease = etcd.lease_grant(600).unwrap();
+        let id = record(name).id;
+        join(
+            &etcd,
+            &keys,
+            &Joining {
+                fresh,
+                ..joining(name, &record(name).zone)
+            },
+            lease,
+            Some(id),
+        )
+        .unwrap()
+    };
+    let sync = |id: u32| {
+        let view = load(&etcd, &keys).unwrap();
+        let skipped = view.skipped.get(&id).copied().unwrap_or(0);
+        assert!(mark_synced(&etcd, &keys, id, view.epoch, skipped).unwrap());
+    };
+    // Its disk replaced: filled, empty, unsynced; a restart keeps it so.
+    let r = rejoin("n2", true);
+    assert!(r.filled() && r.empty && !r.synced);
+    let r = rejoin("n2", false);
+    assert!(r.filled() && r.empty, "kept across joins until it syncs");
+    // A node added (joins unfilled, fresh or not: never empty) and not
+    // yet filled: a hand-off is pending, so n2's sync keeps the flag.
+    let lease = etcd.lease_grant(600).unwrap();
+    let added = join(
+        &etcd,
+        &keys,
+        &Joining {
+            fresh: true,
+            ..joining("n3", "z3")
+        },
+        lease,
+        None,
+    )
+    .unwrap();
+    assert!(!added.filled() && !added.empty);
+    sync(r.id);
+    let r = record("n2");
+    assert!(r.synced && r.empty, "synced with a hand-off pending");
+    // Once n3 is filled no hand-off is pending: n2's next sync clears it.
+    sync(added.id);
+    let view = load(&etcd, &keys).unwrap();
+    settle(&etcd, &keys, &view).unwrap();
+    assert!(record("n3").filled());
+    let r = rejoin("n2", false);
+    assert!(r.empty);
+    sync(r.id);
+    let r = record("n2");
+    assert!(r.synced && !r.empty && r.filled());
 }
