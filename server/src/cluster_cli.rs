@@ -157,7 +157,7 @@ fn status_text(view: &map::View) -> Result<String, String> {
             n.zone,
             if n.synced { "yes" } else { "no" },
             if n.filled() { "yes" } else { "no" },
-            if n.empty { "yes" } else { "no" },
+            if n.empty.is_some() { "yes" } else { "no" },
             n.s3,
             n.native,
             n.admin,

@@ -47,6 +47,17 @@ pub struct DataMeta {
     /// that; a directory written before it was kept is not fresh.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh: bool,
+    /// A cluster node's directory's id (random, made with it; given to a
+    /// directory of a cluster node made before it was kept when it is
+    /// next opened): the node's record names the directory its data is
+    /// on, and a node on another one is `empty` (`cluster::map::NodeRecord`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+}
+
+/// A new directory id: 128 random bits, hex.
+fn new_disk_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }
 
 /// What a cluster node's data was placed with.
@@ -116,8 +127,13 @@ pub fn open_or_create(
             } else {
                 FORMAT_VERSION
             };
-            if meta.format_version < want {
-                meta.format_version = want;
+            let mut changed = meta.format_version < want;
+            meta.format_version = meta.format_version.max(want);
+            if meta.cluster.is_some() && meta.disk.is_none() {
+                meta.disk = Some(new_disk_id());
+                changed = true;
+            }
+            if changed {
                 write_meta(dir, &path, &meta)?;
             }
             Ok(meta)
@@ -135,6 +151,7 @@ pub fn open_or_create(
                 cluster: cluster.cloned(),
                 node: None,
                 fresh: cluster.is_some(),
+                disk: cluster.is_some().then(new_disk_id),
             };
             write_meta(dir, &path, &meta)?;
             Ok(meta)

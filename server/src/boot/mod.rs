@@ -46,6 +46,8 @@ struct Plan {
     /// Cluster mode: the data directory was made for this node and has not
     /// joined yet (`datadir::DataMeta::fresh`).
     fresh: bool,
+    /// Cluster mode: the data directory's id (`datadir::DataMeta::disk`).
+    disk: String,
     io_memory: usize,
     direct_io: bool,
 }
@@ -77,14 +79,14 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
         None => None,
     };
     let plan = plan(&cfg, binding.as_ref())?;
-    let fresh = plan.fresh;
+    let (fresh, disk) = (plan.fresh, plan.disk.clone());
     // Signals go to the main thread only: block them before spawning shards.
     let sigset = block_signals();
     let listeners = bind_listeners(&cfg, &plan)?;
     let (feed, map_rx, catalog_rx) = crate::cluster::shardmap::feed(plan.placements.len());
     let shards = spawn_shards(&cfg, plan, &listeners, map_rx, catalog_rx)?;
     shards.wait_ready(&sigset)?;
-    let leaver = match join_cluster(&cfg, &listeners.native_ports, fresh, feed) {
+    let leaver = match join_cluster(&cfg, &listeners.native_ports, (fresh, disk), feed) {
         Ok(l) => l,
         Err(e) => {
             shards.drain_and_stop();
@@ -117,7 +119,7 @@ pub fn serve(cfg: ServerConfig) -> Result<(), String> {
 fn join_cluster(
     cfg: &ServerConfig,
     native_ports: &[u16],
-    fresh: bool,
+    (fresh, disk): (bool, String),
     feed: crate::cluster::shardmap::MapFeed,
 ) -> Result<Option<crate::cluster::control::Leaver>, String> {
     let Some(settings) = cfg.cluster.clone() else {
@@ -162,6 +164,7 @@ fn join_cluster(
         nonce: Vec::new(),
         ttl_s: settings.lease_ttl_s,
         fresh,
+        disk,
     };
     let (status, leaver) = crate::cluster::control::start(settings.clone(), joining, feed)
         .map_err(|e| format!("cannot join the cluster: {e}"))?;
@@ -228,6 +231,7 @@ fn plan(cfg: &ServerConfig, cluster: Option<&datadir::ClusterBinding>) -> Result
         hash_seed,
         cluster_pgs: meta.cluster.as_ref().map_or(0, |c| c.pgs),
         fresh: meta.fresh,
+        disk: meta.disk.clone().unwrap_or_default(),
         io_memory,
         direct_io,
     })

@@ -223,7 +223,7 @@ pub fn confirmed(map: &ShardMap) -> bool {
 }
 
 /// Why `may_lead` refused: this node leads a group unsynced.
-pub const NOT_SYNCED: &str = "no synced replica of the key's placement group is up: this node leads it once it has caught up from a majority of the group's replicas; retry";
+pub const NOT_SYNCED: &str = "no synced replica of the key's placement group is up: this node leads it once it has caught up from a majority of the group's replicas (not counting replicas on a replaced, empty disk); retry";
 
 /// Why `may_lead` refused: the lease or the map is not confirmed.
 pub const LAPSED: &str = "this node cannot confirm its cluster lease and map with etcd (is etcd reachable from it?): it serves no keys until it does, and another replica takes over its keys once its lease expires; retry";

@@ -103,14 +103,25 @@ pub struct NodeRecord {
     /// were recorded held its groups).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filled: Option<bool>,
-    /// Whether it joined filled with an empty data directory (a replaced
-    /// disk under its old name) and has not synced since under a map in
-    /// which its settled groups are the ones it holds: it lacks the writes
-    /// acknowledged before that join, so a merge counts it toward no
-    /// majority (`replicate::sources_of`). Set by `join` (kept across
-    /// joins), cleared by `mark_synced`. Records without it: false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub empty: bool,
+    /// Some(the data directory it runs on) when it is filled but that is
+    /// not `disk` (a replaced disk under its old name, or a disk that did
+    /// not mount): it lacks the writes acknowledged before, so its copies
+    /// count toward no write's majority (`replicate::counts`) and it
+    /// toward no merge's (`replicate::sources_of`). Set by `join`; cleared
+    /// once it is synced and placed on every group it is a settled
+    /// replica of (`holds_settled`: by `mark_synced`, or by `settle` once
+    /// a hand-off pending then is done), `disk` becoming that directory;
+    /// cleared when it joins unfilled or is marked out. Records without
+    /// it: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty: Option<String>,
+    /// The data directory (`datadir::DataMeta::disk`) its data is on: the
+    /// one it joined with, unless that one was `empty`. Records without
+    /// it: not known (a fresh directory is then the only one known empty).
+    /// Kept in the record: a version before it rewrites records without
+    /// it or `empty` (upgrade every node before replacing a disk).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
     /// Its lease time (`cluster_lease_ttl_s`), seconds (0: a record
     /// written before it was kept). A door waits for the longest of
     /// its map's before it counts a node's copy of the catalog lapsed.
@@ -731,19 +742,25 @@ pub fn mark_synced(
             }
             None => record.filled(),
         };
-        // A node that joined with an empty disk holds its groups' writes
-        // now; it lacks those of groups it is a settled replica of but not
-        // placed on (a hand-off pending): it counts in merges once no
-        // hand-off is pending where it syncs (then those are its groups).
-        let empty = record.empty && {
-            if let Some(i) = placed.iter().position(|n| n.id == id) {
-                placed[i].filled = filled;
+        // A node on a replaced disk holds its groups' writes now; it lacks
+        // those of groups it is a settled replica of but not placed on (a
+        // hand-off pending): it counts once it holds all of those.
+        let (empty, disk) = match &record.empty {
+            Some(dir) => {
+                if let Some(i) = placed.iter().position(|n| n.id == id) {
+                    placed[i].filled = filled;
+                }
+                match placed.iter().position(|n| n.id == id) {
+                    Some(i) if holds_settled(&view, &placed, i)? => (None, Some(dir.clone())),
+                    _ => (record.empty.clone(), record.disk.clone()),
+                }
             }
-            !placement::settled_as_placed(&placed)
+            None => (None, record.disk.clone()),
         };
         let json = record_json(&NodeRecord {
             synced: true,
             empty,
+            disk,
             ..record
         })?;
         let mut success = vec![txn::put(&keys.node(id), &json)];
@@ -774,9 +791,27 @@ pub fn mark_synced(
 /// read tries again).
 pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool)>, String> {
     let seed = view.config.seed()?;
-    let placed = view.placed();
+    let mut placed = view.placed();
     let changes = handoff::changes(seed, view.config.pgs, view.config.replicas, &placed);
-    if changes.is_empty() {
+    for &(i, filled) in &changes {
+        placed[i].filled = filled;
+    }
+    // Nodes on a replaced disk that are synced, stay filled and now hold
+    // every group they are settled replicas of (a hand-off pending when
+    // they synced is done): their directory is where their data is.
+    let mut cleared = Vec::new();
+    for (i, (record, _)) in view.nodes.iter().enumerate() {
+        if let Some(dir) = &record.empty {
+            if record.synced && placed[i].filled && holds_settled(view, &placed, i)? {
+                cleared.push(NodeRecord {
+                    empty: None,
+                    disk: Some(dir.clone()),
+                    ..record.clone()
+                });
+            }
+        }
+    }
+    if changes.is_empty() && cleared.is_empty() {
         return Ok(Vec::new());
     }
     let ids: Vec<(u32, bool)> = changes
@@ -789,6 +824,10 @@ pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool
         .collect();
     let mut success = vec![txn::put(&keys.epoch(), next_epoch(view)?.as_bytes())];
     success.extend(filled_put(keys, view, &ids)?);
+    // A few a change (etcd's operation limit); the rest at the next.
+    for r in cleared.iter().take(EMPTY_CLEARED_PER_TXN) {
+        success.push(txn::put(&keys.node(r.id), &record_json(r)?));
+    }
     if etcd.txn(
         vec![txn::unchanged(&keys.epoch(), view.epoch_revision)],
         success,
@@ -798,6 +837,25 @@ pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool
     } else {
         Ok(Vec::new())
     }
+}
+
+/// Records of nodes no longer `empty` that one `settle` writes.
+const EMPTY_CLEARED_PER_TXN: usize = 32;
+
+/// Whether node `i` of `placed` is placed on every group it is a settled
+/// replica of (so, synced, it holds their writes). Every group is placed
+/// twice unless no hand-off is pending (`placement::settled_as_placed`):
+/// only for a node on a replaced disk (`NodeRecord::empty`).
+fn holds_settled(view: &View, placed: &[PlacedNode], i: usize) -> Result<bool, String> {
+    if placement::settled_as_placed(placed) {
+        return Ok(true);
+    }
+    let seed = view.config.seed()?;
+    let r = view.config.replicas;
+    Ok((0..view.config.pgs).all(|pg| {
+        !placement::settled_replicas(seed, pg, r, placed).contains(&i)
+            || placement::replicas(seed, pg, r, placed).contains(&i)
+    }))
 }
 
 /// Records that node `by` is about to acknowledge writes of groups `pgs`
@@ -901,6 +959,8 @@ pub struct Joining {
     /// joined with): a node recorded as filled that joins with one lacks
     /// its groups' writes (`NodeRecord::empty`).
     pub fresh: bool,
+    /// Its data directory's id (`datadir::DataMeta::disk`; empty: none).
+    pub disk: String,
 }
 
 /// Why a join did not happen.
@@ -924,6 +984,20 @@ impl From<String> for JoinError {
 impl From<&str> for JoinError {
     fn from(e: &str) -> JoinError {
         JoinError::Etcd(e.to_string())
+    }
+}
+
+/// Whether a node of record `old` that joins as `joining` runs on another
+/// data directory than its data is recorded on (a replaced disk, or one
+/// that did not mount): if it stays filled it is still recorded (settled)
+/// where its groups' writes are, and holds none of them until it syncs
+/// (`NodeRecord::empty`). A record that names no directory (written
+/// before they were kept, or empty since) knows only a fresh one for
+/// empty, and keeps the flag.
+fn on_other_disk(old: &NodeRecord, joining: &Joining) -> bool {
+    match &old.disk {
+        Some(d) => *d != joining.disk,
+        None => joining.fresh || old.empty.is_some(),
     }
 }
 
@@ -989,6 +1063,7 @@ pub fn join(
         // Its data, if any, is still there, unless it was `out` (its
         // groups were placed elsewhere and written there since).
         let filled = old.is_some_and(|(o, _)| o.filled() && o.node_state() != NodeState::Out);
+        let empty = filled && old.is_some_and(|(o, _)| on_other_disk(o, joining));
         let record = NodeRecord {
             id,
             name: joining.name.clone(),
@@ -1007,10 +1082,12 @@ pub fn join(
             // it was gone). It leads nothing until it has.
             synced: false,
             filled: Some(filled),
-            // An empty disk under a record that stays filled: the node is
-            // still recorded (settled) where its groups' writes were, and
-            // holds none of them until it syncs.
-            empty: filled && (joining.fresh || old.is_some_and(|(o, _)| o.empty)),
+            empty: empty.then(|| joining.disk.clone()),
+            disk: if empty {
+                old.and_then(|(o, _)| o.disk.clone())
+            } else {
+                Some(joining.disk.clone()).filter(|d| !d.is_empty())
+            },
             ttl_s: joining.ttl_s,
         };
         let seen = old.map_or(0, |(_, r)| *r);
@@ -1141,7 +1218,7 @@ fn detect_one(
             } else {
                 record.filled
             },
-            empty: record.empty && next != NodeState::Out,
+            empty: record.empty.clone().filter(|_| next != NodeState::Out),
             ..record.clone()
         };
         let json = record_json(&new)?;

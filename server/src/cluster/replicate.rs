@@ -960,7 +960,13 @@ fn applied_count(map: &ShardMap, pg: u32, others: &[&MapNode], results: &[Pushed
 /// could be lost if the group moved off it before it was filled (the
 /// settled replicas, which catch-ups merge, would not hold it). So every
 /// acknowledged write is on a majority of the settled replicas.
+/// Nor on a node recorded `empty` (`MapNode::empty`: on a data
+/// directory other than the one its data is recorded on): that directory
+/// may be swapped back for the recorded one, which lacks the copy.
 fn counts(map: &ShardMap, pg: u32, id: u32) -> bool {
+    if empty(map, id) {
+        return false;
+    }
     let mut settled = map.settled_of_pg(pg).peekable();
     settled.peek().is_none() || settled.any(|n| n == id)
 }
@@ -1329,15 +1335,16 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
                 map.replica_count
             ));
         }
-        // A replica that joined with an empty disk (`MapNode::empty`)
-        // lacks the writes acknowledged before: the others merged from
-        // must meet every majority of the group's replicas without it.
+        // A replica on a data directory its data is not recorded on
+        // (`MapNode::empty`: a replaced disk) lacks the writes
+        // acknowledged before: the others merged from must meet every
+        // majority of the group's replicas without it.
         let placed = map.replicas_of_pg(pg).count();
         let full =
             up.iter().filter(|&&r| !empty(map, r)).count() + usize::from(!empty(map, map.node_id));
         if full < meets_every_majority(placed, map.majority()) {
             return Err(format!(
-                "group {pg} has no synced replica up, and too few of its replicas up that did not join with an empty disk to merge from ({full} of {placed}); waiting for more to return"
+                "group {pg} has no synced replica up, and too few of its replicas up that are not on a replaced (empty) disk to merge from ({full} of {placed}); waiting for more to return"
             ));
         }
         for &r in &up {
@@ -1392,25 +1399,30 @@ fn sources_of(map: &ShardMap) -> Result<BTreeMap<(u32, bool), Vec<u32>>, String>
         if !holders.is_empty() && (have < need || full < full_need) {
             let empties: Vec<&str> = holders
                 .iter()
-                .filter(|s| s.empty)
+                .filter(|s| s.empty && matches!(s.state, NodeState::Up | NodeState::Draining))
                 .map(|s| s.name.as_str())
                 .collect();
+            let mut why = Vec::new();
+            if !missing.is_empty() {
+                why.push(format!("{} not up", missing.join(", ")));
+            }
+            if !empties.is_empty() {
+                why.push(format!(
+                    "{} on a replaced (empty) disk (`percore cluster status`: empty=yes)",
+                    empties.join(", ")
+                ));
+            }
             return Err(format!(
-                "group {pg}'s keys are on nodes {} that are not up{}: waiting for them (or for them to be removed)",
-                missing.join(", "),
-                if empties.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (and {} joined with an empty disk)", empties.join(", "))
-                }
+                "group {pg}'s keys are on nodes that cannot be merged from ({}): waiting for them to return (or to be removed)",
+                why.join("; ")
             ));
         }
     }
     Ok(sources)
 }
 
-/// Whether node `id` joined with an empty disk and has not synced since
-/// (`MapNode::empty`).
+/// Whether node `id` runs on a data directory its data is not recorded
+/// on (`MapNode::empty`: a replaced disk, until it syncs).
 fn empty(map: &ShardMap, id: u32) -> bool {
     map.node(id).is_some_and(|n| n.empty)
 }

@@ -193,9 +193,9 @@ pub struct MapNode {
     pub ttl_ms: u64,
     /// Whether it is recorded as holding its groups (`placement::PlacedNode::filled`).
     pub filled: bool,
-    /// Whether it lacks the writes of its groups from before it joined
-    /// with an empty disk (`NodeRecord::empty`): it counts toward no
-    /// merge's majority.
+    /// Whether it runs on a data directory its data is not recorded on
+    /// (`NodeRecord::empty`: a replaced disk, until it syncs): its copies
+    /// count toward no write's majority, and it toward no merge's.
     pub empty: bool,
 }
 
@@ -296,7 +296,7 @@ impl ShardMap {
                     // As a node's own setting is bounded.
                     ttl_ms: n.ttl_s.min(3600) * 1000,
                     filled: n.filled(),
-                    empty: n.empty,
+                    empty: n.empty.is_some(),
                 })
                 .collect(),
             synced_tx,
@@ -846,7 +846,8 @@ mod tests {
                 since_ms: 0,
                 synced: true,
                 filled: None,
-                empty: false,
+                empty: None,
+                disk: None,
                 ttl_s: 0,
             },
             1,

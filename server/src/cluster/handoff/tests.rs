@@ -40,12 +40,19 @@ struct Sim {
     count_all: bool,
     /// A node whose copies fail (it is skipped).
     slow: Option<u32>,
-    /// Per node (index): it joined filled with an empty disk and has not
-    /// synced since with no hand-off pending (`NodeRecord::empty`).
+    /// Per node (index): it runs filled on a replaced disk and has not
+    /// synced since holding every group it is a settled replica of
+    /// (`NodeRecord::empty`): its copies do not count, nor it in merges.
     empty: Vec<bool>,
-    /// A merge counts a replica that joined with an empty disk like any
-    /// other (the rule before `NodeRecord::empty`).
+    /// A replica on a replaced disk counts like any other, in writes and
+    /// merges (the rule before `NodeRecord::empty`).
     count_empty: bool,
+    /// Per node: the disk it runs on, the disk its record says its data is
+    /// on (`NodeRecord::disk`), and the other disk, set aside with what it
+    /// holds (a disk replaced, which may be put back).
+    disk: Vec<u32>,
+    recorded: Vec<u32>,
+    shelf: Vec<Option<(u32, Vec<BTreeSet<u32>>)>>,
     log: Vec<String>,
 }
 
@@ -64,6 +71,9 @@ impl Sim {
             slow: None,
             empty: Vec::new(),
             count_empty: false,
+            disk: Vec::new(),
+            recorded: Vec::new(),
+            shelf: Vec::new(),
             log: Vec::new(),
         };
         for id in 1..=n {
@@ -76,6 +86,9 @@ impl Sim {
             });
             s.ver.push(vec![BTreeSet::new(); PGS as usize]);
             s.empty.push(false);
+            s.disk.push(id);
+            s.recorded.push(id);
+            s.shelf.push(None);
         }
         for pg in 0..PGS {
             for i in s.replicas(pg) {
@@ -121,6 +134,10 @@ impl Sim {
         while self.ver.len() < self.nodes.len() {
             self.ver.push(vec![BTreeSet::new(); PGS as usize]);
             self.empty.push(false);
+            let id = self.nodes[self.disk.len()].id;
+            self.disk.push(id);
+            self.recorded.push(id);
+            self.shelf.push(None);
         }
         for pg in 0..PGS {
             for i in self.replicas(pg) {
@@ -165,9 +182,25 @@ impl Sim {
             }
             n.state = state;
         });
-        // `empty` only on a node that stays filled (`map::join`); cleared
-        // when marked out.
-        self.empty[i] &= self.nodes[i].filled;
+        // `map::join`: empty if it stays filled on a disk other than the
+        // recorded one (else that disk is recorded); cleared when marked
+        // out.
+        self.rejoined(i);
+    }
+
+    fn rejoined(&mut self, i: usize) {
+        let n = &self.nodes[i];
+        self.empty[i] = n.filled && n.state != NodeState::Out && self.disk[i] != self.recorded[i];
+        if !self.empty[i] && n.state == NodeState::Up {
+            self.recorded[i] = self.disk[i];
+        }
+    }
+
+    /// Node `i` counts again (`map::mark_synced`, `map::settle`): its
+    /// disk is where its data is.
+    fn counts_again(&mut self, i: usize) {
+        self.empty[i] = false;
+        self.recorded[i] = self.disk[i];
     }
 
     /// A down node comes back with an empty disk under its name
@@ -177,9 +210,22 @@ impl Sim {
         let i = self.index(id);
         assert_eq!(self.nodes[i].state, NodeState::Down);
         self.log.push(format!("n{id} wiped"));
-        self.ver[i] = vec![BTreeSet::new(); PGS as usize];
+        let old = std::mem::replace(&mut self.ver[i], vec![BTreeSet::new(); PGS as usize]);
+        let new_disk = 1000 + self.next_write;
+        self.shelf[i] = Some((std::mem::replace(&mut self.disk[i], new_disk), old));
         self.set_state(id, NodeState::Up);
-        self.empty[i] = self.nodes[i].filled;
+    }
+
+    /// A down node comes back on the disk set aside (a disk that did not
+    /// mount, mounted again): what it held then, the other disk set aside.
+    fn swap_back(&mut self, id: u32) {
+        let i = self.index(id);
+        assert_eq!(self.nodes[i].state, NodeState::Down);
+        let (disk, ver) = self.shelf[i].take().expect("a disk set aside");
+        self.log.push(format!("n{id} back on disk {disk}"));
+        let old_ver = std::mem::replace(&mut self.ver[i], ver);
+        self.shelf[i] = Some((std::mem::replace(&mut self.disk[i], disk), old_ver));
+        self.set_state(id, NodeState::Up);
     }
 
     /// Removal of a drained node that holds nothing (the runbook's rule:
@@ -207,7 +253,10 @@ impl Sim {
         self.next_write += 1;
         let reps = self.replicas(pg);
         let settled = self.settled(pg);
-        let counts = |i: usize| self.count_all || settled.is_empty() || settled.contains(&i);
+        let counts = |i: usize| {
+            (self.count_empty || !self.empty[i])
+                && (self.count_all || settled.is_empty() || settled.contains(&i))
+        };
         self.ver[a][pg as usize].insert(v);
         let mut acks = usize::from((reps.contains(&a) || self.r == 1) && counts(a));
         for &i in reps.iter().filter(|&&i| i != a) {
@@ -302,7 +351,9 @@ impl Sim {
         if self.fill_on_sync || may_fill(HASH_SEED_DEFAULT, PGS, self.r, &self.nodes, i) {
             self.nodes[i].filled = true;
         }
-        self.empty[i] &= !placement::settled_as_placed(&self.nodes);
+        if self.empty[i] && self.holds_settled(i) {
+            self.counts_again(i);
+        }
         true
     }
 
@@ -321,6 +372,24 @@ impl Sim {
         for (i, f) in c {
             self.nodes[i].filled = f;
         }
+        // `map::settle`: a synced node on a replaced disk that now holds
+        // every group it is a settled replica of counts again.
+        for i in 0..self.nodes.len() {
+            if self.empty[i]
+                && self.nodes[i].synced
+                && self.nodes[i].filled
+                && self.holds_settled(i)
+            {
+                self.log.push(format!("n{} counts again", self.nodes[i].id));
+                self.counts_again(i);
+            }
+        }
+    }
+
+    /// `map::holds_settled`: node `i` is placed on every group it is a
+    /// settled replica of.
+    fn holds_settled(&self, i: usize) -> bool {
+        (0..PGS).all(|pg| !self.settled(pg).contains(&i) || self.replicas(pg).contains(&i))
     }
 
     /// Node `id` drops its copies of the groups it gave up
@@ -540,12 +609,16 @@ fn a_write_on_a_replica_not_yet_filled_does_not_count() {
     assert!(e.contains("without"), "{e}");
 }
 
-/// R = 3, every group on all three nodes: a write acknowledged by A and
-/// C (B skipped), C's disk replaced (it joins again empty, under its
-/// name), A down. B and C must not merge the group from each other: the
-/// write is on A alone. Unless a merge leaves C out of its majorities
-/// (`NodeRecord::empty`), B syncs without it; A's return lets them merge.
-fn a_wiped_replica(count_empty: bool) -> Result<(), String> {
+/// R = 3, every group on all three nodes (A its primary, B and C): `lose`
+/// runs on C before a write acknowledged by A and C (B skipped), `then`
+/// after it; then A goes down, and B and C must not merge the group from
+/// each other (the write is on A alone). Once A is back every node syncs
+/// and counts again.
+fn c_loses_a_write(
+    count_empty: bool,
+    lose: impl Fn(&mut Sim, u32) -> Result<(), String>,
+    then: impl Fn(&mut Sim, u32),
+) -> Result<(), String> {
     let mut s = Sim::new(3, 3);
     s.count_empty = count_empty;
     let pg = 0;
@@ -557,14 +630,14 @@ fn a_wiped_replica(count_empty: bool) -> Result<(), String> {
         .filter(|&n| n != a)
         .collect();
     let (b, c) = (others[0], others[1]);
+    lose(&mut s, c)?;
     s.slow = Some(b);
     s.write(pg);
     s.slow = None;
     if s.acked[pg as usize].len() != 2 {
         return Err("the write was not acknowledged".into());
     }
-    s.set_state(c, NodeState::Down);
-    s.wipe(c);
+    then(&mut s, c);
     s.set_state(a, NodeState::Down);
     for id in [b, c] {
         s.sync(id);
@@ -579,6 +652,49 @@ fn a_wiped_replica(count_empty: bool) -> Result<(), String> {
         return Err(s.fail("not every node synced and counted again"));
     }
     Ok(())
+}
+
+/// C's disk replaced after the write (it joins again empty, under its
+/// name). Unless a merge leaves C out of its majorities
+/// (`NodeRecord::empty`), B syncs without the write.
+fn a_wiped_replica(count_empty: bool) -> Result<(), String> {
+    c_loses_a_write(
+        count_empty,
+        |_, _| Ok(()),
+        |s, c| {
+            s.set_state(c, NodeState::Down);
+            s.wipe(c);
+        },
+    )
+}
+
+/// C's disk replaced and caught up on (it counts again) before the write;
+/// after it, C's old disk is put back (one that did not mount, mounted
+/// again): it lacks the write, so C is empty again (its record names the
+/// new disk).
+fn a_disk_put_back(count_empty: bool) -> Result<(), String> {
+    c_loses_a_write(
+        count_empty,
+        |s, c| {
+            s.set_state(c, NodeState::Down);
+            s.wipe(c);
+            if !s.sync(c) || s.empty[s.index(c)] {
+                return Err(s.fail("C did not catch up on its new disk"));
+            }
+            Ok(())
+        },
+        |s, c| {
+            s.set_state(c, NodeState::Down);
+            s.swap_back(c);
+        },
+    )
+}
+
+#[test]
+fn a_disk_put_back_after_its_replacement_caught_up_is_empty() {
+    a_disk_put_back(false).unwrap();
+    let e = a_disk_put_back(true).unwrap_err();
+    assert!(e.contains("without"), "{e}");
 }
 
 #[test]
@@ -648,7 +764,13 @@ fn step(s: &mut Sim, rng: &mut u64, pick: u32) {
         5 if state == NodeState::Down && r > 1 => s.set_state(pick, NodeState::Out),
         // Its disk replaced, if what it holds is held elsewhere too (else
         // the loss is a second failure).
-        13 if state == NodeState::Down && r > 1 && s.held_elsewhere(i) => s.wipe(pick),
+        13 if state == NodeState::Down && r > 1 && s.held_elsewhere(i) => {
+            if s.shelf[i].is_some() && next(rng).is_multiple_of(2) {
+                s.swap_back(pick);
+            } else {
+                s.wipe(pick);
+            }
+        }
         6 if state == NodeState::Draining && s.ver[i].iter().all(BTreeSet::is_empty) => {
             s.remove(pick);
         }

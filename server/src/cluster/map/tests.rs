@@ -120,7 +120,46 @@ fn joining(name: &str, zone: &str) -> Joining {
         nonce: name.as_bytes().to_vec(),
         ttl_s: 600,
         fresh: false,
+        disk: format!("d-{name}"),
     }
+}
+
+/// Nodes n0-n2 in zones z0-z2 joined, synced and filled.
+fn three_filled(etcd: &Etcd, keys: &Keys) {
+    let nodes: Vec<(String, String)> = (0..3).map(|i| (format!("n{i}"), format!("z{i}"))).collect();
+    let ids = join_all(etcd, keys, &nodes);
+    sync_all(etcd, keys, &ids);
+    let view = load(etcd, keys).unwrap();
+    settle(etcd, keys, &view).unwrap();
+}
+
+/// Node `name`'s record as etcd holds it now.
+fn record_of(etcd: &Etcd, keys: &Keys, name: &str) -> NodeRecord {
+    load(etcd, keys)
+        .unwrap()
+        .node_named(name)
+        .map(|(r, _)| r.clone())
+        .unwrap()
+}
+
+/// Node `name` joins again (a new process, on a new lease) on data
+/// directory `disk`, `fresh` or not.
+fn rejoin_on(etcd: &Etcd, keys: &Keys, name: &str, (disk, fresh): (&str, bool)) -> NodeRecord {
+    let lease = etcd.lease_grant(600).unwrap();
+    let r = record_of(etcd, keys, name);
+    let joining = Joining {
+        fresh,
+        disk: disk.into(),
+        ..joining(name, &r.zone)
+    };
+    join(etcd, keys, &joining, lease, Some(r.id)).unwrap()
+}
+
+/// Marks node `id` synced under the map etcd holds now.
+fn sync_one(etcd: &Etcd, keys: &Keys, id: u32) {
+    let view = load(etcd, keys).unwrap();
+    let skipped = view.skipped.get(&id).copied().unwrap_or(0);
+    assert!(mark_synced(etcd, keys, id, view.epoch, skipped).unwrap());
 }
 
 /// Joins `nodes` (name, zone), each on a lease of its own.
@@ -299,56 +338,40 @@ fn records_with_their_own_flags_are_read_and_carried_into_the_key() {
     assert_eq!(flags, [false, true, true]);
 }
 
-/// A filled node that joins again with an empty data directory (a
-/// replaced disk under its old name) stays filled (it is still where its
-/// groups' writes are recorded) but is `empty`: a merge counts it toward
-/// no majority. A later join (its directory no longer fresh) keeps the
-/// flag; its sync clears it only where no hand-off is pending (then its
-/// settled groups are the ones it caught up). A node that joins unfilled
-/// is never empty (it is not a settled replica), nor one marked out.
+/// A filled node that joins again on another data directory (a replaced
+/// disk, or one that did not mount) stays filled (it is still where its
+/// groups' writes are recorded) but is `empty`, and its record keeps the
+/// directory its data is on: that one back, it is not empty. Its sync
+/// clears the flag (and records its directory) only where no hand-off
+/// is pending (then its settled groups are the ones it caught up). A node
+/// that joins unfilled is never empty. A record that names no directory
+/// (written before they were kept) takes a fresh one for empty, and
+/// keeps the flag until a sync.
 #[test]
-fn a_filled_node_rejoining_with_an_empty_disk_is_empty_until_it_syncs() {
+fn a_filled_node_on_another_disk_is_empty_until_it_syncs() {
     let Some((_e, etcd, keys)) = new_cluster("wiped", 3, 64, 0xd15c) else {
         return;
     };
-    let nodes: Vec<(String, String)> = (0..3).map(|i| (format!("n{i}"), format!("z{i}"))).collect();
-    let ids = join_all(&etcd, &keys, &nodes);
-    sync_all(&etcd, &keys, &ids);
-    let view = load(&etcd, &keys).unwrap();
-    settle(&etcd, &keys, &view).unwrap();
-    let record = |name: &str| {
-        load(&etcd, &keys)
-            .unwrap()
-            .node_named(name)
-            .map(|(r, _)| r.clone())
-            .unwrap()
-    };
-    assert!(record("n2").filled() && !record("n2").empty);
-    let rejoin = |name: &str, fresh: bool| {
-        let lease = etcd.lease_grant(600).unwrap();
-        let id = record(name).id;
-        join(
-            &etcd,
-            &keys,
-            &Joining {
-                fresh,
-                ..joining(name, &record(name).zone)
-            },
-            lease,
-            Some(id),
-        )
-        .unwrap()
-    };
-    let sync = |id: u32| {
-        let view = load(&etcd, &keys).unwrap();
-        let skipped = view.skipped.get(&id).copied().unwrap_or(0);
-        assert!(mark_synced(&etcd, &keys, id, view.epoch, skipped).unwrap());
-    };
-    // Its disk replaced: filled, empty, unsynced; a restart keeps it so.
-    let r = rejoin("n2", true);
-    assert!(r.filled() && r.empty && !r.synced);
-    let r = rejoin("n2", false);
-    assert!(r.filled() && r.empty, "kept across joins until it syncs");
+    three_filled(&etcd, &keys);
+    let record = |name: &str| record_of(&etcd, &keys, name);
+    let n2 = record("n2");
+    assert!(n2.filled() && n2.empty.is_none() && n2.disk.as_deref() == Some("d-n2"));
+    let rejoin = |name: &str, disk: &str, fresh: bool| rejoin_on(&etcd, &keys, name, (disk, fresh));
+    let sync = |id: u32| sync_one(&etcd, &keys, id);
+    // Its disk replaced: filled, empty, unsynced, the old disk recorded;
+    // a restart on the new one keeps it so; the old one back is not empty.
+    let r = rejoin("n2", "d-n2-new", true);
+    assert!(r.filled() && r.empty.is_some() && !r.synced);
+    assert_eq!(r.disk.as_deref(), Some("d-n2"));
+    let r = rejoin("n2", "d-n2-new", false);
+    assert!(r.empty.is_some(), "the new disk restarted");
+    let r = rejoin("n2", "d-n2", false);
+    assert!(
+        r.empty.is_none() && r.disk.as_deref() == Some("d-n2"),
+        "the old disk back"
+    );
+    let r = rejoin("n2", "d-n2-new", false);
+    assert!(r.empty.is_some());
     // A node added (joins unfilled, fresh or not: never empty) and not
     // yet filled: a hand-off is pending, so n2's sync keeps the flag.
     let lease = etcd.lease_grant(600).unwrap();
@@ -363,18 +386,71 @@ fn a_filled_node_rejoining_with_an_empty_disk_is_empty_until_it_syncs() {
         None,
     )
     .unwrap();
-    assert!(!added.filled() && !added.empty);
+    assert!(!added.filled() && added.empty.is_none());
     sync(r.id);
     let r = record("n2");
-    assert!(r.synced && r.empty, "synced with a hand-off pending");
-    // Once n3 is filled no hand-off is pending: n2's next sync clears it.
+    assert!(
+        r.synced && r.empty.is_some(),
+        "synced with a hand-off pending"
+    );
+    assert_eq!(r.disk.as_deref(), Some("d-n2"));
+    // Once n3 is filled no hand-off is pending: `settle` clears n2's flag
+    // (it is synced), and its data is on the new disk from then on.
     sync(added.id);
     let view = load(&etcd, &keys).unwrap();
     settle(&etcd, &keys, &view).unwrap();
     assert!(record("n3").filled());
-    let r = rejoin("n2", false);
-    assert!(r.empty);
+    let r = record("n2");
+    assert!(r.synced && r.empty.is_none() && r.filled());
+    assert_eq!(r.disk.as_deref(), Some("d-n2-new"));
+    // The old disk is the other one now; with no hand-off pending its sync
+    // clears the flag itself.
+    let r = rejoin("n2", "d-n2", false);
+    assert!(r.empty.is_some());
     sync(r.id);
     let r = record("n2");
-    assert!(r.synced && !r.empty && r.filled());
+    assert!(r.synced && r.empty.is_none() && r.disk.as_deref() == Some("d-n2"));
+}
+
+/// A record that names no data directory (written before they were
+/// kept): a directory that is not fresh is not known empty (and is
+/// recorded); a fresh one is empty, and stays so across joins until a
+/// sync, which records it.
+#[test]
+fn a_record_without_a_disk_takes_a_fresh_directory_for_empty() {
+    let Some((_e, etcd, keys)) = new_cluster("legacy", 3, 64, 0x1e9) else {
+        return;
+    };
+    three_filled(&etcd, &keys);
+    let record = |name: &str| record_of(&etcd, &keys, name);
+    let rejoin = |name: &str, disk: &str, fresh: bool| rejoin_on(&etcd, &keys, name, (disk, fresh));
+    let sync = |id: u32| sync_one(&etcd, &keys, id);
+    let strip = || {
+        let r = record("n1");
+        let mut json = serde_json::to_value(&r).unwrap();
+        json.as_object_mut().unwrap().remove("disk");
+        let view = load(&etcd, &keys).unwrap();
+        assert!(etcd
+            .txn(
+                vec![],
+                vec![
+                    txn::put(&keys.node(r.id), json.to_string().as_bytes()),
+                    txn::put(&keys.epoch(), next_epoch(&view).unwrap().as_bytes()),
+                ],
+                vec![],
+            )
+            .unwrap());
+        assert_eq!(record("n1").disk, None);
+    };
+    strip();
+    let r = rejoin("n1", "d-n1", false);
+    assert!(r.empty.is_none(), "not fresh: not known empty");
+    assert_eq!(r.disk.as_deref(), Some("d-n1"), "and recorded");
+    strip();
+    assert!(rejoin("n1", "d-n1-new", true).empty.is_some());
+    let r = rejoin("n1", "d-n1-new", false);
+    assert!(r.empty.is_some() && r.disk.is_none(), "kept");
+    sync(r.id);
+    let r = record("n1");
+    assert!(r.empty.is_none() && r.disk.as_deref() == Some("d-n1-new"));
 }
