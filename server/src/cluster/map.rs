@@ -796,13 +796,15 @@ pub fn settle(etcd: &Etcd, keys: &Keys, view: &View) -> Result<Vec<(String, bool
     for &(i, filled) in &changes {
         placed[i].filled = filled;
     }
-    // Nodes on a replaced disk that are synced, stay filled and now hold
-    // every group they are settled replicas of (a hand-off pending when
-    // they synced is done): their directory is where their data is.
+    // Nodes on a replaced disk that are synced and now hold every group
+    // they are settled replicas of (a hand-off pending when they synced is
+    // done): their directory is where their data is.
     let mut cleared = Vec::new();
     for (i, (record, _)) in view.nodes.iter().enumerate() {
         if let Some(dir) = &record.empty {
-            if record.synced && placed[i].filled && holds_settled(view, &placed, i)? {
+            // (Unfilled, it is a settled replica of nothing: it counts as
+            // it is, as in `mark_synced`.)
+            if record.synced && holds_settled(view, &placed, i)? {
                 cleared.push(NodeRecord {
                     empty: None,
                     disk: Some(dir.clone()),

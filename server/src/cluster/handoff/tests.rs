@@ -375,11 +375,7 @@ impl Sim {
         // `map::settle`: a synced node on a replaced disk that now holds
         // every group it is a settled replica of counts again.
         for i in 0..self.nodes.len() {
-            if self.empty[i]
-                && self.nodes[i].synced
-                && self.nodes[i].filled
-                && self.holds_settled(i)
-            {
+            if self.empty[i] && self.nodes[i].synced && self.holds_settled(i) {
                 self.log.push(format!("n{} counts again", self.nodes[i].id));
                 self.counts_again(i);
             }
