@@ -44,6 +44,11 @@ pub struct ClusterSettings {
 #[derive(Default)]
 pub struct ClusterStatus {
     pub epoch: AtomicU64,
+    /// The epoch of the first map read after this process's latest join
+    /// (0: none yet). A node on a replaced disk (`MapNode::empty`) refuses
+    /// copies sent under older maps: their senders may count them
+    /// (`replicate::check_push`).
+    pub joined_epoch: AtomicU64,
     pub node_id: AtomicU64,
     /// Whether the lease is held (the node counts as up).
     pub leased: AtomicBool,
@@ -593,6 +598,7 @@ pub fn start(
     let sent = mono_ms();
     match map::load(&control.etcd, &control.keys) {
         Ok(view) => {
+            status.joined_epoch.store(view.epoch, Ordering::Release);
             control.publish(&view);
             if control.feed.sent_epoch() >= view.epoch {
                 status.map_read(sent, control.ttl_s);
@@ -957,6 +963,7 @@ impl Control {
         self.read_sent = Some(Instant::now());
         let view = map::load(&self.etcd, &self.keys)?;
         status.epoch.store(view.epoch, Ordering::Relaxed);
+        status.joined_epoch.fetch_max(view.epoch, Ordering::AcqRel);
         self.publish(&view);
         if self.feed.sent_epoch() >= view.epoch {
             status.map_read(read, self.ttl_s);
@@ -1052,6 +1059,11 @@ impl Control {
             self.check_catalog(sent)
         };
         status.epoch.store(view.epoch, Ordering::Relaxed);
+        // The first map read after the first join (when the one right
+        // after it failed).
+        if status.joined_epoch.load(Ordering::Acquire) == 0 {
+            status.joined_epoch.store(view.epoch, Ordering::Release);
+        }
         self.publish(&view);
         self.view = Some(view.clone());
         // Only a map the shards hold counts (one that gave this node

@@ -973,8 +973,9 @@ fn counts(map: &ShardMap, pg: u32, id: u32) -> bool {
 
 /// A copy another node sent (`PUT /_percore/push`): refused (Err with
 /// 409's message) when the sender is not the key's acting primary in this
-/// node's map (unless the sender's map is newer) or sent it under a map
-/// older than this key shard's fence.
+/// node's map (unless the sender's map is newer), sent it under a map
+/// older than this key shard's fence, or (this node on a replaced disk)
+/// under a map from before this process joined.
 pub async fn check_push(
     shard: &Rc<Shard>,
     map: &ShardMap,
@@ -994,6 +995,22 @@ pub async fn check_push(
             "node {from} is not this key's primary in map {} (this node's)",
             map.epoch
         ));
+    }
+    // On a replaced disk (`MapNode::empty`) its copies count toward no
+    // write's majority, but a sender whose map is from before this node
+    // joined may count one: refused, it reads a newer map and sends again
+    // (or skips this node). Else a disk put back later could lack a write
+    // counted on this one.
+    if map.node(map.node_id).is_some_and(|n| n.empty) {
+        let joined = super::control::STATUS.get().map_or(0, |s| {
+            s.joined_epoch.load(std::sync::atomic::Ordering::Acquire)
+        });
+        if state.epoch < joined {
+            return Err(format!(
+                "sent under map {}, from before this node joined on a replaced disk (map {joined})",
+                state.epoch
+            ));
+        }
     }
     // Taking a copy sent under a map raises this key shard's fence to it:
     // a copy from the key's previous primary, sent under an older map,
