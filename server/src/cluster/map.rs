@@ -728,7 +728,8 @@ pub fn mark_synced(
         // alone (else by `settle`, with others): a node synced but not
         // filled leads nothing.
         let mut placed = view.placed();
-        let filled = match placed.iter().position(|n| n.id == id) {
+        let me = placed.iter().position(|n| n.id == id);
+        let filled = match me {
             Some(i) => {
                 placed[i].synced = true;
                 placed[i].filled
@@ -745,17 +746,16 @@ pub fn mark_synced(
         // A node on a replaced disk holds its groups' writes now; it lacks
         // those of groups it is a settled replica of but not placed on (a
         // hand-off pending): it counts once it holds all of those.
-        let (empty, disk) = match &record.empty {
-            Some(dir) => {
-                if let Some(i) = placed.iter().position(|n| n.id == id) {
-                    placed[i].filled = filled;
-                }
-                match placed.iter().position(|n| n.id == id) {
-                    Some(i) if holds_settled(&view, &placed, i)? => (None, Some(dir.clone())),
-                    _ => (record.empty.clone(), record.disk.clone()),
+        let (empty, disk) = match (&record.empty, me) {
+            (Some(dir), Some(i)) => {
+                placed[i].filled = filled;
+                if holds_settled(&view, &placed, i)? {
+                    (None, Some(dir.clone()))
+                } else {
+                    (record.empty.clone(), record.disk.clone())
                 }
             }
-            None => (None, record.disk.clone()),
+            _ => (record.empty.clone(), record.disk.clone()),
         };
         let json = record_json(&NodeRecord {
             synced: true,
