@@ -5,7 +5,10 @@
 //! the catalog no longer has are removed, a bucket that still holds keys
 //! is kept, a read that carries only what changed leaves the rest as it
 //! is, and a document the read should have carried makes the next read a
-//! whole one.
+//! whole one. A bucket the catalog records as deleted goes with what the
+//! node still holds of it, if the node made it before the read began.
+//! And the hold a cluster DeleteBucket puts on a bucket: clients' writes
+//! refused, replicas' copies taken, writes in progress counted.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -74,7 +77,18 @@ fn catalog(rev: i64, since: i64, buckets: &[Named]) -> Catalog {
             })
             .collect(),
         users: BTreeMap::new(),
+        deleted: Default::default(),
+        read_ms: percore_server::store::now_ms(),
     }
+}
+
+/// Puts `key` into `bucket` as a client does.
+async fn put(shard: &Rc<Shard>, bucket: &str, key: &str) {
+    let mut sink = ObjectSink::open(shard, bucket, key, ObjectMeta::default())
+        .await
+        .unwrap();
+    sink.write(Bytes::from_static(b"x")).await.unwrap();
+    sink.finish("etag".into()).await.unwrap();
 }
 
 fn docs(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> {
@@ -198,5 +212,120 @@ fn a_node_makes_its_buckets_the_catalogs() {
             "erin"
         );
         assert!(shard.user_by_access_key(&dave.access_key).is_none());
+    });
+}
+
+#[test]
+fn a_bucket_deleted_in_the_cluster_goes_with_what_the_node_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        // What the node held when it went down: keys of buckets the
+        // cluster then emptied and deleted ("gone", "again"), and of one
+        // it has no record of deleting ("lost": an etcd restored from an
+        // older snapshot).
+        for b in ["gone", "again", "lost"] {
+            assert!(shard.create_bucket(b, None).await.unwrap());
+            for k in ["a", "b/c", "d"] {
+                put(&shard, b, k).await;
+            }
+        }
+        // A read that began before the buckets were made here (they could
+        // be of the name made since, by a replica's copy): kept.
+        let mut early = catalog(10, 0, &[]);
+        early.deleted = ["gone".to_string(), "again".to_string()].into();
+        early.read_ms = 1;
+        apply(&shard, &early).await.unwrap();
+        let got = buckets(&shard).await;
+        assert!(["gone", "again", "lost"]
+            .iter()
+            .all(|b| got.contains_key(*b)));
+
+        // "gone" deleted; "again" deleted and made again by carol long
+        // after; "lost" not in the catalog, with no record.
+        let later = percore_server::store::now_ms() + 60 * 60 * 1000;
+        let mut read = catalog(20, 0, &[("again", &[(Owner, Some("carol"))])]);
+        read.buckets.get_mut("again").unwrap().created_ms = Some(later);
+        read.deleted = ["gone".to_string(), "again".to_string()].into();
+        apply(&shard, &read).await.unwrap();
+        let got = buckets(&shard).await;
+        assert!(!got.contains_key("gone"));
+        assert_eq!(got["again"], docs(&[("owner", "carol")]));
+        // Kept, logged: nothing says it was deleted.
+        assert!(got.contains_key("lost"));
+        for b in ["gone", "again"] {
+            assert!(
+                store.list(b, "", "", None, 10).is_empty(),
+                "{b}: {:?}",
+                store.list(b, "", "", None, 10)
+            );
+        }
+        assert_eq!(store.list("lost", "", "", None, 10).len(), 3);
+        // Carol's bucket is hers and empty, and takes writes.
+        put(&shard, "again", "new").await;
+        assert_eq!(store.list("again", "", "", None, 10).len(), 1);
+    });
+}
+
+#[test]
+fn a_closed_bucket_refuses_clients_writes_and_takes_copies() {
+    use percore_server::shard::msg::ShardError;
+    use percore_server::store::PutCondition;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        assert!(shard.create_bucket("b", None).await.unwrap());
+        // A write in progress when the hold begins is counted...
+        let mut early = ObjectSink::open(&shard, "b", "early", ObjectMeta::default())
+            .await
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        assert_eq!(shard.close_bucket("b", 7, until).await.unwrap(), 1);
+        // ...and ends; a client's new write is refused (retry), ...
+        early.write(Bytes::from_static(b"x")).await.unwrap();
+        early.finish("etag".into()).await.unwrap();
+        let refused = ObjectSink::open(&shard, "b", "late", ObjectMeta::default()).await;
+        assert_eq!(refused.err(), Some(ShardError::BucketClosing));
+        // ...a replica's copy (its primary took the write before) is not.
+        let mut copy = ObjectSink::open_part(
+            &shard,
+            "b",
+            "copy",
+            ObjectMeta::default(),
+            None,
+            Some(PutCondition::IfNewer(5)),
+        )
+        .await
+        .unwrap();
+        copy.write(Bytes::from_static(b"x")).await.unwrap();
+        copy.finish("etag".into()).await.unwrap();
+        assert_eq!(shard.close_bucket("b", 8, until).await.unwrap(), 0);
+        // Another hold's token does not end it; its own does.
+        shard.reopen_bucket("b", 7).await;
+        assert!(ObjectSink::open(&shard, "b", "late", ObjectMeta::default())
+            .await
+            .is_err());
+        shard.reopen_bucket("b", 8).await;
+        put(&shard, "b", "late").await;
+        // A hold lapses by itself.
+        let soon = Instant::now() + Duration::from_millis(50);
+        shard.close_bucket("b", 9, soon).await.unwrap();
+        assert!(
+            ObjectSink::open(&shard, "b", "later", ObjectMeta::default())
+                .await
+                .is_err()
+        );
+        glommio::timer::sleep(Duration::from_millis(80)).await;
+        put(&shard, "b", "later").await;
+        assert_eq!(
+            shard.close_bucket("missing", 1, until).await.err(),
+            Some(ShardError::NoSuchBucket)
+        );
+        assert_eq!(store.list("b", "", "", None, 10).len(), 4);
     });
 }

@@ -415,12 +415,17 @@ def retry_unavailable(call, limit_s: float = 30):
 def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     """The cluster's buckets live in etcd (the catalog). With n3 down,
     bucket creates and configuration changes through n1 succeed and show
-    on n2 at once; a delete, which must check every node for keys, is
-    refused (503). Then the whole cluster stops, and n3, which missed
-    every change, starts first and alone: its door lists the new bucket
-    with its configuration, and not the removed tagging, before any other
-    node is back. With all back and synced, the keys written while n3 was
-    down are served through it, and its door takes bucket changes."""
+    on n2 at once; DeleteBucket asks the up nodes, which lead every
+    group: an empty bucket is deleted, also one whose keys n3 still holds
+    (deleted while it was down), and one that holds keys is refused
+    (BucketNotEmpty) and takes writes again at once. Then the whole
+    cluster stops, and n3, which missed every change, starts first and
+    alone: its door lists the new bucket with its configuration, and not
+    the removed tagging nor the deleted buckets, and it holds no key of
+    the deleted one, before any other node is back. With all back and
+    synced, the keys written while n3 was down are served through it, a
+    bucket made again under the deleted name is empty on every door, and
+    n3's door takes bucket changes."""
     from botocore.exceptions import ClientError
 
     n1, n2, n3 = cluster.nodes
@@ -428,6 +433,14 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     s3.create_bucket(Bucket="before-down")
     s3.put_bucket_tagging(Bucket="before-down", Tagging=TAGS)
     s3.create_bucket(Bucket="stays-empty")
+    s3.create_bucket(Bucket="emptied")
+    old_keys = [f"e/{i:02d}" for i in range(12)]
+    for key in old_keys:
+        s3.put_object(Bucket="emptied", Key=key, Body=key.encode() * 50)
+    # Every replica holds them (n3 included) before it goes down.
+    wait_synced(cluster.urls, ["n1", "n2", "n3"])
+    held = [k for (b, k), (_, etag) in digest(n3).items() if b == "emptied" and etag]
+    assert sorted(held) == old_keys, held
     n3.kill9()
     wait_for_state(cluster.urls, "n3", "down")
     # Writes go on without n3 once the doors run the map that says so.
@@ -463,12 +476,23 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     with pytest.raises(ClientError) as e:
         other.create_bucket(Bucket="while-down")
     assert e.value.response["Error"]["Code"] == "BucketAlreadyOwnedByYou"
-    # A delete must ask every node whether it holds keys: not while one
-    # is down.
-    with pytest.raises(ClientError) as e:
-        s3.delete_bucket(Bucket="stays-empty")
-    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503, e.value.response
     print(f"\nbucket changes and 20 PUTs with n3 down: {took:.2f} s")
+    # DeleteBucket with n3 down: the up nodes lead every group.
+    s3.delete_bucket(Bucket="stays-empty")
+    for key in old_keys:
+        s3.delete_object(Bucket="emptied", Key=key)
+    s3.delete_bucket(Bucket="emptied")
+    with pytest.raises(ClientError) as e:
+        other.delete_bucket(Bucket="while-down")
+    assert e.value.response["Error"]["Code"] == "BucketNotEmpty", e.value.response
+    # Refused, the bucket takes writes again at once (its holds ended).
+    bodies["after-refusal"] = b"written right after a refused DeleteBucket"
+    s3.put_object(Bucket="while-down", Key="after-refusal", Body=bodies["after-refusal"])
+    for n in (n1, n2):
+        for gone in ("stays-empty", "emptied"):
+            with pytest.raises(ClientError) as e:
+                n.client().head_bucket(Bucket=gone)
+            assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket"), gone
 
     # The whole cluster stops; n3, which missed every change, comes first.
     n1.kill9()
@@ -476,7 +500,13 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     n3.start()
     door = n3.client()
     names = retry_unavailable(lambda: {b["Name"] for b in door.list_buckets()["Buckets"]})
-    assert {"before-down", "stays-empty", "while-down"} <= names, sorted(names)
+    assert {"before-down", "while-down"} <= names, sorted(names)
+    assert not {"stays-empty", "emptied"} & names, sorted(names)
+    # What n3 held of the deleted bucket (its keys, deleted while it was
+    # down) went with it, before n3 served.
+    held = [k for (b, k), (_, etag) in digest(n3).items() if b == "emptied" and etag]
+    assert not held, f"n3 still holds keys of a deleted bucket: {held}"
+    assert "dropped what this node held of a bucket deleted" in n3.logs(limit=1 << 24), n3.logs()
     assert door.get_bucket_tagging(Bucket="while-down")["TagSet"] == TAGS["TagSet"]
     assert door.get_bucket_cors(Bucket="while-down")["CORSRules"][0]["AllowedOrigins"] == [
         "https://example.com"]
@@ -496,10 +526,18 @@ def test_bucket_changes_while_a_node_is_down(cluster):  # noqa: F811
     bad = [k for k, body in bodies.items() if fetch(door, "while-down", k) != Blob.of(body)]
     assert not bad, f"keys served wrong through n3: {bad}"
     assert as_alice.get_object(Bucket="alices", Key="a")["Body"].read() == b"alice's"
-    door.delete_bucket(Bucket="stays-empty")
+    # Made again under the deleted name: empty through every door.
+    s3.create_bucket(Bucket="emptied")
+    for n in cluster.nodes:
+        c = n.client()
+        assert c.list_objects_v2(Bucket="emptied")["KeyCount"] == 0, n.node_name
+        with pytest.raises(ClientError) as e:
+            c.head_object(Bucket="emptied", Key=old_keys[0])
+        assert e.value.response["Error"]["Code"] in ("404", "NoSuchKey"), n.node_name
+    door.delete_bucket(Bucket="emptied")
     for n in cluster.nodes:
         with pytest.raises(ClientError) as e:
-            n.client().head_bucket(Bucket="stays-empty")
+            n.client().head_bucket(Bucket="emptied")
         assert e.value.response["Error"]["Code"] in ("404", "NoSuchBucket")
 
 

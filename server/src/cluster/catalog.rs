@@ -53,9 +53,13 @@ pub enum Change {
     /// `owner`: the bucket's owner as the door authorized the request
     /// against (None: the root principal); a bucket of the name now owned
     /// by another (deleted and made again meanwhile) is not touched.
+    /// `epoch`: only while the cluster map is still at this epoch (the
+    /// door found every group's acting primary under it empty and closed:
+    /// `frontend::s3::cluster`); None: whatever the map.
     Delete {
         name: String,
         owner: Option<String>,
+        epoch: Option<u64>,
     },
     /// Stores (Some) or removes (None) one configuration document.
     Doc {
@@ -84,6 +88,8 @@ pub enum Outcome {
     /// The bucket is owned by another than the door authorized against
     /// (it was deleted and made again meanwhile).
     Conflict,
+    /// The cluster map moved past the epoch the change was made for.
+    Moved,
 }
 
 /// A door's change, for the control thread to record (`commit`); the
@@ -182,6 +188,13 @@ pub struct Catalog {
     /// are not made the catalog's).
     pub users_seeded: bool,
     pub buckets: BTreeMap<String, Entry>,
+    /// Buckets deleted through the catalog within `DELETED_TTL_S` (their
+    /// records: `Change::Delete`).
+    pub deleted: std::collections::BTreeSet<String>,
+    /// When the read began, by this node's clock (ms since the epoch): a
+    /// bucket made here before then and not in the read was deleted, not
+    /// made after it.
+    pub read_ms: u64,
     /// Every user, with its record if it changed since `since`.
     pub users: BTreeMap<String, Option<Bytes>>,
 }
@@ -338,6 +351,11 @@ const DOCS_PAGE: usize = 32;
 const SEED_TXN_BYTES: usize = 512 << 10;
 /// A read that needs at most this many values gets them one by one.
 const VALUE_GETS_MAX: usize = 64;
+/// How long the record of a deleted bucket stays in etcd (`apply`: a
+/// node that comes back within it drops what it still holds of the
+/// bucket; one away longer keeps it, logged: remove it and empty its
+/// directory): 7 days.
+const DELETED_TTL_S: i64 = 7 * 24 * 3600;
 
 /// Records `change` in etcd (on the control thread): what came of it and
 /// etcd's revision after it (a change that was done has that revision).
@@ -346,19 +364,12 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
     let stamp = txn::put(&keys.catalog(), b"1");
     let done = match change {
         Change::Create { name, owner } => return commit_create(etcd, keys, name, owner.as_deref()),
-        Change::Delete { name, owner } => etcd.txn_rev(
-            vec![
-                seeded,
-                txn::present(&keys.bucket(name)),
-                owned_by(keys, name, owner.as_deref()),
-            ],
-            vec![
-                txn::delete(&keys.bucket(name)),
-                txn::delete_prefix(&keys.bucket_docs(name)),
-                stamp,
-            ],
-            vec![],
-        )?,
+        Change::Delete { name, owner, epoch } => {
+            match commit_delete(etcd, keys, name, owner.as_deref(), *epoch)? {
+                Ok(done) => done,
+                Err(moved) => return Ok(moved),
+            }
+        }
         Change::User {
             name,
             doc: Some(doc),
@@ -429,6 +440,61 @@ pub fn commit(etcd: &Etcd, keys: &Keys, change: &Change) -> Result<(Outcome, i64
         },
         rev,
     ))
+}
+
+/// A delete's transaction outcome and revision, or `Outcome::Moved` and
+/// the revision it was read at.
+type TxnOrMoved = Result<(bool, i64), (Outcome, i64)>;
+
+/// `commit` of a delete.
+fn commit_delete(
+    etcd: &Etcd,
+    keys: &Keys,
+    name: &str,
+    owner: Option<&str>,
+    epoch: Option<u64>,
+) -> Result<TxnOrMoved, String> {
+    let seeded = txn::present(&keys.catalog());
+    let stamp = txn::put(&keys.catalog(), b"1");
+    let mut compare = vec![
+        seeded,
+        txn::present(&keys.bucket(name)),
+        owned_by(keys, name, owner),
+    ];
+    if let Some(e) = epoch {
+        compare.push(txn::value_is(&keys.map_epoch(), e.to_string().as_bytes()));
+    }
+    // Nodes that hold copies of its keys and were not asked (down, or
+    // holding copies of groups that moved away) drop them when they see
+    // the record (`apply`); it goes by itself later.
+    let lease = etcd.lease_grant(DELETED_TTL_S)?;
+    let record = json!({ "deleted_ms": super::map::now_ms() }).to_string();
+    let done = etcd.txn_rev(
+        compare,
+        vec![
+            txn::delete(&keys.bucket(name)),
+            txn::delete_prefix(&keys.bucket_docs(name)),
+            txn::put_leased(&keys.bucket_deleted(name), record.as_bytes(), lease),
+            stamp,
+        ],
+        vec![],
+    )?;
+    if done.0 {
+        return Ok(Ok(done));
+    }
+    if let Err(e) = etcd.lease_revoke(lease) {
+        tracing::debug!(error = %e, "cluster: a deleted-bucket record's lease not revoked (it lapses)");
+    }
+    if let Some(e) = epoch {
+        let (kvs, rev) = etcd.range(&keys.map_epoch(), None)?;
+        if kvs
+            .first()
+            .is_none_or(|kv| kv.value != e.to_string().as_bytes())
+        {
+            return Ok(Err((Outcome::Moved, rev)));
+        }
+    }
+    Ok(Ok(done))
 }
 
 /// The compare that bucket `name` is owned by `owner` (None: the root
@@ -567,7 +633,10 @@ fn values(
 pub fn read(etcd: &Etcd, keys: &Keys, me: u32, since: i64) -> Result<Catalog, String> {
     let prefix = keys.buckets();
     let users = keys.users();
+    let read_ms = super::map::now_ms();
     let (bucket_keys, rev) = list(etcd, &prefix, 0)?;
+    let deleted_prefix = keys.buckets_deleted();
+    let (deleted, _) = list(etcd, &deleted_prefix, rev)?;
     let (user_keys, _) = list(etcd, &users, rev)?;
     let (seeded, _) = list(etcd, &keys.catalog(), rev)?;
     let (mine, _) = list(etcd, &keys.seeded(me), rev)?;
@@ -576,6 +645,14 @@ pub fn read(etcd: &Etcd, keys: &Keys, me: u32, since: i64) -> Result<Catalog, St
         since,
         seeded: seeded.iter().any(|(k, _)| *k == keys.catalog()),
         users_seeded: mine.iter().any(|(k, _)| *k == keys.seeded(me)),
+        deleted: deleted
+            .iter()
+            .filter_map(|(k, _)| {
+                let name = std::str::from_utf8(k.strip_prefix(deleted_prefix.as_slice())?).ok()?;
+                crate::frontend::common::valid_bucket_name(name).then(|| name.to_string())
+            })
+            .collect(),
+        read_ms,
         ..Catalog::default()
     };
     let changed = |all: &Listed| -> Vec<Vec<u8>> {
@@ -871,7 +948,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                 .is_some_and(|&here| here.saturating_add(INCARNATION_SKEW_MS) < c)
         });
         if have.is_some() && older {
-            match shard.delete_bucket(name).await {
+            match delete_here(shard, cat, name, created.get(name).copied()).await? {
                 Ok(()) | Err(ShardError::NoSuchBucket) => have = None,
                 Err(ShardError::BucketNotEmpty) => {
                     tracing::warn!(bucket = %name, "cluster: an earlier bucket of this name still holds keys on this node; the new one is not applied here until they are deleted (looked at again at each catalog change)");
@@ -933,7 +1010,7 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
         }
     }
     for name in local.keys() {
-        match shard.delete_bucket(name).await {
+        match delete_here(shard, cat, name, created.get(name).copied()).await? {
             Ok(()) | Err(ShardError::NoSuchBucket) => {}
             Err(ShardError::BucketNotEmpty) => tracing::warn!(
                 bucket = %name,
@@ -949,6 +1026,52 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Deletes `name` here if it holds no key, or if it does and the catalog
+/// recorded its deletion (`purge_deleted`).
+async fn delete_here(
+    shard: &Rc<Shard>,
+    cat: &Catalog,
+    name: &str,
+    created: Option<u64>,
+) -> Result<Result<(), ShardError>, String> {
+    let deleted = shard.delete_bucket(name).await;
+    if deleted == Err(ShardError::BucketNotEmpty)
+        && purge_deleted(shard, cat, name, created).await?
+    {
+        return Ok(Ok(()));
+    }
+    Ok(deleted)
+}
+
+/// Drops what this node holds of `name` and deletes it here, if the
+/// catalog recorded its deletion (`Change::Delete`: no acting primary held
+/// a key of it then, and none could take a client's write into it until
+/// the record was made) and it was made here (`created`) before the read
+/// began (not a bucket of the name made since, by a replica's copy that
+/// came before this node read the catalog that has it). Ok(true): gone.
+/// What a node holds of a bucket the catalog lost otherwise (an etcd
+/// restored from an older snapshot) is kept.
+async fn purge_deleted(
+    shard: &Rc<Shard>,
+    cat: &Catalog,
+    name: &str,
+    created: Option<u64>,
+) -> Result<bool, String> {
+    if !cat.deleted.contains(name) || created.is_none_or(|c| c >= cat.read_ms) {
+        return Ok(false);
+    }
+    let dropped = shard
+        .purge_bucket(name)
+        .await
+        .map_err(|e| format!("dropping what this node holds of deleted bucket {name}: {e:?}"))?;
+    tracing::info!(bucket = %name, versions = dropped, "cluster: dropped what this node held of a bucket deleted in the cluster while it was not asked");
+    match shard.delete_bucket(name).await {
+        Ok(()) | Err(ShardError::NoSuchBucket) => Ok(true),
+        Err(ShardError::BucketNotEmpty) => Ok(false),
+        Err(e) => Err(format!("{e:?}")),
+    }
 }
 
 /// A bucket made here this much before the catalog's record of it says
@@ -1057,6 +1180,17 @@ async fn applied_here(map: &ShardMap, rev: i64) -> Result<(), String> {
 /// every up or draining node (this one included) before it is answered.
 /// Err: why not (503: retry).
 pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Result<Outcome, String> {
+    change_by(shard, ckey, change, Instant::now() + COMMIT_BEGIN_WAIT).await
+}
+
+/// `change`, not begun by etcd after `begin_by` (nor after
+/// `COMMIT_BEGIN_WAIT`).
+pub async fn change_by(
+    shard: &Rc<Shard>,
+    ckey: &[u8; 32],
+    change: Change,
+    begin_by: Instant,
+) -> Result<Outcome, String> {
     let map = shard
         .cluster_map()
         .ok_or("this node has not read the cluster map yet")?;
@@ -1071,7 +1205,7 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
             reply: tx,
             // Begun by then, it ends within the etcd client's timeouts,
             // which are well under the rest of the wait.
-            until: Instant::now() + COMMIT_BEGIN_WAIT,
+            until: begin_by.min(Instant::now() + COMMIT_BEGIN_WAIT),
         }))
         .map_err(|_| "this node's control thread is gone")?;
     let Committed {
@@ -1089,7 +1223,7 @@ pub async fn change(shard: &Rc<Shard>, ckey: &[u8; 32], change: Change) -> Resul
     };
     // etcd answered by now: the change (if made) was made before.
     let committed = Instant::now();
-    if outcome == Outcome::Conflict {
+    if matches!(outcome, Outcome::Conflict | Outcome::Moved) {
         return Ok(outcome);
     }
     // Every node that serves requests applies it before the answer; also

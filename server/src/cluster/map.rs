@@ -311,6 +311,18 @@ impl Keys {
     pub(crate) fn bucket_doc(&self, name: &str, kind: &str) -> Vec<u8> {
         self.key(&format!("buckets/{name}/{kind}"))
     }
+    /// A bucket deleted through the catalog (`buckets-deleted/NAME`, on a
+    /// lease of `catalog::DELETED_TTL_S`).
+    pub(crate) fn bucket_deleted(&self, name: &str) -> Vec<u8> {
+        self.key(&format!("buckets-deleted/{name}"))
+    }
+    pub(crate) fn buckets_deleted(&self) -> Vec<u8> {
+        self.key("buckets-deleted/")
+    }
+    /// The map's epoch (its value: the epoch, in decimal).
+    pub(crate) fn map_epoch(&self) -> Vec<u8> {
+        self.epoch()
+    }
     /// Every user (`users/NAME`: its record, keys included).
     pub(crate) fn users(&self) -> Vec<u8> {
         self.key("users/")

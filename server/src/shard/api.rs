@@ -129,6 +129,63 @@ impl Shard {
         }
     }
 
+    /// Closes `name` to clients' writes on every shard until `until` (a
+    /// cluster DeleteBucket: `frontend::s3::cluster`): the writes in
+    /// progress into it on this node. NoSuchBucket if a shard lacks it.
+    pub async fn close_bucket(
+        self: &Rc<Self>,
+        name: &str,
+        token: u64,
+        until: std::time::Instant,
+    ) -> Result<usize, ShardError> {
+        let replies = self
+            .call_all(|| Op::BucketClose {
+                name: name.into(),
+                token,
+                until,
+            })
+            .await;
+        let mut writing = 0;
+        for r in replies {
+            match r {
+                Reply::Count(n) => writing += n,
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(writing)
+    }
+
+    /// Ends `close_bucket`'s hold with `token` on every shard.
+    pub async fn reopen_bucket(self: &Rc<Self>, name: &str, token: u64) {
+        self.call_all(|| Op::BucketReopen {
+            name: name.into(),
+            token,
+        })
+        .await;
+    }
+
+    /// Drops every version of every key of `name` on every shard (a bucket
+    /// the cluster deleted: `cluster::catalog::apply`); how many.
+    pub async fn purge_bucket(self: &Rc<Self>, name: &str) -> Result<usize, ShardError> {
+        let mut dropped = 0;
+        loop {
+            let replies = self
+                .call_all(|| Op::BucketPurge { name: name.into() })
+                .await;
+            let mut now = 0;
+            for r in replies {
+                match r {
+                    Reply::Count(n) => now += n,
+                    other => return Err(unexpected(other)),
+                }
+            }
+            if now == 0 {
+                return Ok(dropped);
+            }
+            dropped += now;
+        }
+    }
+
     /// Starts a multipart upload of `key` on its owner; its upload id.
     pub async fn mpu_create(
         self: &Rc<Self>,

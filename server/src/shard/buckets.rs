@@ -13,6 +13,9 @@ pub struct BucketView {
     pub created_ms: u64,
     /// Set while shard 0 checks emptiness for a DeleteBucket.
     pub locked: bool,
+    /// Set while a cluster DeleteBucket holds the bucket closed to
+    /// clients' writes (its token, and until when: it lapses by itself).
+    pub closing: Option<(u64, std::time::Instant)>,
     /// Tags, CORS and lifecycle rules (see `bucket_config`).
     pub config: crate::bucket_config::BucketConfig,
 }
@@ -228,6 +231,7 @@ impl Shard {
                         BucketView {
                             created_ms,
                             locked: false,
+                            closing: None,
                             config,
                         },
                     );
@@ -257,6 +261,76 @@ impl Shard {
         Reply::Count(self.store.object_count(&name) + writing)
     }
 
+    /// BucketClose: refuse clients' writes into `name` until `until` (or
+    /// a BucketReopen with `token`); the number of writes in progress
+    /// here. A write counts itself and then looks for the flag in one
+    /// turn of this shard (`client_write`), so each is either counted
+    /// here or refused.
+    pub(super) fn bucket_close(&self, name: &str, token: u64, until: std::time::Instant) -> Reply {
+        match self.buckets.borrow_mut().get_mut(name) {
+            Some(b) if !b.locked => b.closing = Some((token, until)),
+            _ => return Reply::Err(ShardError::NoSuchBucket),
+        }
+        Reply::Count(self.puts_in_flight.borrow().get(name).copied().unwrap_or(0))
+    }
+
+    pub(super) fn bucket_reopen(&self, name: &str, token: u64) -> Reply {
+        if let Some(b) = self.buckets.borrow_mut().get_mut(name) {
+            if b.closing.is_some_and(|(t, _)| t == token) {
+                b.closing = None;
+            }
+        }
+        Reply::Ok
+    }
+
+    /// A client's write into `bucket` (not a replica's copy) starts: it
+    /// counts against the bucket for DeleteBucket, unless a cluster
+    /// DeleteBucket holds the bucket closed (`bucket_close`).
+    pub(super) fn client_write(&self, bucket: &str) -> Result<WriteInProgress<'_>, ShardError> {
+        if self.bucket_closed(bucket) {
+            return Err(ShardError::BucketClosing);
+        }
+        Ok(WriteInProgress::new(self, bucket))
+    }
+
+    /// Whether a cluster DeleteBucket holds `bucket` closed to clients'
+    /// writes here now.
+    pub(super) fn bucket_closed(&self, bucket: &str) -> bool {
+        self.buckets
+            .borrow()
+            .get(bucket)
+            .and_then(|b| b.closing)
+            .is_some_and(|(_, until)| std::time::Instant::now() < until)
+    }
+
+    /// BucketPurge: drops every version of up to 256 keys of `name` on
+    /// this shard (a bucket the cluster deleted while this node was not
+    /// asked: `cluster::catalog::apply`); how many versions it dropped
+    /// (0: none is left, or none would go).
+    pub(super) async fn bucket_purge(&self, name: &str) -> Reply {
+        use crate::store::versions::{Pick, Versioning};
+        let page = self.store.list_keys(name, "", "", None, 256, Some(None));
+        let mut dropped = 0;
+        for item in page {
+            let crate::store::ListItem::Versions { key, .. } = item else {
+                continue;
+            };
+            for v in self.store.versions(name, &key) {
+                let pick = v.version.map_or(Pick::Null, Pick::Id);
+                match self
+                    .store
+                    .delete_object(name, &key, Versioning::Off, pick)
+                    .await
+                {
+                    Ok(done) if done.existed => dropped += 1,
+                    Ok(_) => {}
+                    Err(e) => return Reply::Err(store_error(e)),
+                }
+            }
+        }
+        Reply::Count(dropped)
+    }
+
     pub(super) fn bucket_unlock(&self, name: String) -> Reply {
         if let Some(b) = self.buckets.borrow_mut().get_mut(&name) {
             b.locked = false;
@@ -281,6 +355,9 @@ impl Shard {
             }
             Op::BucketLock { name } => self.bucket_lock(name),
             Op::BucketUnlock { name } => self.bucket_unlock(name),
+            Op::BucketClose { name, token, until } => self.bucket_close(&name, token, until),
+            Op::BucketReopen { name, token } => self.bucket_reopen(&name, token),
+            Op::BucketPurge { name } => self.bucket_purge(&name).await,
             Op::BucketConfigSet { name, kind, doc } => {
                 self.bucket_config_set(name, kind, doc).await
             }

@@ -32,6 +32,16 @@ impl Shard {
         if !self.bucket_exists(bucket) {
             return Err(ShardError::NoSuchBucket);
         }
+        // A client's write (a replica's copy carries its stamp) is refused
+        // while a cluster DeleteBucket holds the bucket closed; counted
+        // below in this same turn otherwise (`bucket_close`).
+        if condition
+            .as_ref()
+            .is_none_or(|c| c.preset_stamp().is_none())
+            && self.bucket_closed(bucket)
+        {
+            return Err(ShardError::BucketClosing);
+        }
         if let Some(c) = &condition {
             // Fail fast, before the body is sent; checked again at install.
             self.store
@@ -113,8 +123,13 @@ impl Shard {
         let mode = self.versioning(bucket);
         // A delete marker is a version: like a PUT it needs the bucket and
         // counts as a write in progress for DeleteBucket.
-        let _writing = (mode != Versioning::Off || pick != Pick::Current)
-            .then(|| WriteInProgress::new(self, bucket));
+        let _writing = match (mode != Versioning::Off || pick != Pick::Current)
+            .then(|| self.client_write(bucket))
+            .transpose()
+        {
+            Ok(w) => w,
+            Err(e) => return Reply::Err(e),
+        };
         if _writing.is_some() && !self.bucket_exists(bucket) {
             return Reply::Err(ShardError::NoSuchBucket);
         }
@@ -442,7 +457,10 @@ impl Shard {
         }
         // Counted until done, even if this future is dropped (a
         // local call runs in its caller's future).
-        let _writing = WriteInProgress::new(self, bucket);
+        let _writing = match self.client_write(bucket) {
+            Ok(w) => w,
+            Err(e) => return Reply::Err(e),
+        };
         let new_version = self.versioning(bucket) == Versioning::Enabled;
         let result = self
             .store

@@ -148,6 +148,24 @@ pub enum Op {
     BucketUnlock {
         name: String,
     },
+    /// To every shard: refuse clients' writes into `name` until `until`
+    /// (a cluster DeleteBucket checks it is empty meanwhile); the writes
+    /// in progress here (`Reply::Count`).
+    BucketClose {
+        name: String,
+        token: u64,
+        until: std::time::Instant,
+    },
+    /// To every shard: end the `BucketClose` with `token`.
+    BucketReopen {
+        name: String,
+        token: u64,
+    },
+    /// To every shard: drop every version of every key of `name` here
+    /// (`Reply::Count`: how many).
+    BucketPurge {
+        name: String,
+    },
     /// To the bucket-owner shard: store (Some) or remove (None) a bucket
     /// configuration document, then apply it everywhere.
     BucketConfigSet {
@@ -223,6 +241,9 @@ impl Op {
                 | Op::BucketApply { .. }
                 | Op::BucketLock { .. }
                 | Op::BucketUnlock { .. }
+                | Op::BucketClose { .. }
+                | Op::BucketReopen { .. }
+                | Op::BucketPurge { .. }
                 | Op::BucketConfigSet { .. }
                 | Op::BucketConfigApply { .. }
                 | Op::BucketDocs { .. }
@@ -285,6 +306,9 @@ pub enum ShardError {
     BucketNotEmpty,
     /// Too many sessions or queued bytes: retry later (S3 SlowDown).
     Busy,
+    /// A cluster DeleteBucket holds the bucket closed to clients' writes
+    /// while it checks that it is empty: retry (S3 SlowDown).
+    BucketClosing,
     NoSpace(String),
     Corrupt(String),
     Internal(String),

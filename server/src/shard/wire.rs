@@ -173,6 +173,7 @@ impl Shard {
                 | Op::BucketConfigApply { .. }
                 | Op::UserApply { .. }
                 | Op::BucketUnlock { .. }
+                | Op::BucketReopen { .. }
                 | Op::Start
                 | Op::ReadClose { .. }
                 | Op::PutAbort { .. }

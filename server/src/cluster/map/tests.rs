@@ -454,3 +454,49 @@ fn a_record_without_a_disk_takes_a_fresh_directory_for_empty() {
     let r = record("n1");
     assert!(r.empty.is_none() && r.disk.as_deref() == Some("d-n1-new"));
 }
+
+#[test]
+fn a_bucket_delete_is_made_only_at_its_epoch_and_leaves_a_record() {
+    use crate::cluster::catalog::{commit, read, Change, Outcome};
+    let Some((_e, etcd, keys)) = new_cluster("deletes", 3, 64, 0xde1) else {
+        return;
+    };
+    three_filled(&etcd, &keys);
+    let epoch = load(&etcd, &keys).unwrap().epoch;
+    let create = Change::Create {
+        name: "bkt".into(),
+        owner: None,
+    };
+    assert_eq!(commit(&etcd, &keys, &create).unwrap().0, Outcome::Done);
+    let delete = |epoch| Change::Delete {
+        name: "bkt".into(),
+        owner: None,
+        epoch,
+    };
+    // The map moved on since the door found the bucket empty: not made.
+    assert_eq!(
+        commit(&etcd, &keys, &delete(Some(epoch - 1))).unwrap().0,
+        Outcome::Moved
+    );
+    let cat = read(&etcd, &keys, 0, 0).unwrap();
+    assert!(
+        cat.buckets.contains_key("bkt") && cat.deleted.is_empty(),
+        "{cat:?}"
+    );
+    assert_eq!(
+        commit(&etcd, &keys, &delete(Some(epoch))).unwrap().0,
+        Outcome::Done
+    );
+    let cat = read(&etcd, &keys, 0, 0).unwrap();
+    assert!(!cat.buckets.contains_key("bkt"));
+    assert_eq!(cat.deleted.iter().collect::<Vec<_>>(), ["bkt"]);
+    assert_eq!(
+        commit(&etcd, &keys, &delete(Some(epoch))).unwrap().0,
+        Outcome::Missing
+    );
+    // Made again, the record stays (a node that held the old bucket drops
+    // its keys: `catalog::apply`).
+    assert_eq!(commit(&etcd, &keys, &create).unwrap().0, Outcome::Done);
+    let cat = read(&etcd, &keys, 0, 0).unwrap();
+    assert!(cat.buckets.contains_key("bkt") && cat.deleted.contains("bkt"));
+}

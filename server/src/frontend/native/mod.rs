@@ -162,6 +162,10 @@ fn status_of(e: &ShardError) -> (Status, String) {
         ),
         ShardError::BucketNotEmpty => (Status::BucketNotEmpty, "bucket not empty".into()),
         ShardError::Busy => (Status::Busy, "server busy; retry later".into()),
+        ShardError::BucketClosing => (
+            Status::Busy,
+            "the bucket is being deleted (DeleteBucket checks that it is empty); retry".into(),
+        ),
         ShardError::NoSpace(m) => (
             Status::NoSpace,
             format!("out of disk space ({m}); free space, then retry"),

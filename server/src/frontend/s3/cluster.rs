@@ -46,6 +46,8 @@ const INTERNAL_BODY_MAX: usize = 2 << 20;
 /// A forward sent through another node (`S3Front::forward`): that node
 /// forwards it to the key's owner, once (the node MAC covers it).
 use peer_http::RELAY_HEADER;
+
+mod delete_bucket;
 /// Nodes a forward tries to go through when the owner cannot be reached.
 const RELAYS_TRIED: usize = 2;
 /// Request headers not passed on (hop by hop, or ours).
@@ -300,32 +302,6 @@ impl S3Front {
         self.shard
             .bucket_config(bucket)
             .and_then(|c| c.owner.as_deref().map(str::to_string))
-    }
-
-    /// DeleteBucket on a cluster node: refused unless every node that may
-    /// hold keys (down ones included) holds none of the bucket, then
-    /// deleted in the catalog. Ok(false) on a single node.
-    pub(super) async fn cluster_delete_bucket(&self, bucket: &str) -> Result<bool, S3Error> {
-        let Some(map) = self.map()? else {
-            return Ok(false);
-        };
-        let owner = self.authorized_owner(bucket);
-        let mut to = Vec::new();
-        if let Some(me) = map.node(map.node_id) {
-            to.push(peer_of(me)?);
-        }
-        for n in map.holding_peers() {
-            to.push(peer_of(n)?);
-        }
-        self.check_empty_everywhere(bucket, &to).await?;
-        let change = catalog::Change::Delete {
-            name: bucket.to_string(),
-            owner,
-        };
-        match self.cluster_bucket_change(change).await? {
-            Some(outcome) => outcome_result(outcome).map(|()| true),
-            None => Ok(false),
-        }
     }
 
     /// The node header for a request from this node to `to`.
@@ -788,31 +764,6 @@ impl S3Front {
             .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
     }
 
-    /// DeleteBucket on a cluster: refused (BucketNotEmpty) before any node
-    /// deletes it when any node holds a version of any key, so that a
-    /// node without keys does not lose the bucket while the others keep
-    /// theirs. (A key written between this check and the deletes still
-    /// splits them; delete an emptied bucket only.)
-    async fn check_empty_everywhere(&self, bucket: &str, to: &[Peer]) -> Result<(), S3Error> {
-        let Some(map) = self.map()? else {
-            return Ok(());
-        };
-        let enc = percent_encoding::utf8_percent_encode(bucket, percent_encoding::NON_ALPHANUMERIC);
-        let target =
-            format!("/_percore/list?bucket={enc}&prefix=&from=&delimiter=&max=1&versions=1");
-        let calls = to.iter().map(|peer| self.peer_list(&map, peer, &target));
-        for got in futures::future::join_all(calls).await {
-            if !got?.0.is_empty() {
-                return Err(S3Error::new(
-                    409,
-                    "BucketNotEmpty",
-                    "The bucket you tried to delete is not empty.",
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// ListObjects on a cluster: this node's items merged with every other
     /// node's that may hold keys (one that cannot be reached fails the
     /// listing: a partial one would look complete).
@@ -1037,6 +988,7 @@ impl S3Front {
                         }
                     })?
                 }
+                ("POST", "/_percore/close") => self.answer_close(&map, &body).await?,
                 ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
                     .await
                     .map_err(|e| match e {

@@ -72,6 +72,11 @@ impl From<ShardError> for S3Error {
                 S3Error::new(409, "BucketNotEmpty", "The bucket you tried to delete is not empty")
             }
             ShardError::Busy => S3Error::new(503, "SlowDown", "Please reduce your request rate."),
+            ShardError::BucketClosing => S3Error::new(
+                503,
+                "SlowDown",
+                "The bucket is being deleted (DeleteBucket checks that it is empty); retry.",
+            ),
             ShardError::NoSpace(m) => S3Error::new(
                 507,
                 "InsufficientStorage",
