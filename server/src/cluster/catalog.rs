@@ -189,8 +189,8 @@ pub struct Catalog {
     pub users_seeded: bool,
     pub buckets: BTreeMap<String, Entry>,
     /// Buckets deleted through the catalog within `DELETED_TTL_S` (their
-    /// records: `Change::Delete`).
-    pub deleted: std::collections::BTreeSet<String>,
+    /// records: `Change::Delete`), with when (the door's clock, ms).
+    pub deleted: BTreeMap<String, u64>,
     /// When the read began, by this node's clock (ms since the epoch): a
     /// bucket made here before then and not in the read was deleted, not
     /// made after it.
@@ -222,6 +222,21 @@ pub struct Applied {
 
 /// This node's `Applied` (one per process: one node).
 pub static APPLIED: std::sync::LazyLock<Applied> = std::sync::LazyLock::new(Applied::default);
+
+/// Set once this node's bucket-owner shard applied a catalog read since
+/// the node started (seeded or not); the drops of deleted buckets' keys
+/// under way (`purge_deleted`).
+static APPLIED_ONCE: AtomicBool = AtomicBool::new(false);
+static PURGING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether this node may answer as a catch-up's source (`POST
+/// /_percore/digest`, `GET /_percore/fetch`): not before it applied a
+/// catalog since it started, nor while it drops what it holds of a
+/// deleted bucket, so that no other node takes those keys from it (and
+/// the bucket with them).
+pub fn may_source() -> bool {
+    APPLIED_ONCE.load(Ordering::Acquire) && PURGING.load(Ordering::Acquire) == 0
+}
 
 /// Whether this node has applied the catalog since it started (until then
 /// it answers no bucket change and no bucket list).
@@ -466,30 +481,40 @@ fn commit_delete(
     }
     // Nodes that hold copies of its keys and were not asked (down, or
     // holding copies of groups that moved away) drop them when they see
-    // the record (`apply`); it goes by itself later.
-    let lease = etcd.lease_grant(DELETED_TTL_S)?;
+    // the record (`apply`). The transaction is the first etcd call (a
+    // DeleteBucket's holds must still stand when it is made): the record
+    // is put on its lease after it.
     let record = json!({ "deleted_ms": super::map::now_ms() }).to_string();
     let done = etcd.txn_rev(
         compare,
         vec![
             txn::delete(&keys.bucket(name)),
             txn::delete_prefix(&keys.bucket_docs(name)),
-            txn::put_leased(&keys.bucket_deleted(name), record.as_bytes(), lease),
+            txn::put(&keys.bucket_deleted(name), record.as_bytes()),
             stamp,
         ],
         vec![],
     )?;
     if done.0 {
+        let leased = etcd
+            .lease_grant(DELETED_TTL_S)
+            .and_then(|lease| etcd.put(&keys.bucket_deleted(name), record.as_bytes(), lease));
+        if let Err(e) = leased {
+            tracing::warn!(bucket = name, error = %e, "cluster: the record of a deleted bucket is kept without its lease (it stays in etcd until removed by hand)");
+        }
         return Ok(Ok(done));
     }
-    if let Err(e) = etcd.lease_revoke(lease) {
-        tracing::debug!(error = %e, "cluster: a deleted-bucket record's lease not revoked (it lapses)");
-    }
     if let Some(e) = epoch {
+        // Moved only while the bucket is there: a transaction the etcd
+        // client sent again to another member after the first took it
+        // fails its compares, and the delete is in force (the door must
+        // wait for the nodes to apply it, not end its holds).
         let (kvs, rev) = etcd.range(&keys.map_epoch(), None)?;
-        if kvs
-            .first()
-            .is_none_or(|kv| kv.value != e.to_string().as_bytes())
+        let (bucket, _) = etcd.range(&keys.bucket(name), None)?;
+        if !bucket.is_empty()
+            && kvs
+                .first()
+                .is_none_or(|kv| kv.value != e.to_string().as_bytes())
         {
             return Ok(Err((Outcome::Moved, rev)));
         }
@@ -637,6 +662,8 @@ pub fn read(etcd: &Etcd, keys: &Keys, me: u32, since: i64) -> Result<Catalog, St
     let (bucket_keys, rev) = list(etcd, &prefix, 0)?;
     let deleted_prefix = keys.buckets_deleted();
     let (deleted, _) = list(etcd, &deleted_prefix, rev)?;
+    let deleted_keys: Vec<Vec<u8>> = deleted.into_iter().map(|(k, _)| k).collect();
+    let deleted = values(etcd, &deleted_prefix, &refs(&deleted_keys), rev)?;
     let (user_keys, _) = list(etcd, &users, rev)?;
     let (seeded, _) = list(etcd, &keys.catalog(), rev)?;
     let (mine, _) = list(etcd, &keys.seeded(me), rev)?;
@@ -647,9 +674,10 @@ pub fn read(etcd: &Etcd, keys: &Keys, me: u32, since: i64) -> Result<Catalog, St
         users_seeded: mine.iter().any(|(k, _)| *k == keys.seeded(me)),
         deleted: deleted
             .iter()
-            .filter_map(|(k, _)| {
+            .filter_map(|(k, v)| {
                 let name = std::str::from_utf8(k.strip_prefix(deleted_prefix.as_slice())?).ok()?;
-                crate::frontend::common::valid_bucket_name(name).then(|| name.to_string())
+                let at = serde_json::from_slice::<Value>(v).ok()?["deleted_ms"].as_u64()?;
+                crate::frontend::common::valid_bucket_name(name).then(|| (name.to_string(), at))
             })
             .collect(),
         read_ms,
@@ -918,11 +946,12 @@ async fn apply_users(shard: &Rc<Shard>, cat: &Catalog) -> Result<usize, String> 
 
 /// Makes this node's buckets the catalog's (bucket-owner shard): creates
 /// what it lacks, stores the documents that changed, removes the
-/// documents and the buckets the catalog no longer has. A bucket that
-/// holds keys here is not removed (a key written while it was deleted:
-/// the delete checked every node first): it is logged and stays here
-/// until the catalog has it again or it is emptied and the catalog read
-/// again.
+/// documents and the buckets the catalog no longer has. A bucket the
+/// catalog deleted that still holds keys here (this node was down, or
+/// holds copies of groups that moved away) goes with them if the catalog
+/// recorded the deletion (`purge_deleted`); one it has no record for is
+/// not removed: it is logged and stays here until the catalog has it
+/// again or it is emptied and the catalog read again.
 pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
     if !cat.seeded || !cat.users_seeded {
         return ask_seed(shard, cat).await;
@@ -940,8 +969,9 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
         // A bucket here made well before the catalog's (an earlier bucket
         // of the name, kept because it held keys when it was deleted, or
         // deleted and made again between two reads): it goes first if it
-        // is empty; if not, it is left as it is (its keys must not pass
-        // to the new bucket's owner) and logged.
+        // is empty or the catalog recorded its deletion; if not, it is
+        // left as it is (its keys must not pass to the new bucket's
+        // owner) and logged.
         let older = entry.created_ms.filter(|&c| c > 0).is_some_and(|c| {
             created
                 .get(name)
@@ -1050,22 +1080,43 @@ async fn delete_here(
 /// a key of it then, and none could take a client's write into it until
 /// the record was made) and it was made here (`created`) before the read
 /// began (not a bucket of the name made since, by a replica's copy that
-/// came before this node read the catalog that has it). Ok(true): gone.
-/// What a node holds of a bucket the catalog lost otherwise (an etcd
-/// restored from an older snapshot) is kept.
+/// came before this node read the catalog that has it) and before the
+/// deletion (by the clocks of this node and the door: one made after it,
+/// that an etcd restored from an older snapshot lacks, is not). Ok(true):
+/// gone. Otherwise, or if the drop fails (logged), it is kept, logged,
+/// as a bucket the catalog lost without a record is.
 async fn purge_deleted(
     shard: &Rc<Shard>,
     cat: &Catalog,
     name: &str,
     created: Option<u64>,
 ) -> Result<bool, String> {
-    if !cat.deleted.contains(name) || created.is_none_or(|c| c >= cat.read_ms) {
+    let Some(&deleted_ms) = cat.deleted.get(name) else {
+        return Ok(false);
+    };
+    // Made here before the deletion (not a bucket of the name made after
+    // it that an etcd restored from a snapshot with the record lacks).
+    if created.is_none_or(|c| c >= cat.read_ms || c >= deleted_ms) {
         return Ok(false);
     }
-    let dropped = shard
-        .purge_bucket(name)
-        .await
-        .map_err(|e| format!("dropping what this node holds of deleted bucket {name}: {e:?}"))?;
+    struct Purging;
+    impl Drop for Purging {
+        fn drop(&mut self) {
+            PURGING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    PURGING.fetch_add(1, Ordering::AcqRel);
+    let purging = Purging;
+    let dropped = shard.purge_bucket(name).await;
+    drop(purging);
+    let dropped = match dropped {
+        Ok(n) => n,
+        Err(e) => {
+            // Kept (logged by the caller); tried again at the next apply.
+            tracing::warn!(bucket = %name, error = ?e, "cluster: could not drop what this node holds of a deleted bucket");
+            return Ok(false);
+        }
+    };
     tracing::info!(bucket = %name, versions = dropped, "cluster: dropped what this node held of a bucket deleted in the cluster while it was not asked");
     match shard.delete_bucket(name).await {
         Ok(()) | Err(ShardError::NoSuchBucket) => Ok(true),
@@ -1101,6 +1152,7 @@ async fn feed_one(shard: &Rc<Shard>, cat: &Catalog) {
     APPLIED.skipped.store(false, Ordering::Release);
     match apply(shard, cat).await {
         Ok(()) => {
+            APPLIED_ONCE.store(true, Ordering::Release);
             let skipped = APPLIED.skipped.load(Ordering::Acquire);
             if cat.since == 0 {
                 APPLIED.full.store(skipped, Ordering::Release);

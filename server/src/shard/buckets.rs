@@ -8,14 +8,19 @@ use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::ConfigKind;
 
+/// The most DeleteBucket holds one bucket may have at once (doors racing,
+/// clients' retries); more are refused (503).
+const HOLDS_MAX: usize = 16;
+
 #[derive(Debug, Clone)]
 pub struct BucketView {
     pub created_ms: u64,
     /// Set while shard 0 checks emptiness for a DeleteBucket.
     pub locked: bool,
-    /// Set while a cluster DeleteBucket holds the bucket closed to
-    /// clients' writes (its token, and until when: it lapses by itself).
-    pub closing: Option<(u64, std::time::Instant)>,
+    /// The holds of cluster DeleteBuckets that close the bucket to
+    /// clients' writes (token, and until when: each lapses by itself);
+    /// at most `HOLDS_MAX`.
+    pub closing: Vec<(u64, std::time::Instant)>,
     /// Tags, CORS and lifecycle rules (see `bucket_config`).
     pub config: crate::bucket_config::BucketConfig,
 }
@@ -231,7 +236,7 @@ impl Shard {
                         BucketView {
                             created_ms,
                             locked: false,
-                            closing: None,
+                            closing: Vec::new(),
                             config,
                         },
                     );
@@ -262,13 +267,20 @@ impl Shard {
     }
 
     /// BucketClose: refuse clients' writes into `name` until `until` (or
-    /// a BucketReopen with `token`); the number of writes in progress
-    /// here. A write counts itself and then looks for the flag in one
-    /// turn of this shard (`client_write`), so each is either counted
-    /// here or refused.
+    /// a BucketReopen with `token`; other holds stand on their own); the
+    /// number of writes in progress here. A write counts itself and then
+    /// looks for a hold in one turn of this shard (`client_write`), so
+    /// each is either counted here or refused.
     pub(super) fn bucket_close(&self, name: &str, token: u64, until: std::time::Instant) -> Reply {
+        let now = std::time::Instant::now();
         match self.buckets.borrow_mut().get_mut(name) {
-            Some(b) if !b.locked => b.closing = Some((token, until)),
+            Some(b) if !b.locked => {
+                b.closing.retain(|&(t, u)| u > now && t != token);
+                if b.closing.len() >= HOLDS_MAX {
+                    return Reply::Err(ShardError::Busy);
+                }
+                b.closing.push((token, until));
+            }
             _ => return Reply::Err(ShardError::NoSuchBucket),
         }
         Reply::Count(self.puts_in_flight.borrow().get(name).copied().unwrap_or(0))
@@ -276,9 +288,7 @@ impl Shard {
 
     pub(super) fn bucket_reopen(&self, name: &str, token: u64) -> Reply {
         if let Some(b) = self.buckets.borrow_mut().get_mut(name) {
-            if b.closing.is_some_and(|(t, _)| t == token) {
-                b.closing = None;
-            }
+            b.closing.retain(|&(t, _)| t != token);
         }
         Reply::Ok
     }
@@ -296,11 +306,11 @@ impl Shard {
     /// Whether a cluster DeleteBucket holds `bucket` closed to clients'
     /// writes here now.
     pub(super) fn bucket_closed(&self, bucket: &str) -> bool {
+        let now = std::time::Instant::now();
         self.buckets
             .borrow()
             .get(bucket)
-            .and_then(|b| b.closing)
-            .is_some_and(|(_, until)| std::time::Instant::now() < until)
+            .is_some_and(|b| b.closing.iter().any(|&(_, until)| now < until))
     }
 
     /// BucketPurge: drops every version of up to 256 keys of `name` on

@@ -149,8 +149,9 @@ pub enum Op {
         name: String,
     },
     /// To every shard: refuse clients' writes into `name` until `until`
-    /// (a cluster DeleteBucket checks it is empty meanwhile); the writes
-    /// in progress here (`Reply::Count`).
+    /// or a `BucketReopen` with `token` (a cluster DeleteBucket checks it
+    /// is empty meanwhile; each hold stands on its own); the writes in
+    /// progress here (`Reply::Count`).
     BucketClose {
         name: String,
         token: u64,
@@ -161,8 +162,8 @@ pub enum Op {
         name: String,
         token: u64,
     },
-    /// To every shard: drop every version of every key of `name` here
-    /// (`Reply::Count`: how many).
+    /// To every shard: drop every version of up to 256 keys of `name`
+    /// here (`Reply::Count`: how many versions; 0: none is left).
     BucketPurge {
         name: String,
     },

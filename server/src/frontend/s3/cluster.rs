@@ -963,6 +963,13 @@ impl S3Front {
                 .receive_push(conn, req, &map, (claim.from, &claim.mac), state)
                 .await;
         }
+        let source = (req.head.method == "GET" && req.head.path == "/_percore/fetch")
+            || (req.head.method == "POST" && req.head.path == "/_percore/digest");
+        if source && !catalog::may_source() {
+            return Err(slow_down(
+                "This node has not applied the cluster's buckets since it started, or is dropping a deleted bucket's keys; retry.",
+            ));
+        }
         if req.head.method == "GET" && req.head.path == "/_percore/fetch" {
             return self
                 .answer_fetch(

@@ -25,13 +25,20 @@ use crate::shard::msg::ShardError;
 use crate::store::ListItem;
 
 /// How long a node holds a bucket closed to clients' writes for a
-/// DeleteBucket (the hold lapses by itself if the door goes away).
-const CLOSE_HOLD: Duration = Duration::from_secs(30);
-/// The most a peer's request may ask it to hold.
-const CLOSE_HOLD_MAX: Duration = Duration::from_secs(60);
+/// DeleteBucket, beyond the takeover wait of the longest lease in the map
+/// (the hold lapses by itself if the door goes away: writes into the
+/// bucket are answered 503 until then). It must stand until every node
+/// that serves has applied the delete or stopped serving its copy of the
+/// catalog: the delete is begun within `COMMIT_BY`, its transaction (the
+/// first etcd call of it) ends within the etcd client's timeouts (about
+/// 20 s for each member it tries, five members here), and a node that
+/// has not applied it serves its copy for at most the takeover wait after
+/// (`catalog::change`).
+const CLOSE_HOLD_BASE: Duration = Duration::from_secs(120);
+/// The most a node holds a bucket closed for.
+const CLOSE_HOLD_MAX: Duration = Duration::from_secs(15 * 60);
 /// The catalog's delete is begun within this after the holds were asked
-/// for, or not at all; it ends within the etcd client's timeouts, well
-/// before the holds lapse.
+/// for, or not at all (the holds end then).
 const COMMIT_BY: Duration = Duration::from_secs(10);
 /// Keys looked at per page for one this node leads.
 const PAGE: usize = 1000;
@@ -70,11 +77,19 @@ impl S3Front {
         }
         let token: u64 = rand::random();
         let asked = Instant::now();
+        let ttl_ms = map.nodes.iter().map(|n| n.ttl_ms).max().unwrap_or(0);
+        let hold = CLOSE_HOLD_BASE
+            + Duration::from_millis(crate::cluster::control::takeover_wait_ms(ttl_ms));
+        if hold > CLOSE_HOLD_MAX {
+            return Err(unavailable(
+                "DeleteBucket is not made on a cluster whose leases are this long (a hold on the bucket would outlast its limit); use leases under 10 minutes",
+            ));
+        }
         let close = json!({
             "bucket": bucket,
             "token": token,
             "epoch": map.epoch,
-            "hold_ms": CLOSE_HOLD.as_millis() as u64,
+            "hold_ms": hold.as_millis() as u64,
         });
         let calls = to.iter().map(|peer| self.peer_close(&map, peer, &close));
         let mut verdict = Ok(());
@@ -104,6 +119,12 @@ impl S3Front {
         if let Err(e) = verdict {
             self.reopen(&map, bucket, token, &to).await;
             return Err(e);
+        }
+        if Instant::now() > asked + COMMIT_BY {
+            self.reopen(&map, bucket, token, &to).await;
+            return Err(unavailable(
+                "The nodes took too long to check the bucket is empty; retry.",
+            ));
         }
         let change = catalog::Change::Delete {
             name: bucket.to_string(),
@@ -226,7 +247,16 @@ impl S3Front {
         }
         lead_check(map, None)?;
         catalog_check()?;
-        let hold = Duration::from_millis(req.hold_ms).min(CLOSE_HOLD_MAX);
+        let hold = Duration::from_millis(req.hold_ms);
+        if hold.is_zero() || hold > CLOSE_HOLD_MAX {
+            return Err(S3Error::invalid_argument(format!(
+                "bad close request: hold_ms must be 1 to {}",
+                CLOSE_HOLD_MAX.as_millis()
+            )));
+        }
+        if !crate::frontend::common::valid_bucket_name(&req.bucket) {
+            return Err(S3Error::invalid_argument("bad close request: bucket name"));
+        }
         let writing = match self
             .shard
             .close_bucket(&req.bucket, req.token, Instant::now() + hold)
@@ -234,7 +264,11 @@ impl S3Front {
         {
             Ok(n) => n,
             Err(ShardError::NoSuchBucket) => return Ok(json!({ "missing": true })),
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                // Some shards may hold it: end this hold here.
+                self.shard.reopen_bucket(&req.bucket, req.token).await;
+                return Err(e.into());
+            }
         };
         let owned = self.leads_a_key_of(map, &req.bucket).await?;
         Ok(json!({ "writing": writing, "owned": owned }))
