@@ -350,3 +350,43 @@ fn a_closed_bucket_refuses_clients_writes_and_takes_copies() {
         assert_eq!(store.list("b", "", "", None, 10).len(), 4);
     });
 }
+
+#[test]
+fn a_dropped_bucket_keeps_what_was_written_after_the_deletion_closed() {
+    use percore_server::shard::msg::ShardError;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let (store, _) = Store::open(small_config(&path)).await.unwrap();
+        let shard = shard_on(&store).await;
+        assert!(shard.create_bucket("mixed", None).await.unwrap());
+        put(&shard, "mixed", "before").await;
+        glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        let deleted_ms = percore_server::store::now_ms();
+        glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        // A copy of a write into a bucket of the name made again, come
+        // before this node read the catalog that has it.
+        put(&shard, "mixed", "after").await;
+        let mut read = catalog(10, 0, &[]);
+        read.deleted = [("mixed".to_string(), deleted_ms)].into();
+        read.read_ms = deleted_ms + 60_000;
+        apply(&shard, &read).await.unwrap();
+        // The older key went; the newer stays, and with it the bucket,
+        // closed to clients' writes (none lands to be dropped later).
+        let left: Vec<String> = store
+            .list("mixed", "", "", None, 10)
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect();
+        assert_eq!(left, ["after"]);
+        let refused = ObjectSink::open(&shard, "mixed", "x", ObjectMeta::default()).await;
+        assert_eq!(refused.err(), Some(ShardError::BucketClosing));
+        // The catalog has the bucket again: this one is taken for it, and
+        // takes writes.
+        apply(&shard, &catalog(20, 0, &[("mixed", &[])]))
+            .await
+            .unwrap();
+        put(&shard, "mixed", "x").await;
+        assert_eq!(store.list("mixed", "", "", None, 10).len(), 2);
+    });
+}

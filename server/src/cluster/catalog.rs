@@ -223,19 +223,27 @@ pub struct Applied {
 /// This node's `Applied` (one per process: one node).
 pub static APPLIED: std::sync::LazyLock<Applied> = std::sync::LazyLock::new(Applied::default);
 
-/// Set once this node's bucket-owner shard applied a catalog read since
-/// the node started (seeded or not); the drops of deleted buckets' keys
-/// under way (`purge_deleted`).
-static APPLIED_ONCE: AtomicBool = AtomicBool::new(false);
+/// The drops of deleted buckets' keys under way (`purge_deleted`).
 static PURGING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Whether this node may answer as a catch-up's source (`POST
-/// /_percore/digest`, `GET /_percore/fetch`): not before it applied a
-/// catalog since it started, nor while it drops what it holds of a
-/// deleted bucket, so that no other node takes those keys from it (and
-/// the bucket with them).
+/// The token of the hold `purge_deleted` puts on a bucket it drops, and
+/// the buckets it holds so (on the bucket-owner shard, which applies the
+/// catalog).
+pub const PURGE_HOLD: u64 = u64::MAX;
+thread_local! {
+    static PURGE_HELD: std::cell::RefCell<std::collections::BTreeSet<String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+}
+
+/// Whether this node may answer another node's digest or fetch (`POST
+/// /_percore/digest`, `GET /_percore/fetch`: catch-ups, repairs, drops):
+/// only while its copy of the catalog is known current (`serving`: so
+/// not before it applied one since it started or joined again, when it
+/// may still hold keys of buckets deleted meanwhile), and not while it
+/// drops what it holds of a deleted bucket, so that no other node takes
+/// those keys from it (and the bucket with them).
 pub fn may_source() -> bool {
-    APPLIED_ONCE.load(Ordering::Acquire) && PURGING.load(Ordering::Acquire) == 0
+    serving() && PURGING.load(Ordering::Acquire) == 0
 }
 
 /// Whether this node has applied the catalog since it started (until then
@@ -990,6 +998,11 @@ pub async fn apply(shard: &Rc<Shard>, cat: &Catalog) -> Result<(), String> {
                 Err(e) => return Err(err(e)),
             }
         }
+        if PURGE_HELD.with(|h| h.borrow_mut().remove(name)) {
+            // Kept by a drop that did not finish, and the catalog's bucket
+            // now (made again): open to clients' writes again.
+            shard.reopen_bucket(name, PURGE_HOLD).await;
+        }
         let have = match have {
             Some(have) => have,
             None => {
@@ -1107,7 +1120,14 @@ async fn purge_deleted(
     }
     PURGING.fetch_add(1, Ordering::AcqRel);
     let purging = Purging;
-    let dropped = shard.purge_bucket(name).await;
+    // Closed to clients' writes for good first: if it stays (a copy of
+    // a bucket of the name made again, a failed drop), no client's write
+    // lands in it to be dropped by a later try. Ended if the catalog has
+    // the bucket again and this one is taken for it (`apply`).
+    let forever = Instant::now() + Duration::from_secs(100 * 365 * 86_400);
+    let _ = shard.close_bucket(name, PURGE_HOLD, forever).await;
+    PURGE_HELD.with(|h| h.borrow_mut().insert(name.to_string()));
+    let dropped = shard.purge_bucket(name, deleted_ms).await;
     drop(purging);
     let dropped = match dropped {
         Ok(n) => n,
@@ -1152,7 +1172,6 @@ async fn feed_one(shard: &Rc<Shard>, cat: &Catalog) {
     APPLIED.skipped.store(false, Ordering::Release);
     match apply(shard, cat).await {
         Ok(()) => {
-            APPLIED_ONCE.store(true, Ordering::Release);
             let skipped = APPLIED.skipped.load(Ordering::Acquire);
             if cat.since == 0 {
                 APPLIED.full.store(skipped, Ordering::Release);

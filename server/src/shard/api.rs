@@ -164,13 +164,21 @@ impl Shard {
         .await;
     }
 
-    /// Drops every version of every key of `name` on every shard (a bucket
-    /// the cluster deleted: `cluster::catalog::apply`); how many.
-    pub async fn purge_bucket(self: &Rc<Self>, name: &str) -> Result<usize, ShardError> {
+    /// Drops every version of `name` written before `before_ms` on every
+    /// shard (a bucket the cluster deleted: `cluster::catalog::apply`);
+    /// how many.
+    pub async fn purge_bucket(
+        self: &Rc<Self>,
+        name: &str,
+        before_ms: u64,
+    ) -> Result<usize, ShardError> {
         let mut dropped = 0;
         loop {
             let replies = self
-                .call_all(|| Op::BucketPurge { name: name.into() })
+                .call_all(|| Op::BucketPurge {
+                    name: name.into(),
+                    before_ms,
+                })
                 .await;
             let mut now = 0;
             for r in replies {

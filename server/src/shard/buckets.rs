@@ -8,6 +8,9 @@ use super::msg::{Op, Reply, ShardError};
 use super::{store_error, Shard, BUCKET_OWNER_SHARD};
 use crate::bucket_config::ConfigKind;
 
+/// The most versions one BucketPurge call drops.
+const PURGE_PER_CALL: usize = 4096;
+
 /// The most DeleteBucket holds one bucket may have at once (doors racing,
 /// clients' retries); more are refused (503).
 const HOLDS_MAX: usize = 16;
@@ -313,32 +316,48 @@ impl Shard {
             .is_some_and(|b| b.closing.iter().any(|&(_, until)| now < until))
     }
 
-    /// BucketPurge: drops every version of up to 256 keys of `name` on
-    /// this shard (a bucket the cluster deleted while this node was not
-    /// asked: `cluster::catalog::apply`); how many versions it dropped
-    /// (0: none is left, or none would go).
-    pub(super) async fn bucket_purge(&self, name: &str) -> Reply {
+    /// BucketPurge: drops the versions of `name` on this shard written
+    /// before `before_ms` (their mtime, the primary's clock; copies keep
+    /// it): a bucket the cluster deleted while this node was not asked
+    /// (`cluster::catalog::apply`); later ones (copies of a bucket of the
+    /// name made again) stay. At most `PURGE_PER_CALL` a call; how many
+    /// it dropped (0: none is left to drop).
+    pub(super) async fn bucket_purge(&self, name: &str, before_ms: u64) -> Reply {
         use crate::store::versions::{Pick, Versioning};
-        let page = self.store.list_keys(name, "", "", None, 256, Some(None));
         let mut dropped = 0;
-        for item in page {
-            let crate::store::ListItem::Versions { key, .. } = item else {
-                continue;
+        let mut after = String::new();
+        loop {
+            let page = self
+                .store
+                .list_keys(name, "", &after, None, 256, Some(None));
+            let Some(last) = page.last() else {
+                return Reply::Count(dropped);
             };
-            for v in self.store.versions(name, &key) {
-                let pick = v.version.map_or(Pick::Null, Pick::Id);
-                match self
-                    .store
-                    .delete_object(name, &key, Versioning::Off, pick)
-                    .await
-                {
-                    Ok(done) if done.existed => dropped += 1,
-                    Ok(_) => {}
-                    Err(e) => return Reply::Err(store_error(e)),
+            after = last.name().to_string();
+            for item in page {
+                let crate::store::ListItem::Versions { key, .. } = item else {
+                    continue;
+                };
+                for v in self.store.versions(name, &key) {
+                    if v.mtime_ms >= before_ms {
+                        continue;
+                    }
+                    let pick = v.version.map_or(Pick::Null, Pick::Id);
+                    match self
+                        .store
+                        .delete_object(name, &key, Versioning::Off, pick)
+                        .await
+                    {
+                        Ok(done) if done.existed => dropped += 1,
+                        Ok(_) => {}
+                        Err(e) => return Reply::Err(store_error(e)),
+                    }
+                }
+                if dropped >= PURGE_PER_CALL {
+                    return Reply::Count(dropped);
                 }
             }
         }
-        Reply::Count(dropped)
     }
 
     pub(super) fn bucket_unlock(&self, name: String) -> Reply {
@@ -367,7 +386,7 @@ impl Shard {
             Op::BucketUnlock { name } => self.bucket_unlock(name),
             Op::BucketClose { name, token, until } => self.bucket_close(&name, token, until),
             Op::BucketReopen { name, token } => self.bucket_reopen(&name, token),
-            Op::BucketPurge { name } => self.bucket_purge(&name).await,
+            Op::BucketPurge { name, before_ms } => self.bucket_purge(&name, before_ms).await,
             Op::BucketConfigSet { name, kind, doc } => {
                 self.bucket_config_set(name, kind, doc).await
             }

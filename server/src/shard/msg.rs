@@ -162,10 +162,11 @@ pub enum Op {
         name: String,
         token: u64,
     },
-    /// To every shard: drop every version of up to 256 keys of `name`
-    /// here (`Reply::Count`: how many versions; 0: none is left).
+    /// To every shard: drop up to 4096 versions of `name` written before
+    /// `before_ms` here (`Reply::Count`: how many; 0: none is left).
     BucketPurge {
         name: String,
+        before_ms: u64,
     },
     /// To the bucket-owner shard: store (Some) or remove (None) a bucket
     /// configuration document, then apply it everywhere.

@@ -31,7 +31,8 @@ use crate::store::ListItem;
 /// that serves has applied the delete or stopped serving its copy of the
 /// catalog: the delete is begun within `COMMIT_BY`, its transaction (the
 /// first etcd call of it) ends within the etcd client's timeouts (about
-/// 20 s for each member it tries, five members here), and a node that
+/// 20 s for each member it tries: an etcd of up to five members is
+/// allowed for), and a node that
 /// has not applied it serves its copy for at most the takeover wait after
 /// (`catalog::change`).
 const CLOSE_HOLD_BASE: Duration = Duration::from_secs(120);
