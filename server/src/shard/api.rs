@@ -145,14 +145,7 @@ impl Shard {
                 until,
             })
             .await;
-        let mut writing = 0;
-        for r in replies {
-            match r {
-                Reply::Count(n) => writing += n,
-                other => return Err(unexpected(other)),
-            }
-        }
-        Ok(writing)
+        sum_counts(replies)
     }
 
     /// Ends `close_bucket`'s hold with `token` on every shard.
@@ -180,13 +173,7 @@ impl Shard {
                     before_ms,
                 })
                 .await;
-            let mut now = 0;
-            for r in replies {
-                match r {
-                    Reply::Count(n) => now += n,
-                    other => return Err(unexpected(other)),
-                }
-            }
+            let now = sum_counts(replies)?;
             if now == 0 {
                 return Ok(dropped);
             }
@@ -479,4 +466,17 @@ impl Shard {
             out.push(item);
         }
     }
+}
+
+/// The sum of every shard's `Reply::Count`, or the first other reply as an
+/// error.
+fn sum_counts(replies: Vec<Reply>) -> Result<usize, ShardError> {
+    let mut sum = 0;
+    for r in replies {
+        match r {
+            Reply::Count(n) => sum += n,
+            other => return Err(unexpected(other)),
+        }
+    }
+    Ok(sum)
 }

@@ -304,6 +304,31 @@ impl S3Front {
             .and_then(|c| c.owner.as_deref().map(str::to_string))
     }
 
+    /// A node-authenticated POST of `body` to `target` on `peer` (one of
+    /// the shard's open peer calls): its status and answer (at most `max`
+    /// bytes).
+    async fn peer_post(
+        &self,
+        map: &ShardMap,
+        peer: &Peer,
+        target: &str,
+        body: &[u8],
+        max: usize,
+    ) -> std::io::Result<(u16, Vec<u8>)> {
+        let _permit = self.peer_calls.acquire_permit(1).await;
+        let mac = self.sign(map, peer.id, "POST", target, &peer_http::body_hash(body));
+        peer_http::call(
+            &self.cluster_key(),
+            peer.addr,
+            "POST",
+            target,
+            &mac,
+            body,
+            max,
+        )
+        .await
+    }
+
     /// The node header for a request from this node to `to`.
     fn sign(&self, map: &ShardMap, to: u32, method: &str, target: &str, body: &str) -> String {
         replicate::sign(&self.cluster_key(), map, to, method, target, body)
@@ -858,24 +883,9 @@ impl S3Front {
                         .collect(),
                 )
                 .to_string();
-                let _permit = self.peer_calls.acquire_permit(1).await;
-                let mac = self.sign(
-                    map,
-                    peer.id,
-                    "POST",
-                    target,
-                    &peer_http::body_hash(body.as_bytes()),
-                );
-                let got = peer_http::call(
-                    &self.cluster_key(),
-                    peer.addr,
-                    "POST",
-                    target,
-                    &mac,
-                    body.as_bytes(),
-                    INTERNAL_ANSWER_MAX,
-                )
-                .await;
+                let got = self
+                    .peer_post(map, &peer, target, body.as_bytes(), INTERNAL_ANSWER_MAX)
+                    .await;
                 let answers = match got {
                     Ok((200, b)) => serde_json::from_slice::<Vec<Value>>(&b).ok(),
                     _ => None,

@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 
 use super::{catalog_check, lead_check, outcome_result, peer_of, slow_down, unavailable, Peer};
 use crate::cluster::catalog;
-use crate::cluster::peer_http;
 use crate::cluster::shardmap::ShardMap;
 use crate::frontend::s3::error::S3Error;
 use crate::frontend::s3::S3Front;
@@ -172,32 +171,16 @@ impl S3Front {
         peer: &Peer,
         body: &Value,
     ) -> Result<Value, S3Error> {
-        let _permit = self.peer_calls.acquire_permit(1).await;
         let body = body.to_string();
-        let target = "/_percore/close";
-        let mac = self.sign(
-            map,
-            peer.id,
-            "POST",
-            target,
-            &peer_http::body_hash(body.as_bytes()),
-        );
-        let (status, answer) = peer_http::call(
-            &self.cluster_key(),
-            peer.addr,
-            "POST",
-            target,
-            &mac,
-            body.as_bytes(),
-            4096,
-        )
-        .await
-        .map_err(|e| {
-            unavailable(format!(
-                "cluster node {} cannot be reached to check the bucket is empty: {e}; retry",
-                peer.name
-            ))
-        })?;
+        let (status, answer) = self
+            .peer_post(map, peer, "/_percore/close", body.as_bytes(), 4096)
+            .await
+            .map_err(|e| {
+                unavailable(format!(
+                    "cluster node {} cannot be reached to check the bucket is empty: {e}; retry",
+                    peer.name
+                ))
+            })?;
         if status != 200 {
             return Err(unavailable(format!(
                 "cluster node {} answered {status} to the bucket's close: {}; retry",
