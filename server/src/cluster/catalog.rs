@@ -485,7 +485,7 @@ fn commit_delete(
         owned_by(keys, name, owner),
     ];
     if let Some(e) = epoch {
-        compare.push(txn::value_is(&keys.map_epoch(), e.to_string().as_bytes()));
+        compare.push(txn::value_is(&keys.epoch(), e.to_string().as_bytes()));
     }
     // Nodes that hold copies of its keys and were not asked (down, or
     // holding copies of groups that moved away) drop them when they see
@@ -517,7 +517,7 @@ fn commit_delete(
         // client sent again to another member after the first took it
         // fails its compares, and the delete is in force (the door must
         // wait for the nodes to apply it, not end its holds).
-        let (kvs, rev) = etcd.range(&keys.map_epoch(), None)?;
+        let (kvs, rev) = etcd.range(&keys.epoch(), None)?;
         let (bucket, _) = etcd.range(&keys.bucket(name), None)?;
         if !bucket.is_empty()
             && kvs

@@ -253,7 +253,8 @@ impl Keys {
     fn config(&self) -> Vec<u8> {
         self.key("config")
     }
-    fn epoch(&self) -> Vec<u8> {
+    /// The map's epoch (its value: the epoch, in decimal).
+    pub(crate) fn epoch(&self) -> Vec<u8> {
         self.key("epoch")
     }
     fn next_id(&self) -> Vec<u8> {
@@ -318,10 +319,6 @@ impl Keys {
     }
     pub(crate) fn buckets_deleted(&self) -> Vec<u8> {
         self.key("buckets-deleted/")
-    }
-    /// The map's epoch (its value: the epoch, in decimal).
-    pub(crate) fn map_epoch(&self) -> Vec<u8> {
-        self.epoch()
     }
     /// Every user (`users/NAME`: its record, keys included).
     pub(crate) fn users(&self) -> Vec<u8> {
