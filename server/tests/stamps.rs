@@ -276,3 +276,243 @@ fn stamps_of_concurrent_writes_follow_their_order() {
         store.shutdown().await;
     });
 }
+
+/// An index key's state as `cluster::replicate` copies it: (stamp, what
+/// it holds).
+#[derive(Debug, Clone)]
+enum Held {
+    Object(ObjectMeta, Bytes),
+    Marker,
+    Tombstone,
+}
+
+async fn index_state(store: &Store, index_key: &str) -> Option<(u64, Held)> {
+    let (stamp, etag, marker) = store.index_key_state("b", index_key)?;
+    let held = match (etag, marker) {
+        (Some(_), _) => {
+            let r = store.open_read("b", index_key).await.unwrap();
+            let meta = ObjectMeta::clone(&r.meta);
+            drop(r);
+            Held::Object(
+                meta,
+                Bytes::from(read_all(store, "b", index_key).await.unwrap()),
+            )
+        }
+        (None, true) => Held::Marker,
+        (None, false) => Held::Tombstone,
+    };
+    Some((stamp, held))
+}
+
+async fn apply_index(store: &Store, index_key: &str, (stamp, held): &(u64, Held)) {
+    let condition = PutCondition::IfNewer(*stamp);
+    match held {
+        Held::Tombstone => drop(
+            store
+                .delete_stamped("b", index_key, condition)
+                .await
+                .unwrap(),
+        ),
+        Held::Marker => drop(
+            store
+                .marker_stamped("b", index_key, condition)
+                .await
+                .unwrap(),
+        ),
+        Held::Object(meta, bytes) => {
+            let mut w = store.put_stream("b", index_key, meta.clone());
+            w.set_condition(condition);
+            w.write(bytes.clone()).await.unwrap();
+            match w.finish().await {
+                Ok(_) | Err(StoreError::PreconditionFailed) => {}
+                Err(e) => panic!("{index_key}: {e}"),
+            }
+        }
+    }
+}
+
+/// One client write of `key` on `primary` (a versioned or null PUT, a
+/// delete marker, a version removed): the index key it changed (None:
+/// nothing to remove). Checks that real version ids are stamps and
+/// increase per key.
+async fn versioned_write(
+    primary: &Store,
+    rng: &mut StdRng,
+    (key, step): (&str, u64),
+    last_id: &mut BTreeMap<String, u64>,
+) -> Option<String> {
+    use percore_server::store::versions::{version_key, Pick, Versioning, STAMP_ID_MIN};
+    let key = key.to_string();
+    Some(match rng.gen_range(0..8) {
+        0..=3 => {
+            // A PUT: a new real version, or (suspended) the null one.
+            let real = rng.gen_bool(0.75);
+            let meta = ObjectMeta {
+                etag: format!("e{step}"),
+                ..Default::default()
+            };
+            let mut w = primary.put_stream("b", &key, meta);
+            if real {
+                w.set_new_version();
+            }
+            w.write(common::seeded_bytes(step, rng.gen_range(0..2000)))
+                .await
+                .unwrap();
+            let (_, version) = w.finish_version().await.unwrap();
+            match version {
+                Some(id) => {
+                    assert!(id >= STAMP_ID_MIN, "{key}: id {id} is not a stamp");
+                    let last = last_id.insert(key.clone(), id).unwrap_or(0);
+                    assert!(id > last, "{key}: id {id} after {last}");
+                    version_key(&key, id)
+                }
+                None => key.clone(),
+            }
+        }
+        4..=5 => {
+            let mode = if rng.gen_bool(0.7) {
+                Versioning::Enabled
+            } else {
+                Versioning::Suspended
+            };
+            let done = primary
+                .delete_object("b", &key, mode, Pick::Current)
+                .await
+                .unwrap();
+            match done.version {
+                Some(Some(id)) => {
+                    let last = last_id.insert(key.clone(), id).unwrap_or(0);
+                    assert!(id > last, "{key}: marker id {id} after {last}");
+                    version_key(&key, id)
+                }
+                _ => key.clone(),
+            }
+        }
+        6..=7 => {
+            // A version removed for good (or the null one).
+            let versions = primary.versions("b", &key);
+            let v = versions.get(rng.gen_range(0..versions.len().max(1)))?;
+            let pick = v.version.map_or(Pick::Null, Pick::Id);
+            primary
+                .delete_object("b", &key, Versioning::Enabled, pick)
+                .await
+                .unwrap();
+            v.version.map_or(key.clone(), |id| version_key(&key, id))
+        }
+        _ => unreachable!(),
+    })
+}
+
+/// S3 versioning on a cluster (issue 18): each version is an index key
+/// of its own (`\0v/KEY\0ID`), copied like a key. On a cluster node a real
+/// version's id is its stamp (above `STAMP_ID_MIN`, increasing per key
+/// across writes), and the null version is placed among the real ones by
+/// its stamp, so a replica that took the copies late, twice and out of
+/// order lists the same versions, in the same order, with the same
+/// current version, as the primary (also after both reopen). With ids
+/// from each store's own seqs the replica's order was its own.
+#[test]
+fn versions_copied_in_any_order_list_alike_on_a_replica() {
+    use percore_server::store::versions::Pick;
+    let (pdir, rdir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (pp, rp) = (pdir.path().to_path_buf(), rdir.path().to_path_buf());
+    run(move || async move {
+        let mut rng = StdRng::seed_from_u64(18);
+        let (mut primary, _) = Store::open(small_config(&pp)).await.unwrap();
+        let (mut replica, _) = Store::open(small_config(&rp)).await.unwrap();
+        // The replica's seqs run ahead of the primary's, as they would.
+        replica.bucket_create("b").await.unwrap();
+        for i in 0..50 {
+            let pad = common::seeded_bytes(i, 10);
+            replica
+                .put("b", "pad", ObjectMeta::default(), pad)
+                .await
+                .unwrap();
+        }
+        primary.bucket_create("b").await.unwrap();
+        const KEYS: usize = 3;
+        let mut last_id: BTreeMap<String, u64> = BTreeMap::new();
+        let mut touched: Vec<String> = Vec::new();
+        let mut in_flight: Vec<(String, (u64, Held))> = Vec::new();
+        for step in 0..400u64 {
+            let key = format!("k{}", rng.gen_range(0..KEYS));
+            let index_key = match rng.gen_range(0..10) {
+                0..=7 => {
+                    match versioned_write(&primary, &mut rng, (&key, step), &mut last_id).await {
+                        Some(k) => k,
+                        None => continue,
+                    }
+                }
+                8 => {
+                    let s = if rng.gen_bool(0.5) {
+                        &primary
+                    } else {
+                        &replica
+                    };
+                    while s.compact_once().await.unwrap().is_some() {}
+                    continue;
+                }
+                _ => {
+                    if rng.gen_bool(0.5) {
+                        primary.shutdown().await;
+                        drop(primary);
+                        primary = Store::open(small_config(&pp)).await.unwrap().0;
+                    } else {
+                        replica.shutdown().await;
+                        drop(replica);
+                        replica = Store::open(small_config(&rp)).await.unwrap().0;
+                    }
+                    continue;
+                }
+            };
+            if let Some(state) = index_state(&primary, &index_key).await {
+                in_flight.push((index_key.clone(), state));
+            }
+            touched.push(index_key);
+            // Deliver some copies, in any order, some twice.
+            in_flight.shuffle(&mut rng);
+            let n = rng.gen_range(0..=in_flight.len());
+            for (k, s) in in_flight.iter().take(n) {
+                apply_index(&replica, k, s).await;
+            }
+            in_flight.drain(..n.saturating_sub(usize::from(rng.gen_bool(0.2))));
+        }
+        // The rest arrive, then every index key once more as it is now (a
+        // catch-up's fetches).
+        for (k, s) in &in_flight {
+            apply_index(&replica, k, s).await;
+        }
+        touched.sort();
+        touched.dedup();
+        for k in &touched {
+            if let Some(s) = index_state(&primary, k).await {
+                apply_index(&replica, k, &s).await;
+            }
+        }
+        for round in 0..2 {
+            for k in 0..KEYS {
+                let key = format!("k{k}");
+                let (p, r) = (primary.versions("b", &key), replica.versions("b", &key));
+                assert_eq!(
+                    p, r,
+                    "{key} (round {round}): the replica lists other versions"
+                );
+                let current = |s: &Store| {
+                    s.resolve("b", &key, Pick::Current)
+                        .map(|c| (c.version, c.marker))
+                };
+                assert_eq!(
+                    current(&primary),
+                    current(&replica),
+                    "{key}: another current version"
+                );
+            }
+            replica.shutdown().await;
+            drop(replica);
+            replica = Store::open(small_config(&rp)).await.unwrap().0;
+            primary.shutdown().await;
+            drop(primary);
+            primary = Store::open(small_config(&pp)).await.unwrap().0;
+        }
+    });
+}

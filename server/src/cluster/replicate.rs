@@ -80,6 +80,7 @@ use crate::shard::msg::ShardError;
 use crate::shard::object::{ObjectSink, ObjectSource};
 use crate::shard::Shard;
 use crate::store::record::ObjectMeta;
+use crate::store::versions::Pick;
 use crate::store::{meta_stamp, PutCondition};
 use percore_protocol::placement::NodeState;
 
@@ -157,6 +158,10 @@ pub struct KeyState {
     /// Hex MD5 of the bytes.
     #[serde(default)]
     pub md5: String,
+    /// With no ETag: a delete marker (its time is the stamp), not a
+    /// tombstone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub marker: bool,
 }
 
 impl KeyState {
@@ -172,6 +177,16 @@ impl KeyState {
             content_type: String::new(),
             headers: Vec::new(),
             md5: String::new(),
+            marker: false,
+        }
+    }
+
+    /// A delete marker stamped `stamp`.
+    #[must_use]
+    pub fn marker(epoch: u64, stamp: u64) -> KeyState {
+        KeyState {
+            marker: true,
+            ..KeyState::tombstone(epoch, stamp)
         }
     }
 
@@ -193,7 +208,20 @@ impl KeyState {
         if state.etag.is_some() && (state.md5.len() != 32 || hex::decode(&state.md5).is_err()) {
             return Err("bad state: no MD5".into());
         }
+        if state.etag.is_some() && state.marker {
+            return Err("bad state: a delete marker with an ETag".into());
+        }
         Ok((json, state))
+    }
+}
+
+/// The index key a write changed, by the version id its answer names: a
+/// real version's (`\0v/KEY\0ID`, replicated as a key of its own), or
+/// the key itself (its null version: no id, or "null").
+pub fn index_key_of(key: &str, version_id: Option<&str>) -> String {
+    match version_id.and_then(Pick::parse) {
+        Some(Pick::Id(id)) => crate::store::versions::version_key(key, id),
+        _ => key.to_string(),
     }
 }
 
@@ -201,18 +229,24 @@ fn is_md5_hex(s: &str) -> bool {
     s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// This node's state of `(bucket, key)` (None: nothing stored), with an
-/// open source of its bytes. The MD5 is the ETag where that is one, and
-/// is computed by reading the bytes otherwise (multipart objects).
+/// This node's state of the index key `key` of `bucket` (None: nothing
+/// stored), with an open source of its bytes: a plain key's null version
+/// or a real version's index key (`\0v/KEY\0ID`), each as it is, never a
+/// key's current version. The MD5 is the ETag where that is one, and is
+/// computed by reading the bytes otherwise (multipart objects).
 pub async fn local_state(
     shard: &Rc<Shard>,
     bucket: &str,
     key: &str,
     epoch: u64,
 ) -> Result<Option<(KeyState, Option<ObjectSource>)>, ShardError> {
+    let (plain, pick) = match crate::store::versions::split_version_key(key) {
+        Some((plain, id)) => (plain, Pick::Id(id)),
+        None => (key, Pick::Null),
+    };
     for _ in 0..3 {
-        match ObjectSource::open(shard, bucket, key).await {
-            Ok((mut src, meta)) => {
+        match ObjectSource::open_version(shard, bucket, plain, pick).await {
+            Ok((mut src, meta, _)) => {
                 let md5 = if is_md5_hex(&meta.etag) {
                     meta.etag.to_ascii_lowercase()
                 } else {
@@ -235,15 +269,25 @@ pub async fn local_state(
                     content_type: meta.content_type.clone(),
                     headers: meta.headers.clone(),
                     md5,
+                    marker: false,
                 };
                 return Ok(Some((state, Some(src))));
             }
-            Err(ShardError::NoSuchKey) => match shard.key_state(bucket, key).await? {
-                None => return Ok(None),
-                Some((stamp, None)) => return Ok(Some((KeyState::tombstone(epoch, stamp), None))),
-                // Written between the two reads: read again.
-                Some((_, Some(_))) => {}
-            },
+            Err(
+                ShardError::NoSuchKey | ShardError::NoSuchVersion | ShardError::DeleteMarker { .. },
+            ) => {
+                match shard.key_state(bucket, key).await? {
+                    None => return Ok(None),
+                    Some((stamp, None, false)) => {
+                        return Ok(Some((KeyState::tombstone(epoch, stamp), None)))
+                    }
+                    Some((stamp, None, true)) => {
+                        return Ok(Some((KeyState::marker(epoch, stamp), None)))
+                    }
+                    // Written between the two reads: read again.
+                    Some((_, Some(_), _)) => {}
+                }
+            }
             Err(e) => return Err(e),
         }
     }
@@ -286,7 +330,7 @@ impl Applier {
     ) -> Result<Result<Applier, Applied>, ShardError> {
         if state.etag.is_none() {
             let written = shard
-                .delete_stamped(bucket, key, condition, u64::MAX)
+                .bodiless_stamped(bucket, key, condition, u64::MAX, state.marker)
                 .await?;
             return Ok(Err(if written {
                 Applied::Installed
@@ -1245,7 +1289,8 @@ async fn catch_up(
                 let mine = shard
                     .key_state(&b, &k)
                     .await
-                    .map_err(|e| format!("{e:?}"))?;
+                    .map_err(|e| format!("{e:?}"))?
+                    .map(|(s, e, _)| (s, e));
                 let wanted = match &mine {
                     None => true,
                     Some((s, e)) if mirror => *s != stamp || *e != etag,

@@ -649,9 +649,11 @@ impl ShardMap {
         !self.primaries.contains(&NO_NODE)
     }
 
-    /// The placement group of `(bucket, key)`.
+    /// The placement group of `(bucket, key)`; a real version's index key
+    /// (`\0v/KEY\0ID`, replicated as a key of its own) is in its key's.
     #[must_use]
     pub fn pg_of(&self, bucket: &str, key: &str) -> u32 {
+        let key = crate::store::versions::base_key(key);
         let h = object_hash(self.seed, bucket.as_bytes(), key.as_bytes());
         placement::pg_of_hash(h, self.pgs).0
     }

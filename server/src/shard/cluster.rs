@@ -91,7 +91,7 @@ impl Shard {
         self: &std::rc::Rc<Self>,
         bucket: &str,
         key: &str,
-    ) -> Result<Option<(u64, Option<String>)>, ShardError> {
+    ) -> Result<Option<(u64, Option<String>, bool)>, ShardError> {
         let op = Op::KeyState {
             bucket: bucket.into(),
             key: key.into(),
@@ -102,14 +102,16 @@ impl Shard {
         }
     }
 
-    pub(super) fn key_state_here(&self, bucket: &str, key: &str) -> Option<(u64, Option<String>)> {
-        let stamp = self.store.key_stamp(bucket, key)?;
-        Some((
-            stamp,
-            self.store
-                .current_info(bucket, key)
-                .map(|i| i.etag.to_string()),
-        ))
+    /// The stamp, ETag (None: a tombstone or a delete marker) and marker
+    /// flag of the index key `key` itself: a plain key's null version, not
+    /// its key's current version (`cluster::replicate` copies each index
+    /// key).
+    pub(super) fn key_state_here(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> Option<(u64, Option<String>, bool)> {
+        self.store.index_key_state(bucket, key)
     }
 
     /// A replica's copy of its primary's delete, under `condition`
@@ -123,11 +125,26 @@ impl Shard {
         condition: crate::store::PutCondition,
         fence_max: u64,
     ) -> Result<bool, ShardError> {
+        self.bodiless_stamped(bucket, key, condition, fence_max, false)
+            .await
+    }
+
+    /// `delete_stamped`, of a delete marker with `marker` (at the index
+    /// key `key` names: the null version's place or a real version's).
+    pub async fn bodiless_stamped(
+        self: &std::rc::Rc<Self>,
+        bucket: &str,
+        key: &str,
+        condition: crate::store::PutCondition,
+        fence_max: u64,
+        marker: bool,
+    ) -> Result<bool, ShardError> {
         let op = Op::DeleteStamped {
             bucket: bucket.into(),
             key: key.into(),
             condition,
             fence_max,
+            marker,
         };
         match self.call(self.owner_of(bucket, key), op).await {
             Reply::Count(n) => Ok(n == 1),

@@ -35,11 +35,10 @@ impl Shard {
         // A client's write (a replica's copy carries its stamp) is refused
         // while a cluster DeleteBucket holds the bucket closed; counted
         // below in this same turn otherwise (`bucket_close`).
-        if condition
+        let copy = condition
             .as_ref()
-            .is_none_or(|c| c.preset_stamp().is_none())
-            && self.bucket_closed(bucket)
-        {
+            .is_some_and(|c| c.preset_stamp().is_some());
+        if !copy && self.bucket_closed(bucket) {
             return Err(ShardError::BucketClosing);
         }
         if let Some(c) = &condition {
@@ -58,7 +57,10 @@ impl Shard {
         if let Some(c) = condition {
             writer.set_condition(c);
         }
-        if part.is_none() && self.versioning(bucket) == Versioning::Enabled {
+        // A client's write in a versioned bucket is a new real version; a
+        // replica's copy (it carries its primary's stamp) is written at the
+        // index key it names (`cluster::replicate`).
+        if part.is_none() && !copy && self.versioning(bucket) == Versioning::Enabled {
             writer.set_new_version();
         }
         self.put_started(bucket);
@@ -214,11 +216,17 @@ impl Shard {
                 key,
                 condition,
                 fence_max,
+                marker,
             } => {
                 if self.fence.get() > fence_max {
                     return Reply::Count(0);
                 }
-                match self.store.delete_stamped(&bucket, &key, condition).await {
+                let written = if marker {
+                    self.store.marker_stamped(&bucket, &key, condition).await
+                } else {
+                    self.store.delete_stamped(&bucket, &key, condition).await
+                };
+                match written {
                     Ok(applied) => Reply::Count(usize::from(applied)),
                     Err(e) => Reply::Err(super::store_error(e)),
                 }

@@ -308,18 +308,19 @@ impl Shard {
                 let _writing =
                     (mode != Versioning::Off).then(|| WriteInProgress::new(self, bucket));
                 match self.store.delete_if_current(bucket, &key, seq, mode).await {
-                    Ok(true) => {
+                    Ok(Some(written)) => {
                         expired += 1;
                         if let Some(ckey) = &settings.cluster_key {
                             if let Err(e) =
-                                crate::cluster::replicate::replicate(self, ckey, bucket, &key).await
+                                crate::cluster::replicate::replicate(self, ckey, bucket, &written)
+                                    .await
                             {
                                 // The next primary's repair settles it.
                                 tracing::warn!(bucket, key, "lifecycle expiry not copied: {e}");
                             }
                         }
                     }
-                    Ok(false) => {}
+                    Ok(None) => {}
                     Err(e) => {
                         tracing::warn!(
                             shard = self.id,
@@ -340,7 +341,7 @@ impl Shard {
     /// `NoncurrentDays` ago, and, with `ExpiredObjectDeleteMarker`, delete
     /// markers that are the only version of their key.
     async fn expire_versions(
-        &self,
+        self: &Rc<Self>,
         pass: &Pass,
         rule: &Rule,
         now: u64,
@@ -392,6 +393,12 @@ impl Shard {
                 let ListItem::Versions { key, versions, .. } = item else {
                     continue;
                 };
+                // A cluster node expires only versions of keys whose group
+                // it leads, and copies each removal like any delete.
+                if !matches!(self.ownership(bucket, &key), super::Ownership::Mine) {
+                    carry = None;
+                    continue;
+                }
                 let before = carry.take().filter(|c| {
                     c.key == key && versions.first().is_none_or(|v| v.order < c.last.order)
                 });
@@ -418,7 +425,11 @@ impl Shard {
                     doomed.push(versions[0].version);
                 }
                 for version in doomed {
-                    match self.remove_version(pass, rule, &key, version, pacer).await {
+                    let ckey = settings.cluster_key.as_ref();
+                    match self
+                        .remove_version(pass, rule, (&key, version), ckey, pacer)
+                        .await
+                    {
                         Some(true) => removed += 1,
                         Some(false) => {}
                         None => return removed,
@@ -434,11 +445,11 @@ impl Shard {
     /// version (or a lone delete marker) and has the rule's tags. Some:
     /// whether it did; None: stop the pass.
     async fn remove_version(
-        &self,
+        self: &Rc<Self>,
         pass: &Pass,
         rule: &Rule,
-        key: &str,
-        version: Option<u64>,
+        (key, version): (&str, Option<u64>),
+        cluster_key: Option<&[u8; 32]>,
         pacer: &mut Pacer,
     ) -> Option<bool> {
         let bucket = pass.bucket.as_str();
@@ -464,7 +475,21 @@ impl Shard {
         }
         let mode = self.versioning(bucket);
         match self.store.delete_object(bucket, key, mode, pick).await {
-            Ok(done) => Some(done.existed),
+            Ok(done) => {
+                if let Some(ckey) = cluster_key {
+                    let index_key = match version {
+                        Some(id) => crate::store::versions::version_key(key, id),
+                        None => key.to_string(),
+                    };
+                    if let Err(e) =
+                        crate::cluster::replicate::replicate(self, ckey, bucket, &index_key).await
+                    {
+                        // The next primary's repair settles it.
+                        tracing::warn!(bucket, key, "lifecycle removal not copied: {e}");
+                    }
+                }
+                Some(done.existed)
+            }
             Err(e) => {
                 tracing::warn!(shard = self.id, bucket, key, "lifecycle expiry failed: {e}");
                 None

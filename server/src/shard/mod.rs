@@ -176,7 +176,9 @@ impl Shard {
     /// In a cluster the shard comes from the key's position within its
     /// placement group (`placement::cluster_shard`), so that a node's few
     /// placement groups still spread over all its shards.
+    /// A real version's index key (`\0v/KEY\0ID`) is placed as its key.
     pub fn owner_of(&self, bucket: &str, key: &str) -> usize {
+        let key = crate::store::versions::base_key(key);
         match self.cluster_pgs.get() {
             0 => routing::owner_shard(self.seed, self.count, bucket.as_bytes(), key.as_bytes()),
             pgs => percore_protocol::placement::cluster_shard(

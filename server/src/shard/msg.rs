@@ -216,6 +216,8 @@ pub enum Op {
         key: String,
         condition: PutCondition,
         fence_max: u64,
+        /// A delete marker rather than a tombstone (versioned buckets).
+        marker: bool,
     },
     /// Cluster: a page of this shard's replication digest, of the keys in
     /// `pgs` (sorted; None: every group), after raising the fence to
@@ -285,7 +287,9 @@ pub enum Reply {
     Uploads(Vec<UploadItem>),
     Metrics(Box<crate::metrics::ShardSnapshot>),
     /// A key's (stamp, ETag: None for a tombstone); None: nothing stored.
-    KeyState(Option<(u64, Option<String>)>),
+    /// (stamp, ETag: None for a tombstone or a marker, whether a delete
+    /// marker).
+    KeyState(Option<(u64, Option<String>, bool)>),
     /// Digest items and where to resume (None: this shard is done).
     Digest(Vec<crate::store::DigestItem>, Option<(String, String)>),
     /// Buckets with their documents ((kind, document) pairs), and whether

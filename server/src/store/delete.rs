@@ -39,29 +39,33 @@ impl Store {
     /// Deletes the key (in a bucket in `mode`: a delete marker where it is
     /// versioned) only if `seq` is still its current version and no write
     /// to it is in flight (checked in the poll that takes the record's
-    /// seq, so a later write wins). Returns whether it did.
+    /// seq, so a later write wins). Returns the index key it wrote (the
+    /// key, or a real version's for a marker), None if it did not.
     pub async fn delete_if_current(
         &self,
         bucket: &str,
         key: &str,
         seq: u64,
         mode: Versioning,
-    ) -> Result<bool> {
+    ) -> Result<Option<String>> {
         if self.is_writing(bucket, key) || self.live_seq(bucket, key) != Some(seq) {
-            return Ok(false);
+            return Ok(None);
         }
-        match mode {
-            Versioning::Off => self.write_tombstone(bucket, key, Kind::Tombstone).await?,
-            Versioning::Enabled | Versioning::Suspended => {
-                self.write_marker(bucket, key, mode == Versioning::Enabled)
-                    .await?;
+        Ok(Some(match mode {
+            Versioning::Off => {
+                self.write_tombstone(bucket, key, Kind::Tombstone).await?;
+                key.to_string()
             }
-        }
-        Ok(true)
+            Versioning::Suspended => {
+                self.write_marker(bucket, key, false).await?;
+                key.to_string()
+            }
+            Versioning::Enabled => version_key(key, self.write_marker(bucket, key, true).await?),
+        }))
     }
 
-    /// Writes a delete marker for `key`: a new real version (`real`) or
-    /// the null version. Returns its seq.
+    /// Writes a delete marker for `key`: a new real version (`real`: its
+    /// id is returned) or the null version (its seq).
     pub(super) async fn write_marker(&self, bucket: &str, key: &str, real: bool) -> Result<u64> {
         self.write_bodiless(bucket, key, Kind::DeleteMarker, real)
             .await
@@ -71,6 +75,33 @@ impl Store {
         self.write_bodiless(bucket, key, kind, false)
             .await
             .map(drop)
+    }
+
+    /// A replica's copy of its primary's delete marker at `index_key`
+    /// (the null version's place, or a real version's), stamped as the
+    /// condition says, installed as `delete_stamped` installs a tombstone.
+    pub async fn marker_stamped(
+        &self,
+        bucket: &str,
+        index_key: &str,
+        condition: PutCondition,
+    ) -> Result<bool> {
+        if self.is_writing(bucket, index_key) {
+            return Err(StoreError::ConditionalConflict);
+        }
+        if !condition.stamp_allows(self.key_stamp(bucket, index_key)) {
+            return Ok(false);
+        }
+        let written = self
+            .write_bodiless_at(
+                bucket,
+                index_key,
+                Kind::DeleteMarker,
+                false,
+                Some(condition),
+            )
+            .await?;
+        Ok(written.is_some())
     }
 
     /// A replica's copy of its primary's delete (stamped `stamp`): a
@@ -99,7 +130,7 @@ impl Store {
 
     /// Writes and installs a record without payload of `kind` (Tombstone,
     /// BucketDelete or DeleteMarker) for `key`, at a new real version's
-    /// index key with `real`. Returns its seq.
+    /// index key with `real`. Returns its seq (with `real`: its id).
     async fn write_bodiless(&self, bucket: &str, key: &str, kind: Kind, real: bool) -> Result<u64> {
         let seq = self
             .write_bodiless_at(bucket, key, kind, real, None)
@@ -122,13 +153,19 @@ impl Store {
         // A tombstone's time is its stamp (no client sees it); no await
         // between it and the seq.
         let preset = condition.as_ref().and_then(|c| c.preset_stamp());
-        let mtime_ms = match kind {
-            Kind::Tombstone => preset.unwrap_or_else(|| self.next_stamp(bucket, key)),
-            _ => now_ms(),
+        // So is a delete marker's on a cluster node (it is shown as the
+        // marker's time: max(now, the key's newest stamp + 1)).
+        let stamped =
+            kind == Kind::Tombstone || (kind == Kind::DeleteMarker && self.inner.cfg.write_stamps);
+        let mtime_ms = if stamped {
+            preset.unwrap_or_else(|| self.next_stamp(bucket, key))
+        } else {
+            now_ms()
         };
         let seq = self.take_seq()?;
+        let id = self.version_id(seq, mtime_ms);
         let index_key = if real {
-            version_key(key, seq)
+            version_key(key, id)
         } else {
             key.to_string()
         };
@@ -169,6 +206,6 @@ impl Store {
                 older_on_disk: 0,
             },
         );
-        Ok(Some(seq))
+        Ok(Some(if real { id } else { seq }))
     }
 }

@@ -46,6 +46,16 @@ impl State {
     pub(super) fn is_version(&self) -> bool {
         !matches!(self, State::Deleted { .. })
     }
+
+    /// Its replication stamp (`Store::key_stamp`): a delete marker's time
+    /// is its stamp.
+    pub(super) fn stamp(&self) -> u64 {
+        match self {
+            State::Live(info) => info.stamp,
+            State::Deleted { stamp } => *stamp,
+            State::Marker { mtime_ms } => *mtime_ms,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

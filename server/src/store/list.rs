@@ -8,7 +8,8 @@ use super::bucket_config::{CONFIG_NAMESPACE, USERS_NAMESPACE};
 use super::buckets::BUCKETS_NAMESPACE;
 use super::index::{Entry, State};
 use super::versions::{
-    group_current, version_entry, versions_page, KeyGroups, Pick, VersionEntry, VERSIONS_PREFIX,
+    group_current, order_in, version_entry, versions_page, KeyGroups, Pick, VersionEntry,
+    VERSIONS_PREFIX,
 };
 use super::{mpu, ListItem, Store};
 
@@ -99,7 +100,7 @@ fn versions_item(
     // wherever the page starts.
     let versions: Vec<VersionEntry> = page
         .into_iter()
-        .map(|(v, e)| version_entry(v, e, current == Some(v)))
+        .map(|(v, e)| version_entry(v, e, current == Some(v), order_in(keys, key, v, e)))
         .collect();
     *left -= versions.len();
     (!versions.is_empty()).then(|| ListItem::Versions {
@@ -277,16 +278,23 @@ pub struct DigestItem {
 /// shard is not held by one call over a large index.
 pub const DIGEST_EXAMINED_MAX: usize = 16_384;
 
-/// Whether a stored key is a client's object key (replicated): not a
-/// bucket, configuration or user record, nor a version, upload or part
-/// record (their keys start with a NUL, which no client key holds).
+/// Whether a stored key is replicated (`cluster::replicate`): a client's
+/// object key (its null version) or a real version's index key
+/// (`\0v/KEY\0ID`, whose KEY is one); not a bucket, configuration or
+/// user record, nor an upload or part record (keys starting with a NUL,
+/// which no client key holds, other than versions').
 #[must_use]
-pub fn is_client_key(bucket: &str, key: &str) -> bool {
-    !bucket.is_empty() && !bucket.starts_with('\u{1}') && !key.starts_with('\0')
+pub fn is_replicated_key(bucket: &str, key: &str) -> bool {
+    let plain = match super::versions::split_version_key(key) {
+        Some((k, _)) => k,
+        None => key,
+    };
+    !bucket.is_empty() && !bucket.starts_with('\u{1}') && !plain.is_empty() && !plain.contains('\0')
 }
 
 impl Store {
-    /// The replication digest of client keys after `after`, in (bucket,
+    /// The replication digest of replicated keys (`is_replicated_key`:
+    /// null versions and real versions, each its own) after `after`, in (bucket,
     /// key) order: those `keep` accepts, at most `limit`, examining at
     /// most `DIGEST_EXAMINED_MAX`. Returns the items and where to resume
     /// (None: the end of the index was reached).
@@ -304,7 +312,7 @@ impl Store {
                 return (items, last);
             }
             last = Some((b.clone(), k.clone()));
-            if !is_client_key(b, k) || !keep(b, k) {
+            if !is_replicated_key(b, k) || !keep(b, k) {
                 continue;
             }
             let (stamp, etag) = match &e.state {

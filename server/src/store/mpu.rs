@@ -682,9 +682,10 @@ impl Store {
             },
         );
         self.end_upload(bucket, key, upload_id, false).await?;
+        let id = self.version_id(seq, info.stamp);
         Ok(CompletedObject {
             info,
-            version: new_version.then_some(seq),
+            version: new_version.then_some(id),
             checksum,
         })
     }
@@ -866,7 +867,7 @@ impl Store {
         let stamp = self.issue_stamp(bucket, key, &mut meta, None);
         let seq = self.take_seq()?;
         let index_key = if new_version {
-            version_key(key, seq)
+            version_key(key, self.version_id(seq, stamp))
         } else {
             key.to_string()
         };

@@ -209,8 +209,9 @@ impl PutWriter {
             stamp,
             extents: self.extents.clone().into(),
         };
+        let id = store.version_id(seq, stamp);
         let index_key = if self.new_version {
-            version_key(&self.key, seq)
+            version_key(&self.key, id)
         } else {
             self.key.clone()
         };
@@ -258,7 +259,7 @@ impl PutWriter {
                 older_on_disk: 0,
             },
         );
-        Ok((info, self.new_version.then_some(seq)))
+        Ok((info, self.new_version.then_some(id)))
     }
 
     /// Ends the body: an object that fits one chunk (and is no multipart
@@ -344,6 +345,19 @@ impl Store {
         }
     }
 
+    /// The replication stamp, ETag (None: a tombstone or a delete marker)
+    /// and whether it is a delete marker, of the index key `key` itself.
+    pub fn index_key_state(&self, bucket: &str, key: &str) -> Option<(u64, Option<String>, bool)> {
+        self.lookup(bucket, key).map(|e| {
+            let etag = match &e.state {
+                State::Live(info) => Some(info.etag.to_string()),
+                State::Deleted { .. } | State::Marker { .. } => None,
+            };
+            let marker = matches!(e.state, State::Marker { .. });
+            (e.state.stamp(), etag, marker)
+        })
+    }
+
     /// The replication stamp of the key's current version or tombstone.
     pub fn key_stamp(&self, bucket: &str, key: &str) -> Option<u64> {
         self.lookup(bucket, key).map(|e| match &e.state {
@@ -353,14 +367,32 @@ impl Store {
         })
     }
 
+    /// A new real version's id (`versions::STAMP_ID_MIN`): its stamp on a
+    /// cluster node (every replica keeps it, and stamps increase across
+    /// primaries), the seq of its record on a single node.
+    pub(super) fn version_id(&self, seq: u64, stamp: u64) -> u64 {
+        if self.inner.cfg.write_stamps {
+            stamp.max(super::versions::STAMP_ID_MIN)
+        } else {
+            seq
+        }
+    }
+
     /// A stamp for a new version of `key`, after every version of it this
     /// store holds or is writing: max(now, newest + 1), a hybrid clock in
     /// milliseconds. Call while the key is marked as being written (the
     /// stamp is remembered until its last mark drops) and with no await
-    /// before its seq is taken, so that stamps and seqs agree.
+    /// before its seq is taken, so that stamps and seqs agree. On a
+    /// cluster node "every version" includes the key's real versions (by
+    /// their ids, tombstoned ones too), so that a new real version's id
+    /// is above every id the key had, and a new null version is newer than
+    /// every real one (`versions::null_order`).
     pub(super) fn next_stamp(&self, bucket: &str, key: &str) -> u64 {
         let k = (bucket.to_string(), key.to_string());
-        let current = self.key_stamp(bucket, key).unwrap_or(0);
+        let mut current = self.key_stamp(bucket, key).unwrap_or(0);
+        if self.inner.cfg.write_stamps {
+            current = current.max(self.newest_id(bucket, key).unwrap_or(0));
+        }
         let mut issued = self.inner.marks.stamps.borrow_mut();
         let last = issued.get(&k).copied().unwrap_or(0);
         let stamp = now_ms()

@@ -39,6 +39,36 @@ use super::{ObjectInfo, Result, Store, StoreError};
 /// namespace of keys starting with NUL).
 pub const VERSIONS_PREFIX: &str = "\0v/";
 
+/// A real version's id at or above this is a replication stamp
+/// (milliseconds since 1970: a cluster node's versions, whose ids every
+/// replica shares and which increase across primaries, `Store::next_stamp`);
+/// below it, the seq of the version's first record on this store (a
+/// single node, and a cluster node's versions from before ids were
+/// stamps). 2^40 ms is November 2004; a store takes no 2^40 seqs.
+pub const STAMP_ID_MIN: u64 = 1 << 40;
+
+/// The object key an index key is a version of (itself for a plain key):
+/// what places it, on a cluster node's shards and in placement groups.
+#[must_use]
+pub fn base_key(index_key: &str) -> &str {
+    split_version_key(index_key).map_or(index_key, |(key, _)| key)
+}
+
+/// The null version's place among its key's real versions (ids), given
+/// the newest real version's id: its stamp where ids are stamps (every
+/// replica orders them alike), else its record's seq.
+fn null_order(null: &Entry, newest_real: Option<u64>) -> u64 {
+    match newest_real {
+        Some(v) if v >= STAMP_ID_MIN => null.state.stamp(),
+        _ => null.seq,
+    }
+}
+
+/// A version's place among its key's versions (newer is larger).
+pub(super) fn order_in(keys: &Keys, key: &str, version: Option<u64>, e: &Entry) -> u64 {
+    version.unwrap_or_else(|| null_order(e, newest_real(keys, key).map(|(_, v, _)| v)))
+}
+
 /// A bucket's versioning state, as S3 knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Versioning {
@@ -126,8 +156,8 @@ pub struct DeleteOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionEntry {
     pub version: Option<u64>,
-    /// Its place among the key's versions (newer is larger): the seq in a
-    /// real version's id, the seq of the null version's record.
+    /// Its place among the key's versions (newer is larger): a real
+    /// version's id, the null version's `null_order`.
     pub order: u64,
     pub latest: bool,
     /// None: a delete marker (then `mtime_ms` is its time).
@@ -160,7 +190,9 @@ fn newer<'a>(
     real: Option<(&'a str, u64, &'a Entry)>,
 ) -> Option<(&'a str, Option<u64>, &'a Entry)> {
     match (plain, real) {
-        (Some((k, e)), Some((_, vseq, _))) if e.seq > vseq => Some((k, None, e)),
+        (Some((k, e)), Some((_, vseq, _))) if null_order(e, Some(vseq)) > vseq => {
+            Some((k, None, e))
+        }
         (_, Some((k, vseq, e))) => Some((k, Some(vseq), e)),
         (Some((k, e)), None) => Some((k, None, e)),
         (None, None) => None,
@@ -200,15 +232,17 @@ pub(super) fn versions_page<'a>(
 ) -> (Vec<(Option<u64>, &'a Entry)>, bool) {
     let group = format!("{VERSIONS_PREFIX}{key}\0");
     let null = keys.get(key).filter(|e| e.state.is_version());
+    let newest = newest_real(keys, key).map(|(_, v, _)| v);
+    let null_at = null.map(|n| null_order(n, newest));
     // Where the walk of real versions starts, and whether the null
-    // version is still to come (by its place: its record's seq).
-    let (from, mut null_ahead) = match (after, null) {
+    // version is still to come (by its place, `null_order`).
+    let (from, mut null_ahead) = match (after, null_at) {
         (None | Some(Pick::Current), _) => (Bound::Included(group.clone()), null.is_some()),
         (Some(Pick::Id(seq)), _) => (
             Bound::Excluded(version_key(key, seq)),
-            null.is_some_and(|n| n.seq < seq),
+            null_at.is_some_and(|n| n < seq),
         ),
-        (Some(Pick::Null), Some(n)) => (Bound::Excluded(version_key(key, n.seq)), false),
+        (Some(Pick::Null), Some(n)) => (Bound::Excluded(version_key(key, n)), false),
         (Some(Pick::Null), None) => (Bound::Included(group.clone()), false),
     };
     let mut reals = keys
@@ -220,10 +254,12 @@ pub(super) fn versions_page<'a>(
     let mut out = Vec::new();
     while out.len() <= limit {
         let next_real = reals.peek().map(|(seq, _)| *seq);
-        if let Some(n) = null.filter(|n| null_ahead && next_real.is_none_or(|s| s < n.seq)) {
-            out.push((None, n));
-            null_ahead = false;
-            continue;
+        if let (Some(n), Some(at)) = (null, null_at) {
+            if null_ahead && next_real.is_none_or(|s| s < at) {
+                out.push((None, n));
+                null_ahead = false;
+                continue;
+            }
         }
         match reals.next() {
             Some((seq, e)) => out.push((Some(seq), e)),
@@ -334,7 +370,25 @@ pub(super) fn group_current<'a>(group: &KeyGroup<'a>) -> Option<(Option<u64>, &'
     newer(plain.map(|e| (key, e)), real.map(|(s, e)| (key, s, e))).map(|(_, v, e)| (v, e))
 }
 
+/// The largest id of a real version of `key` whose index key is here
+/// (tombstoned or not).
+fn newest_id_in(keys: &Keys, key: &str) -> Option<u64> {
+    let group = format!("{VERSIONS_PREFIX}{key}\0");
+    keys.range::<str, _>((Bound::Included(group.as_str()), Bound::Unbounded))
+        .next()
+        .filter(|(k, _)| k.starts_with(&group))
+        .and_then(|(k, _)| split_version_key(k))
+        .map(|(_, id)| id)
+}
+
 impl Store {
+    /// The largest id of a real version of `key` here, tombstoned or not
+    /// (`next_stamp`).
+    pub(super) fn newest_id(&self, bucket: &str, key: &str) -> Option<u64> {
+        let index = self.inner.index.borrow();
+        newest_id_in(index.get(bucket)?, key)
+    }
+
     /// Whether `bucket` holds real versions or delete markers here.
     pub fn has_versions(&self, bucket: &str) -> bool {
         let index = self.inner.index.borrow();
@@ -413,7 +467,9 @@ impl Store {
         versions_in(keys, key)
             .into_iter()
             .enumerate()
-            .map(|(i, (version, e))| version_entry(version, e, i == 0))
+            .map(|(i, (version, e))| {
+                version_entry(version, e, i == 0, order_in(keys, key, version, e))
+            })
             .collect()
     }
 
@@ -470,7 +526,12 @@ impl Store {
 }
 
 /// A listing's view of one version.
-pub(super) fn version_entry(version: Option<u64>, e: &Entry, latest: bool) -> VersionEntry {
+pub(super) fn version_entry(
+    version: Option<u64>,
+    e: &Entry,
+    latest: bool,
+    order: u64,
+) -> VersionEntry {
     let (object, mtime_ms) = match &e.state {
         State::Live(info) => (Some((info.size_bytes, info.etag.clone())), info.mtime_ms),
         State::Marker { mtime_ms } => (None, *mtime_ms),
@@ -478,7 +539,7 @@ pub(super) fn version_entry(version: Option<u64>, e: &Entry, latest: bool) -> Ve
     };
     VersionEntry {
         version,
-        order: version.unwrap_or(e.seq),
+        order,
         latest,
         object,
         mtime_ms,

@@ -9,6 +9,7 @@ use super::{shard_error_reply, NativeFront};
 use crate::frontend::common::valid_bucket_name;
 use crate::shard::msg::ShardError;
 use crate::shard::object::ObjectSource;
+use crate::store::versions::Pick;
 use crate::store::ListItem;
 
 impl NativeFront {
@@ -25,9 +26,19 @@ impl NativeFront {
             return shard_error_reply(&ShardError::NoSuchBucket);
         }
         let reply = self.owner_reply(bucket, key);
-        match self.shard.delete_object(bucket, key).await {
-            Ok(existed) => match self.replicated(bucket, key).await {
-                Ok(()) => Reply { existed, ..reply },
+        match self.shard.delete_version(bucket, key, Pick::Current).await {
+            // In a versioned bucket: the delete marker it wrote.
+            Ok(removed) => match self
+                .replicated(
+                    bucket,
+                    &crate::cluster::replicate::index_key_of(key, removed.version_id.as_deref()),
+                )
+                .await
+            {
+                Ok(()) => Reply {
+                    existed: removed.existed,
+                    ..reply
+                },
                 Err((status, message)) => Reply {
                     owner_shard: reply.owner_shard,
                     ..Reply::error(status, message)

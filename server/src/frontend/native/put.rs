@@ -198,17 +198,20 @@ impl NativeFront {
         }
         use base64::Engine;
         let crc_b64 = base64::engine::general_purpose::STANDARD.encode(crc.to_be_bytes());
-        let info = sink
-            .finish_with(etag, vec![("x-amz-checksum-crc32c".to_string(), crc_b64)])
+        let (info, version) = sink
+            .finish_version(etag, vec![("x-amz-checksum-crc32c".to_string(), crc_b64)])
             .await
             .map_err(|e| status_of(&e))?;
-        self.replicated(&p.bucket, &p.key).await?;
+        // In a versioned bucket: the version it wrote.
+        let index_key = crate::cluster::replicate::index_key_of(&p.key, version.as_deref());
+        self.replicated(&p.bucket, &index_key).await?;
         Ok((info, crc))
     }
 
-    /// A cluster node: copies the key's state to its other replicas before
-    /// a write is answered (`cluster::replicate`); Busy (retry) if they
-    /// did not all take it.
+    /// A cluster node: copies the state of the index key `key` (a key, or
+    /// a real version's `\0v/KEY\0ID`) to its other replicas before a
+    /// write is answered (`cluster::replicate`); Busy (retry) if they did
+    /// not all take it.
     pub(super) async fn replicated(&self, bucket: &str, key: &str) -> Result<(), (Status, String)> {
         if !self.shard.is_cluster() {
             return Ok(());

@@ -270,7 +270,9 @@ impl S3Front {
                 let removed = self.shard.delete_version(&req.bucket, key, pick).await?;
                 // A cluster node: the delete's copies first.
                 if self.shard.is_cluster() {
-                    self.replicate_key(&req.bucket, key).await?;
+                    let index_key =
+                        crate::cluster::replicate::index_key_of(key, removed.version_id.as_deref());
+                    self.replicate_key(&req.bucket, &index_key).await?;
                 }
                 Ok(removed)
             });

@@ -36,7 +36,7 @@ use crate::frontend::http::{BodyFraming, ResponseHead};
 use crate::frontend::s3::error::S3Error;
 use crate::metrics::ShardMetrics;
 use crate::shard::msg::Removed;
-use crate::store::versions::Pick;
+use crate::store::versions::{version_id, Pick, VersionEntry};
 use crate::store::ListItem;
 
 /// Largest internal answer (a listing page of 1,000 keys is ~200 KB).
@@ -396,11 +396,6 @@ impl S3Front {
         if req.op == S3Op::BatchGet {
             return Err(S3Error::not_implemented(
                 "the S3 batch read on a cluster (GET each key, or use the native client's get_batch)",
-            ));
-        }
-        if req.op == S3Op::PutBucketVersioning && map.replica_count > 1 {
-            return Err(S3Error::not_implemented(
-                "S3 versioning on a cluster with replicas (copies carry each key's current version only)",
             ));
         }
         if req.key.is_empty() {
@@ -801,19 +796,41 @@ impl S3Front {
         delimiter: Option<&str>,
         max: usize,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
+        self.list_cluster_of(local, (bucket, prefix, from, delimiter), max, None)
+            .await
+    }
+
+    /// `list_cluster`; with `versions` (the version to resume after within
+    /// `from`, if any) a listing of versions: each key's versions come from
+    /// the node that leads it.
+    pub(super) async fn list_cluster_of(
+        &self,
+        local: (Vec<ListItem>, bool),
+        (bucket, prefix, from, delimiter): (&str, &str, &str, Option<&str>),
+        max: usize,
+        versions: Option<Option<Pick>>,
+    ) -> Result<(Vec<ListItem>, bool), S3Error> {
         let Some(map) = self.map()? else {
             return Ok(local);
         };
         let enc = |s: &str| {
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
-        let target = format!(
+        let mut target = format!(
             "/_percore/list?bucket={}&prefix={}&from={}&delimiter={}&max={max}",
             enc(bucket),
             enc(prefix),
             enc(from),
             enc(delimiter.unwrap_or(""))
         );
+        if let Some(resume) = versions {
+            target.push_str("&versions=1");
+            match resume {
+                Some(Pick::Id(id)) => target.push_str(&format!("&vmark={}", version_id(Some(id)))),
+                Some(Pick::Null) => target.push_str("&vmark=null"),
+                Some(Pick::Current) | None => {}
+            }
+        }
         if !map.all_groups_served() {
             return Err(unavailable(
                 "Some placement groups have no replica up: a listing would miss their keys; retry when nodes return.",
@@ -828,6 +845,16 @@ impl S3Front {
         let mut pages = vec![(own_items(&map, bucket, local.0), local.1)];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
+        }
+        // A page that ends within a key's versions is cut there.
+        for (items, cut) in &mut pages {
+            *cut |= matches!(
+                items.last(),
+                Some(ListItem::Versions {
+                    complete: false,
+                    ..
+                })
+            );
         }
         Ok(merge_listings(pages, max))
     }
@@ -1019,8 +1046,15 @@ impl S3Front {
                         .parse()
                         .map_err(|_| S3Error::invalid_argument("bad max"))?;
                     let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
-                    // versions=1: every version and delete marker counts.
-                    let versions = (q("versions") == "1").then_some(None);
+                    // versions=1: every version and delete marker counts
+                    // (vmark: the version to resume after within `from`).
+                    let vmark = match q("vmark").as_str() {
+                        "" => None,
+                        v => Some(
+                            Pick::parse(v).ok_or_else(|| S3Error::invalid_argument("bad vmark"))?,
+                        ),
+                    };
+                    let versions = (q("versions") == "1").then_some(vmark);
                     let bucket = q("bucket");
                     let got = self
                         .shard
@@ -1102,7 +1136,9 @@ impl S3Front {
                         .ok_or_else(|| S3Error::invalid_argument("Invalid version id specified"))?,
                 };
                 let removed = self.shard.delete_version(bucket, key, pick).await?;
-                self.replicate_key(bucket, key).await?;
+                let index_key =
+                    crate::cluster::replicate::index_key_of(key, removed.version_id.as_deref());
+                self.replicate_key(bucket, &index_key).await?;
                 Ok(removed)
             });
             for r in futures::future::join_all(calls).await {
@@ -1160,7 +1196,9 @@ fn own_items(map: &ShardMap, bucket: &str, items: Vec<ListItem>) -> Vec<ListItem
     items
         .into_iter()
         .map(|i| match i {
-            ListItem::Object { ref key, .. } if map.primary_of(bucket, key) != map.node_id => {
+            ListItem::Object { ref key, .. } | ListItem::Versions { ref key, .. }
+                if map.primary_of(bucket, key) != map.node_id =>
+            {
                 ListItem::Skipped(key.clone())
             }
             other => other,
@@ -1207,8 +1245,32 @@ fn list_answer(items: &[ListItem], truncated: bool) -> Value {
             } => json!(["o", key, size_bytes, &**etag, mtime_ms]),
             ListItem::Prefix(p) => json!(["p", p]),
             ListItem::Skipped(k) => json!(["s", k]),
-            // A key's versions (a versions listing): listed as the key.
-            ListItem::Versions { key, .. } => json!(["s", key]),
+            // A key's versions, newest first: [id|null, place, latest,
+            // size|null, ETag|null (a delete marker: both null), time].
+            ListItem::Versions {
+                key,
+                versions,
+                complete,
+            } => {
+                let vs: Vec<Value> = versions
+                    .iter()
+                    .map(|v| {
+                        let (size, etag) = match &v.object {
+                            Some((size, etag)) => (json!(size), json!(&**etag)),
+                            None => (Value::Null, Value::Null),
+                        };
+                        json!([
+                            v.version.map(|id| version_id(Some(id))),
+                            v.order,
+                            v.latest,
+                            size,
+                            etag,
+                            v.mtime_ms
+                        ])
+                    })
+                    .collect();
+                json!(["v", key, complete, vs])
+            }
         })
         .collect();
     json!({"items": items, "truncated": truncated})
@@ -1235,10 +1297,45 @@ fn parse_list_answer(status: u16, body: &[u8]) -> Result<(Vec<ListItem>, bool), 
             },
             Some("p") => ListItem::Prefix(s(1)?),
             Some("s") => ListItem::Skipped(s(1)?),
+            Some("v") => ListItem::Versions {
+                key: s(1)?,
+                complete: it[2].as_bool().ok_or("bad listing item")?,
+                versions: it[3]
+                    .as_array()
+                    .ok_or("bad listing item")?
+                    .iter()
+                    .map(parse_version_entry)
+                    .collect::<Result<_, _>>()?,
+            },
             _ => return Err("bad listing item".into()),
         });
     }
     Ok((out, v["truncated"].as_bool().unwrap_or(false)))
+}
+
+/// One version of a listing answer's `"v"` item (`list_answer`).
+fn parse_version_entry(v: &Value) -> Result<VersionEntry, String> {
+    let bad = || "bad listing version".to_string();
+    let version = match &v[0] {
+        Value::Null => None,
+        Value::String(id) => match Pick::parse(id) {
+            Some(Pick::Id(id)) => Some(id),
+            _ => return Err(bad()),
+        },
+        _ => return Err(bad()),
+    };
+    let object = match (&v[3], &v[4]) {
+        (Value::Null, Value::Null) => None,
+        (size, Value::String(etag)) => Some((size.as_u64().ok_or_else(bad)?, etag.as_str().into())),
+        _ => return Err(bad()),
+    };
+    Ok(VersionEntry {
+        version,
+        order: v[1].as_u64().ok_or_else(bad)?,
+        latest: v[2].as_bool().ok_or_else(bad)?,
+        object,
+        mtime_ms: v[5].as_u64().ok_or_else(bad)?,
+    })
 }
 
 /// Nodes' pages of one listing merged into one page of at most `max`

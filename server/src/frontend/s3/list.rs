@@ -163,13 +163,23 @@ impl S3Front {
             ),
         };
         let encoding_url = parse_encoding_url(req)?;
-        let (items, more) = self
+        let local = self
             .shard
             .list_merged(
                 &req.bucket,
                 &prefix,
                 &key_marker,
                 delimiter.clone(),
+                max_keys.max(1),
+                Some(resume),
+            )
+            .await?;
+        // A cluster node: every serving node's versions of the keys it
+        // leads too.
+        let (items, more) = self
+            .list_cluster_of(
+                local,
+                (&req.bucket, &prefix, &key_marker, delimiter.as_deref()),
                 max_keys.max(1),
                 Some(resume),
             )

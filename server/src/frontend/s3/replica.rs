@@ -38,15 +38,14 @@ fn refused(message: String) -> S3Error {
     S3Error::new(409, "Conflict", message)
 }
 
-/// Copies and fetches are of client keys only (never of bucket, user or
-/// configuration records).
+/// Copies and fetches are of client keys and their real versions only
+/// (never of bucket, user, configuration or upload records).
 fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
+    let plain = crate::store::versions::base_key(key);
     if bucket.is_empty()
         || bucket.len() > 63
-        || key.is_empty()
-        || key.len() > 1024
-        || !crate::store::is_client_key(bucket, key)
-        || key.contains('\0')
+        || plain.len() > 1024
+        || !crate::store::is_replicated_key(bucket, key)
     {
         return Err(S3Error::invalid_argument("Invalid key"));
     }
@@ -106,13 +105,24 @@ fn busy(e: ShardError) -> S3Error {
 
 impl S3Front {
     /// Before a successful answer to a request that changed a key on a
-    /// cluster node: the key's state copied to its other replicas (Err:
-    /// 503, the write is not acknowledged).
-    pub(super) async fn replicate_write(&self, req: &Request, status: u16) -> Result<(), S3Error> {
-        if !self.shard.is_cluster() || !(200..300).contains(&status) || !changes_key(req.op) {
+    /// cluster node: the state of what it changed (the version its answer
+    /// names) copied to the key's other replicas (Err: 503, the write is
+    /// not acknowledged).
+    pub(super) async fn replicate_write(
+        &self,
+        req: &Request,
+        head: &ResponseHead,
+    ) -> Result<(), S3Error> {
+        if !self.shard.is_cluster() || !(200..300).contains(&head.status) || !changes_key(req.op) {
             return Ok(());
         }
-        self.replicate_key(&req.bucket, &req.key).await
+        let version = head
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("x-amz-version-id"))
+            .map(|(_, v)| v.as_str());
+        self.replicate_key(&req.bucket, &replicate::index_key_of(&req.key, version))
+            .await
     }
 
     /// Copies `(bucket, key)`'s state to its other replicas.
@@ -221,7 +231,7 @@ impl S3Front {
         }
         // What this replica holds now: the primary checks it is its own.
         let (stamp, etag) = match self.shard.key_state(&bucket, &key).await? {
-            Some((s, e)) => (Some(s), e),
+            Some((s, e, _)) => (Some(s), e),
             None => (None, None),
         };
         let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
@@ -249,14 +259,8 @@ impl S3Front {
             replicate::check_fetch(map, epoch, bucket, key)
                 .map_err(|e| S3Error::new(503, "SlowDown", e))?;
         }
-        let Some((state, src)) = replicate::local_state(&self.shard, bucket, key, map.epoch)
-            .await
-            .map_err(|e| match e {
-                ShardError::DeleteMarker { .. } => {
-                    S3Error::not_implemented("replicating versioned keys")
-                }
-                e => e.into(),
-            })?
+        let Some((state, src)) =
+            replicate::local_state(&self.shard, bucket, key, map.epoch).await?
         else {
             // Signed: a mirroring catch-up drops its own copy on it.
             let tag = peer_http::sign_reply(&self.cluster_key(), request, 404, FETCH_ABSENT);

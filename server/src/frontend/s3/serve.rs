@@ -368,7 +368,7 @@ impl S3Front {
         body: &[u8],
     ) -> Result<(), S3Error> {
         // A cluster node answers a write once its replicas hold it.
-        self.replicate_write(req, head.status).await?;
+        self.replicate_write(req, &head).await?;
         head.push_header("x-amz-request-id", req.request_id.clone());
         conn.write_response(&head, body.len() as u64, false).await?;
         if !body.is_empty() {
