@@ -512,8 +512,12 @@ async fn push_one(
                 let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let stamp = v["stamp"].as_u64();
                 let etag = v["etag"].as_str();
+                // A tombstone over any tombstone; a delete marker (a
+                // version: it hides older ones) only as this one.
+                let marker = v["marker"].as_bool() == Some(true);
                 let same = match &state.etag {
-                    None => etag.is_none(),
+                    None if state.marker => etag.is_none() && marker && stamp == Some(state.stamp),
+                    None => etag.is_none() && !marker,
                     Some(e) => stamp == Some(state.stamp) && etag == Some(e.as_str()),
                 };
                 if same {

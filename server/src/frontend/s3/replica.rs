@@ -230,11 +230,11 @@ impl S3Front {
             ShardMetrics::add(&m.cluster_copies_taken, 1);
         }
         // What this replica holds now: the primary checks it is its own.
-        let (stamp, etag) = match self.shard.key_state(&bucket, &key).await? {
-            Some((s, e, _)) => (Some(s), e),
-            None => (None, None),
+        let (stamp, etag, marker) = match self.shard.key_state(&bucket, &key).await? {
+            Some((s, e, m)) => (Some(s), e, m),
+            None => (None, None, false),
         };
-        let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag})
+        let body = json!({"applied": done == Applied::Installed, "stamp": stamp, "etag": etag, "marker": marker})
             .to_string();
         // The primary keeps the connection for its next copy to this node
         // unless it asked to close, or the copy's bytes were not read (this
