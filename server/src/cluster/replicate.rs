@@ -490,6 +490,12 @@ async fn push_one(
     while attempts < PUSH_ATTEMPTS {
         let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
             Ok(Some(s)) => s,
+            // No version of this id here (a delete naming a version that
+            // never was): nothing to copy; a replica's leftover of it goes
+            // with a repair or a catch-up.
+            Ok(None) if crate::store::versions::split_version_key(key).is_some() => {
+                return Pushed::Applied;
+            }
             // Nothing here (a delete of a key this node holds nothing of):
             // a tombstone, so that a replica's leftover goes too.
             Ok(None) => (KeyState::tombstone(map.epoch, crate::store::now_ms()), None),
@@ -1294,7 +1300,16 @@ async fn catch_up(
                     .key_state(&b, &k)
                     .await
                     .map_err(|e| format!("{e:?}"))?
-                    .map(|(s, e, _)| (s, e));
+                    .map(|(s, e, marker)| {
+                        (
+                            s,
+                            if marker {
+                                Some(crate::store::MARKER_DIGEST_ETAG.to_string())
+                            } else {
+                                e
+                            },
+                        )
+                    });
                 let wanted = match &mine {
                     None => true,
                     Some((s, e)) if mirror => *s != stamp || *e != etag,

@@ -86,22 +86,8 @@ impl Store {
         index_key: &str,
         condition: PutCondition,
     ) -> Result<bool> {
-        if self.is_writing(bucket, index_key) {
-            return Err(StoreError::ConditionalConflict);
-        }
-        if !condition.stamp_allows(self.key_stamp(bucket, index_key)) {
-            return Ok(false);
-        }
-        let written = self
-            .write_bodiless_at(
-                bucket,
-                index_key,
-                Kind::DeleteMarker,
-                false,
-                Some(condition),
-            )
-            .await?;
-        Ok(written.is_some())
+        self.bodiless_stamped(bucket, index_key, Kind::DeleteMarker, condition)
+            .await
     }
 
     /// A replica's copy of its primary's delete (stamped `stamp`): a
@@ -115,6 +101,18 @@ impl Store {
         key: &str,
         condition: PutCondition,
     ) -> Result<bool> {
+        self.bodiless_stamped(bucket, key, Kind::Tombstone, condition)
+            .await
+    }
+
+    /// `delete_stamped` of a record of `kind` (Tombstone or DeleteMarker).
+    async fn bodiless_stamped(
+        &self,
+        bucket: &str,
+        key: &str,
+        kind: Kind,
+        condition: PutCondition,
+    ) -> Result<bool> {
         // One copy of a key at a time (see `PutWriter::finish_version`).
         if self.is_writing(bucket, key) {
             return Err(StoreError::ConditionalConflict);
@@ -123,7 +121,7 @@ impl Store {
             return Ok(false);
         }
         let written = self
-            .write_bodiless_at(bucket, key, Kind::Tombstone, false, Some(condition))
+            .write_bodiless_at(bucket, key, kind, false, Some(condition))
             .await?;
         Ok(written.is_some())
     }

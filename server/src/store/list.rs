@@ -278,6 +278,12 @@ pub struct DigestItem {
 /// shard is not held by one call over a large index.
 pub const DIGEST_EXAMINED_MAX: usize = 16_384;
 
+/// A delete marker's ETag in replication digests (`Store::digest`): no
+/// client ETag holds a NUL, and a marker is a version that exists, so
+/// catch-ups, repairs and drops compare, copy and drop it as they do a
+/// live version (a tombstone has none).
+pub const MARKER_DIGEST_ETAG: &str = "\0marker";
+
 /// Whether a stored key is replicated (`cluster::replicate`): a client's
 /// object key (its null version) or a real version's index key
 /// (`\0v/KEY\0ID`, whose KEY is one); not a bucket, configuration or
@@ -318,7 +324,7 @@ impl Store {
             let (stamp, etag) = match &e.state {
                 State::Live(info) => (info.stamp, Some(info.etag.to_string())),
                 State::Deleted { stamp } => (*stamp, None),
-                State::Marker { mtime_ms } => (*mtime_ms, None),
+                State::Marker { mtime_ms } => (*mtime_ms, Some(MARKER_DIGEST_ETAG.to_string())),
             };
             items.push(DigestItem {
                 bucket: b.clone(),

@@ -64,7 +64,9 @@ pub mod sim;
 pub mod versions;
 
 pub use compaction::CompactionReport;
-pub use list::{is_replicated_key, prefix_successor, DigestItem, LIST_HIDDEN_MAX};
+pub use list::{
+    is_replicated_key, prefix_successor, DigestItem, LIST_HIDDEN_MAX, MARKER_DIGEST_ETAG,
+};
 pub use object_cache::{ObjectCacheStats, Payload};
 pub use put::PutWriter;
 pub use read::{ObjectReader, ReadOut, FIXED_MIN_BYTES, MERGE_BYTES_MAX};

@@ -391,7 +391,11 @@ impl Store {
         let k = (bucket.to_string(), key.to_string());
         let mut current = self.key_stamp(bucket, key).unwrap_or(0);
         if self.inner.cfg.write_stamps {
-            current = current.max(self.newest_id(bucket, key).unwrap_or(0));
+            // Not an id a day or more ahead of the clock (none is copied:
+            // `replica::valid_key`), which would lift every later one.
+            let bound = now_ms().saturating_add(24 * 3600 * 1000);
+            let newest = self.newest_id(bucket, key).filter(|&id| id <= bound);
+            current = current.max(newest.unwrap_or(0));
         }
         let mut issued = self.inner.marks.stamps.borrow_mut();
         let last = issued.get(&k).copied().unwrap_or(0);

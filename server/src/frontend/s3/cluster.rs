@@ -813,6 +813,11 @@ impl S3Front {
         let Some(map) = self.map()? else {
             return Ok(local);
         };
+        let local = if versions.is_some() {
+            cut_at_incomplete(local)
+        } else {
+            local
+        };
         let enc = |s: &str| {
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
@@ -845,16 +850,6 @@ impl S3Front {
         let mut pages = vec![(own_items(&map, bucket, local.0), local.1)];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
-        }
-        // A page that ends within a key's versions is cut there.
-        for (items, cut) in &mut pages {
-            *cut |= matches!(
-                items.last(),
-                Some(ListItem::Versions {
-                    complete: false,
-                    ..
-                })
-            );
         }
         Ok(merge_listings(pages, max))
     }
@@ -1067,7 +1062,13 @@ impl S3Front {
                             versions,
                         )
                         .await;
-                    match got {
+                    match got.map(|page| {
+                        if versions.is_some() {
+                            cut_at_incomplete(page)
+                        } else {
+                            page
+                        }
+                    }) {
                         Ok((items, truncated)) => {
                             list_answer(&own_items(&map, &bucket, items), truncated)
                         }
@@ -1192,6 +1193,30 @@ async fn pass_body(
 /// when their placement group moved: GET and DELETE go to the owner, so
 /// they are not listed) turned into `Skipped`: they still mark how far
 /// the page got.
+/// A versions page ends at its first key whose versions were cut (the
+/// shards' merge goes on past it with the other shards' keys, but the
+/// cut shard's keys after it are not in the page): cut there, so that a
+/// merge across nodes resumes from it (`own_items` may make it a
+/// `Skipped` mark, which still cuts the merged page).
+fn cut_at_incomplete((mut items, more): (Vec<ListItem>, bool)) -> (Vec<ListItem>, bool) {
+    let first = items.iter().position(|i| {
+        matches!(
+            i,
+            ListItem::Versions {
+                complete: false,
+                ..
+            }
+        )
+    });
+    match first {
+        Some(at) => {
+            items.truncate(at + 1);
+            (items, true)
+        }
+        None => (items, more),
+    }
+}
+
 fn own_items(map: &ShardMap, bucket: &str, items: Vec<ListItem>) -> Vec<ListItem> {
     items
         .into_iter()
@@ -1438,5 +1463,67 @@ mod tests {
         );
         assert!(parse_list_answer(200, b"{\"items\":[[\"x\"]]}").is_err());
         assert!(parse_list_answer(500, b"").is_err());
+    }
+
+    fn versions(k: &str, ids: &[Option<u64>], complete: bool) -> ListItem {
+        ListItem::Versions {
+            key: k.into(),
+            versions: ids
+                .iter()
+                .enumerate()
+                .map(|(i, &version)| VersionEntry {
+                    version,
+                    order: version.unwrap_or(7),
+                    latest: i == 0,
+                    object: (i % 2 == 0).then(|| (i as u64, format!("e{i}").into())),
+                    mtime_ms: 1_000 + i as u64,
+                })
+                .collect(),
+            complete,
+        }
+    }
+
+    /// A versions page travels whole (ids, places, latest, markers,
+    /// sizes, ETags, times, whether complete); a hostile peer's bad item
+    /// is refused.
+    #[test]
+    fn version_answers_round_trip() {
+        let items = vec![
+            versions("a", &[Some(1 << 41), None, Some(5)], true),
+            ListItem::Skipped("b".into()),
+            versions("c", &[Some(3)], false),
+        ];
+        let v = list_answer(&items, false);
+        let (back, cut) = parse_list_answer(200, v.to_string().as_bytes()).unwrap();
+        assert!(!cut);
+        assert_eq!(back, items);
+        for bad in [
+            r#"{"items":[["v","a",true,[["null",1,true,null,null,1]]]]}"#,
+            r#"{"items":[["v","a",true,[["zz",1,true,null,null,1]]]]}"#,
+            r#"{"items":[["v","a",true,[[null,1,true,5,null,1]]]]}"#,
+            r#"{"items":[["v","a",1,[]]]}"#,
+        ] {
+            assert!(parse_list_answer(200, bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
+
+    /// A versions page is cut at its first key whose versions were cut:
+    /// the keys the shards' merge put after it may miss some of the cut
+    /// shard's (the merged page across nodes must resume from it).
+    #[test]
+    fn a_versions_page_ends_at_its_first_cut_key() {
+        let page = vec![
+            versions("a", &[Some(1)], true),
+            versions("b", &[Some(2)], false),
+            versions("c", &[Some(3)], true),
+        ];
+        let (items, more) = cut_at_incomplete((page.clone(), false));
+        assert!(more);
+        assert_eq!(
+            items.iter().map(ListItem::name).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        let whole = vec![page[0].clone(), page[2].clone()];
+        assert_eq!(cut_at_incomplete((whole.clone(), false)), (whole, false));
     }
 }

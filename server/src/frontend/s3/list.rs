@@ -285,7 +285,16 @@ impl VersionPage {
                         break;
                     }
                 }
-                ListItem::Object { .. } | ListItem::Skipped(_) => {}
+                // Nothing to list up to here (a cluster's merged page: no
+                // node listed the key): the next page resumes after it.
+                ListItem::Skipped(k) => {
+                    if taken == max {
+                        stopped = true;
+                        break;
+                    }
+                    last = Some((k, None));
+                }
+                ListItem::Object { .. } => {}
             }
         }
         if stopped || more {

@@ -41,11 +41,20 @@ fn refused(message: String) -> S3Error {
 /// Copies and fetches are of client keys and their real versions only
 /// (never of bucket, user, configuration or upload records).
 fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
+    use crate::store::versions::{split_version_key, STAMP_ID_MIN};
     let plain = crate::store::versions::base_key(key);
+    // A version id is a stamp: not one far ahead of this node's clock
+    // (`valid_state`), which would lift every later id of the key
+    // (`Store::next_stamp`); ids below STAMP_ID_MIN are seqs (older
+    // versions).
+    let day_ms = 24 * 3600 * 1000;
+    let future = split_version_key(key)
+        .is_some_and(|(_, id)| id >= STAMP_ID_MIN && id > crate::store::now_ms() + day_ms);
     if bucket.is_empty()
         || bucket.len() > 63
         || plain.len() > 1024
         || !crate::store::is_replicated_key(bucket, key)
+        || future
     {
         return Err(S3Error::invalid_argument("Invalid key"));
     }
