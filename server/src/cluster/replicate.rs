@@ -490,10 +490,16 @@ async fn push_one(
     while attempts < PUSH_ATTEMPTS {
         let (state, src) = match local_state(shard, bucket, key, map.epoch).await {
             Ok(Some(s)) => s,
-            // No version of this id here (a delete naming a version that
-            // never was): nothing to copy; a replica's leftover of it goes
-            // with a repair or a catch-up.
-            Ok(None) if crate::store::versions::split_version_key(key).is_some() => {
+            // No version of this id here, an id ahead of this node's
+            // clock (a delete naming a version that never was): nothing to
+            // copy, so that no replica holds an id that would lift later
+            // ones; a replica's leftover of it goes with a repair or a
+            // catch-up. An id not ahead gets a tombstone as a key does
+            // (a delete retried after its tombstone here was compacted).
+            Ok(None)
+                if crate::store::versions::split_version_key(key)
+                    .is_some_and(|(_, id)| id > crate::store::now_ms()) =>
+            {
                 return Pushed::Applied;
             }
             // Nothing here (a delete of a key this node holds nothing of):

@@ -394,8 +394,7 @@ impl Store {
             // Not an id a day or more ahead of the clock (none is copied:
             // `replica::valid_key`), which would lift every later one.
             let bound = now_ms().saturating_add(24 * 3600 * 1000);
-            let newest = self.newest_id(bucket, key).filter(|&id| id <= bound);
-            current = current.max(newest.unwrap_or(0));
+            current = current.max(self.newest_id(bucket, key, bound).unwrap_or(0));
         }
         let mut issued = self.inner.marks.stamps.borrow_mut();
         let last = issued.get(&k).copied().unwrap_or(0);

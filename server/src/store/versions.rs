@@ -370,11 +370,13 @@ pub(super) fn group_current<'a>(group: &KeyGroup<'a>) -> Option<(Option<u64>, &'
     newer(plain.map(|e| (key, e)), real.map(|(s, e)| (key, s, e))).map(|(_, v, e)| (v, e))
 }
 
-/// The largest id of a real version of `key` whose index key is here
-/// (tombstoned or not).
-fn newest_id_in(keys: &Keys, key: &str) -> Option<u64> {
+/// The largest id at most `bound` of a real version of `key` whose index
+/// key is here (tombstoned or not).
+fn newest_id_in(keys: &Keys, key: &str, bound: u64) -> Option<u64> {
     let group = format!("{VERSIONS_PREFIX}{key}\0");
-    keys.range::<str, _>((Bound::Included(group.as_str()), Bound::Unbounded))
+    // Ids sort largest first: from `bound`'s place on.
+    let from = version_key(key, bound);
+    keys.range::<str, _>((Bound::Included(from.as_str()), Bound::Unbounded))
         .next()
         .filter(|(k, _)| k.starts_with(&group))
         .and_then(|(k, _)| split_version_key(k))
@@ -382,11 +384,11 @@ fn newest_id_in(keys: &Keys, key: &str) -> Option<u64> {
 }
 
 impl Store {
-    /// The largest id of a real version of `key` here, tombstoned or not
-    /// (`next_stamp`).
-    pub(super) fn newest_id(&self, bucket: &str, key: &str) -> Option<u64> {
+    /// The largest id at most `bound` of a real version of `key` here,
+    /// tombstoned or not (`next_stamp`).
+    pub(super) fn newest_id(&self, bucket: &str, key: &str, bound: u64) -> Option<u64> {
         let index = self.inner.index.borrow();
-        newest_id_in(index.get(bucket)?, key)
+        newest_id_in(index.get(bucket)?, key, bound)
     }
 
     /// Whether `bucket` holds real versions or delete markers here.

@@ -814,7 +814,7 @@ impl S3Front {
             return Ok(local);
         };
         let local = if versions.is_some() {
-            cut_at_incomplete(local)
+            cut_at_incomplete(cap_versions(local, max))
         } else {
             local
         };
@@ -1062,9 +1062,10 @@ impl S3Front {
                             versions,
                         )
                         .await;
+                    let max = max.clamp(1, 10_000);
                     match got.map(|page| {
                         if versions.is_some() {
-                            cut_at_incomplete(page)
+                            cut_at_incomplete(cap_versions(page, max))
                         } else {
                             page
                         }
@@ -1193,6 +1194,38 @@ async fn pass_body(
 /// when their placement group moved: GET and DELETE go to the owner, so
 /// they are not listed) turned into `Skipped`: they still mark how far
 /// the page got.
+/// A versions page holds at most `max` versions and other items (the
+/// shards' merge bounds keys, each with up to a shard's page of versions):
+/// the key where they run out is cut there (not `complete`), and the page
+/// ends with it.
+fn cap_versions((mut items, more): (Vec<ListItem>, bool), max: usize) -> (Vec<ListItem>, bool) {
+    let mut left = max.max(1);
+    for at in 0..items.len() {
+        let n = match &items[at] {
+            ListItem::Versions { versions, .. } => versions.len(),
+            _ => 1,
+        };
+        if n <= left {
+            left -= n;
+            continue;
+        }
+        if left == 0 {
+            items.truncate(at);
+        } else {
+            if let ListItem::Versions {
+                versions, complete, ..
+            } = &mut items[at]
+            {
+                versions.truncate(left);
+                *complete = false;
+            }
+            items.truncate(at + 1);
+        }
+        return (items, true);
+    }
+    (items, more)
+}
+
 /// A versions page ends at its first key whose versions were cut (the
 /// shards' merge goes on past it with the other shards' keys, but the
 /// cut shard's keys after it are not in the page): cut there, so that a
@@ -1525,5 +1558,63 @@ mod tests {
         );
         let whole = vec![page[0].clone(), page[2].clone()];
         assert_eq!(cut_at_incomplete((whole.clone(), false)), (whole, false));
+    }
+
+    /// A node's versions page holds at most `max` versions: the key where
+    /// they run out is cut there (not complete) and ends the page.
+    #[test]
+    fn a_versions_page_holds_at_most_max_versions() {
+        let ids = |n: u64| (1..=n).map(Some).collect::<Vec<_>>();
+        let page = vec![
+            versions("a", &ids(3), true),
+            ListItem::Skipped("b".into()),
+            versions("c", &ids(4), true),
+        ];
+        let count = |items: &[ListItem]| -> usize {
+            items
+                .iter()
+                .map(|i| match i {
+                    ListItem::Versions { versions, .. } => versions.len(),
+                    _ => 1,
+                })
+                .sum()
+        };
+        // Everything fits: as it was.
+        assert_eq!(
+            cap_versions((page.clone(), false), 8),
+            (page.clone(), false)
+        );
+        for max in 1..8 {
+            let (items, more) = cap_versions((page.clone(), false), max);
+            assert!(more, "max {max}");
+            assert!(count(&items) <= max, "max {max}: {items:?}");
+            // Every version kept is the page's, in order.
+            for (got, want) in items.iter().zip(&page) {
+                match (got, want) {
+                    (
+                        ListItem::Versions { key, versions, .. },
+                        ListItem::Versions {
+                            key: k2,
+                            versions: v2,
+                            ..
+                        },
+                    ) => {
+                        assert_eq!(key, k2);
+                        assert_eq!(versions[..], v2[..versions.len()]);
+                    }
+                    (g, w) => assert_eq!(g, w),
+                }
+            }
+            // Cut within a key: it is the last item and not complete.
+            if let Some(ListItem::Versions {
+                versions,
+                complete,
+                key,
+            }) = items.last()
+            {
+                let whole = page.iter().any(|p| matches!(p, ListItem::Versions { key: k, versions: v, .. } if k == key && v.len() == versions.len()));
+                assert_eq!(*complete, whole, "max {max}: {items:?}");
+            }
+        }
     }
 }

@@ -34,6 +34,25 @@ fn changes_key(op: S3Op) -> bool {
     )
 }
 
+/// A copy of a version or delete marker whose id is a stamp a day or
+/// more ahead of this node's clock (as `valid_state` bounds stamps) is
+/// refused: such an id would lift every later id of the key
+/// (`Store::next_stamp` ignores them, but the version would sort first).
+/// Ids below `STAMP_ID_MIN` are seqs (older versions); a tombstone at any
+/// id is taken (it removes, and lifts nothing).
+fn valid_version_id(key: &str, state: &KeyState) -> Result<(), S3Error> {
+    use crate::store::versions::{split_version_key, STAMP_ID_MIN};
+    let day_ms = 24 * 3600 * 1000;
+    let ahead = split_version_key(key)
+        .is_some_and(|(_, id)| id >= STAMP_ID_MIN && id > crate::store::now_ms() + day_ms);
+    if ahead && (state.etag.is_some() || state.marker) {
+        return Err(S3Error::invalid_argument(
+            "a version id far ahead of this node's clock",
+        ));
+    }
+    Ok(())
+}
+
 fn refused(message: String) -> S3Error {
     S3Error::new(409, "Conflict", message)
 }
@@ -41,20 +60,11 @@ fn refused(message: String) -> S3Error {
 /// Copies and fetches are of client keys and their real versions only
 /// (never of bucket, user, configuration or upload records).
 fn valid_key(bucket: &str, key: &str) -> Result<(), S3Error> {
-    use crate::store::versions::{split_version_key, STAMP_ID_MIN};
     let plain = crate::store::versions::base_key(key);
-    // A version id is a stamp: not one far ahead of this node's clock
-    // (`valid_state`), which would lift every later id of the key
-    // (`Store::next_stamp`); ids below STAMP_ID_MIN are seqs (older
-    // versions).
-    let day_ms = 24 * 3600 * 1000;
-    let future = split_version_key(key)
-        .is_some_and(|(_, id)| id >= STAMP_ID_MIN && id > crate::store::now_ms() + day_ms);
     if bucket.is_empty()
         || bucket.len() > 63
         || plain.len() > 1024
         || !crate::store::is_replicated_key(bucket, key)
-        || future
     {
         return Err(S3Error::invalid_argument("Invalid key"));
     }
@@ -162,6 +172,7 @@ impl S3Front {
         );
         valid_key(&bucket, &key)?;
         valid_state(&state)?;
+        valid_version_id(&key, &state)?;
         let m = self.shard.metrics();
         if let Err(why) = replicate::check_push(&self.shard, map, from, &bucket, &key, &state).await
         {
