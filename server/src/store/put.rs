@@ -391,8 +391,9 @@ impl Store {
         let k = (bucket.to_string(), key.to_string());
         let mut current = self.key_stamp(bucket, key).unwrap_or(0);
         if self.inner.cfg.write_stamps {
-            // Not an id a day or more ahead of the clock (none is copied:
-            // `replica::valid_key`), which would lift every later one.
+            // Not an id a day or more ahead of the clock (no version or
+            // marker at one is copied: `replica::valid_version_id`), which
+            // would lift every later one.
             let bound = now_ms().saturating_add(24 * 3600 * 1000);
             current = current.max(self.newest_id(bucket, key, bound).unwrap_or(0));
         }
