@@ -814,7 +814,7 @@ impl S3Front {
             return Ok(local);
         };
         let local = if versions.is_some() {
-            cut_at_incomplete(cap_versions(local, max))
+            versions_page(local, max)
         } else {
             local
         };
@@ -1065,7 +1065,7 @@ impl S3Front {
                     let max = max.clamp(1, 10_000);
                     match got.map(|page| {
                         if versions.is_some() {
-                            cut_at_incomplete(cap_versions(page, max))
+                            versions_page(page, max)
                         } else {
                             page
                         }
@@ -1194,6 +1194,12 @@ async fn pass_body(
 /// when their placement group moved: GET and DELETE go to the owner, so
 /// they are not listed) turned into `Skipped`: they still mark how far
 /// the page got.
+/// A node's versions page as it is merged across nodes: cut at its first
+/// cut key, holding at most `max` versions and other items.
+fn versions_page(page: (Vec<ListItem>, bool), max: usize) -> (Vec<ListItem>, bool) {
+    cut_at_incomplete(cap_versions(page, max))
+}
+
 /// A versions page holds at most `max` versions and other items (the
 /// shards' merge bounds keys, each with up to a shard's page of versions):
 /// the key where they run out is cut there (not `complete`), and the page
