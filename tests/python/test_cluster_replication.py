@@ -328,6 +328,27 @@ def node_health(node: Node) -> dict[str, dict[str, object]]:
     return out
 
 
+def replica_lag(node: Node) -> dict[str, tuple[int, float]]:
+    """Per other node, as `node` saw it as a primary: the writes it
+    acknowledged without that node's copy and the oldest one's age in
+    seconds (`percore_cluster_replica_missed_writes`, `_lag_seconds`)."""
+    import urllib.request
+    body = urllib.request.urlopen(f"http://{node.ip}:{node.admin_port}/metrics",
+                                  timeout=5).read().decode()
+    writes: dict[str, int] = {}
+    lag: dict[str, float] = {}
+    for line in body.splitlines():
+        m = re.fullmatch(r'percore_cluster_replica_(missed_writes|lag_seconds)'
+                         r'\{node="([^"]*)"\} (\S+)', line)
+        if m:
+            if m[1] == "missed_writes":
+                writes[m[2]] = int(m[3])
+            else:
+                lag[m[2]] = float(m[3])
+    assert sorted(writes) == sorted(lag), body
+    return {n: (writes[n], lag[n]) for n in writes}
+
+
 def etag_md5(etag: str | None) -> str | None:
     return None if etag is None else etag.strip('"')
 
@@ -845,6 +866,7 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
 
     def kill() -> None:
         n2.kill9()
+        marks["killed"] = time.monotonic()
         wait_for(cluster.urls, "n2", "down", timeout=LEASE_TTL_S * 4)
         marks["down"] = time.monotonic()
 
@@ -899,6 +921,22 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     per_group = group_replicas([n1, n3])
     assert sorted(per_group) == list(range(PGS)), sorted(per_group)
     assert all(g == {"placed": 3, "up": 2, "synced": 2} for g in per_group.values()), per_group
+    # How far behind n2 is, as the survivors (its groups' primaries) count
+    # it: every write they acknowledged since it died (each group holds
+    # n2), and no more than the writes that ended after the kill began;
+    # its lag at least the age of the first of them. n1 and n3 lack none.
+    scraped = time.monotonic()
+    lags = {n.node_name: replica_lag(n) for n in (n1, n3)}
+    missed = sum(lag["n2"][0] for lag in lags.values())
+    dead = [o for o in writes if o.ok and o.start >= marks["killed"]]
+    ended = [o for o in writes if o.end >= kill_t]
+    print(f"  n2 lacks {missed} writes as its primaries count them ({len(dead)} acknowledged "
+          f"after it died, {len(ended)} ended after the kill began), lag "
+          f"{max(lag['n2'][1] for lag in lags.values()):.1f} s")
+    assert len(dead) <= missed <= len(ended), (len(dead), missed, len(ended), lags)
+    oldest = min(o.end for o in dead)
+    assert max(lag["n2"][1] for lag in lags.values()) >= scraped - oldest - 0.01, (lags, scraped - oldest)
+    assert lags["n1"]["n3"] == (0, 0.0) and lags["n3"]["n1"] == (0, 0.0), lags
 
     # After the load, with n2 still down: both survivors serve every key as
     # acknowledged, and list them.
@@ -938,6 +976,10 @@ def test_kill9_under_mixed_load_loses_nothing(cluster):
     health = node_health(n2)
     assert all(h["state"] == "up" and h["synced"] == 1 and h["held"] == PGS
                for h in health.values()), health
+    # Caught up: no node counts n2 (or any node) behind.
+    lags = {n.node_name: replica_lag(n) for n in cluster.nodes}
+    assert all(v == (0, 0.0) for lag in lags.values() for v in lag.values()), lags
+    assert all(len(lag) == 2 for lag in lags.values()), lags
     assert not problems, ("replicas differ after n2 synced (uncertain keys: "
                           f"{uncertain}):\n" + "\n".join(problems[:30]))
     problems = check_reads(load_client(n2), bucket, possible, "n2")

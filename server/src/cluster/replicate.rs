@@ -817,6 +817,57 @@ fn note_failed(nodes: &[u32]) {
     });
 }
 
+/// Counts a write of group `pg`, acknowledged under `map`, against each
+/// of the group's other replicas that lacks its copy: not up (so not
+/// sent one), or `failed` (skipped: recorded in etcd). Shown as
+/// `percore_cluster_replica_missed_writes` and `_replica_lag_seconds`
+/// (`ShardMap::render_lag`) until a newer map shows the node up and
+/// synced (`missed_now`).
+pub(crate) fn note_missed(
+    metrics: &crate::metrics::ShardMetrics,
+    map: &ShardMap,
+    pg: u32,
+    sent: &[&MapNode],
+    failed: &[u32],
+) {
+    let mut missed = metrics.replica_missed.borrow_mut();
+    let now = super::control::mono_ms();
+    for n in map.replicas_of_pg(pg).filter(|&n| n != map.node_id) {
+        if sent.iter().any(|s| s.id == n) && !failed.contains(&n) {
+            continue;
+        }
+        let m = missed.entry(n).or_insert(crate::metrics::Missed {
+            writes: 0,
+            since_ms: now,
+            epoch: map.epoch,
+        });
+        m.writes = m.writes.saturating_add(1);
+        m.epoch = m.epoch.max(map.epoch);
+    }
+    // Bounded by the nodes in the map: those it no longer has go.
+    if missed.len() > map.nodes.len() {
+        missed.retain(|&n, _| map.node(n).is_some());
+    }
+}
+
+/// This shard's writes acknowledged without a replica's copy, as
+/// (node id, writes, oldest's `mono_ms`), after dropping each node that
+/// `map` no longer has or shows up and synced under a map newer than its
+/// latest missed write (it caught up since: a synced node holds every
+/// acknowledged write of its groups).
+pub fn missed_now(metrics: &crate::metrics::ShardMetrics, map: &ShardMap) -> Vec<(u32, u64, u64)> {
+    let mut missed = metrics.replica_missed.borrow_mut();
+    missed.retain(|&n, m| {
+        map.node(n).is_some_and(|node| {
+            !(node.state == NodeState::Up && node.synced && map.epoch > m.epoch)
+        })
+    });
+    missed
+        .iter()
+        .map(|(&n, m)| (n, m.writes, m.since_ms))
+        .collect()
+}
+
 /// Records in etcd (through the control thread: `map::skip`) that a write
 /// of group `pg` is acknowledged without `nodes`' copies; Err if it could
 /// not be.
@@ -948,7 +999,7 @@ pub async fn replicate(
                 let skipped = if moved {
                     Err("the map moved on while the write was copied".to_string())
                 } else {
-                    skip(&map, pg, failed, deadline).await
+                    skip(&map, pg, failed.clone(), deadline).await
                 };
                 if let Err(e) = skipped {
                     why.push(e);
@@ -967,6 +1018,7 @@ pub async fn replicate(
             }
             if fence <= map.epoch {
                 crate::metrics::ShardMetrics::add(&metrics.cluster_replicated, 1);
+                note_missed(metrics, &map, pg, &others, &failed);
                 return Ok(());
             }
             refused = true;

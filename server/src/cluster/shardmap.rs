@@ -462,6 +462,54 @@ impl ShardMap {
         }
     }
 
+    /// How far behind each other node in the map is, as this node saw
+    /// it as a primary (`missed`: every shard's `replicate::missed_now`):
+    /// `percore_cluster_replica_missed_writes{node}`, the writes this
+    /// node acknowledged without that node's copy (it was down, or its
+    /// copy failed) since a map showed it up and synced after them, and
+    /// `percore_cluster_replica_lag_seconds{node}`, how long ago the
+    /// oldest of them was acknowledged (0 with none). Summed over the
+    /// nodes (which lead groups apart), the writes are all the node lacks
+    /// of those acknowledged; the largest lag is its lag.
+    pub fn render_lag(&self, now: u64, missed: &[(u32, u64, u64)], out: &mut String) {
+        use std::fmt::Write as _;
+        let mut per: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for &(n, writes, since) in missed {
+            let e = per.entry(n).or_insert((0, since));
+            e.0 = e.0.saturating_add(writes);
+            e.1 = e.1.min(since);
+        }
+        let others = || self.nodes.iter().filter(|n| n.id != self.node_id);
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_replica_missed_writes Writes this node acknowledged as a placement group's primary without a replica's copy (the replica was down, or its copy failed and etcd recorded it), per replica, until a newer map shows that replica up and synced (caught up); summed over the primaries, all the replica lacks.\n# TYPE percore_cluster_replica_missed_writes gauge\n"
+        );
+        for n in others() {
+            let writes = per.get(&n.id).map_or(0, |p| p.0);
+            let _ = writeln!(
+                out,
+                "percore_cluster_replica_missed_writes{{node=\"{}\"}} {writes}",
+                label(&n.name)
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP percore_cluster_replica_lag_seconds How long ago this node acknowledged, as a primary, the oldest write a replica lacks (percore_cluster_replica_missed_writes), per replica; 0 when it lacks none.\n# TYPE percore_cluster_replica_lag_seconds gauge\n"
+        );
+        for n in others() {
+            let lag_ms = per
+                .get(&n.id)
+                .filter(|p| p.0 > 0)
+                .map_or(0, |p| now.saturating_sub(p.1));
+            let _ = writeln!(
+                out,
+                "percore_cluster_replica_lag_seconds{{node=\"{}\"}} {:.3}",
+                label(&n.name),
+                lag_ms as f64 / 1000.0
+            );
+        }
+    }
+
     /// The ids of the nodes this node still waits for at `now`: each may
     /// go on leading, under an older map, a group this node leads now.
     #[must_use]
@@ -1070,6 +1118,69 @@ mod tests {
         }
         assert_eq!(shown.len(), behind, "{shown:?}");
         assert!(behind > 0 && whole > 0, "{behind} {whole}");
+    }
+
+    /// A replica's lag as a primary counts it: writes acknowledged while
+    /// it was down or without its failed copy count against it, a copy it
+    /// took does not; the count goes once a newer map shows it up and
+    /// synced (not an unsynced one, nor the same map); `/metrics` sums
+    /// the shards' counts and ages the oldest.
+    #[test]
+    fn replica_lag_counts_missed_writes_until_a_newer_map_shows_it_synced() {
+        use crate::cluster::replicate::{missed_now, note_missed};
+        let metrics = crate::metrics::ShardMetrics::default();
+        let m = ShardMap::build("c1", 1, &view(5, &["up", "down", "up", "up", "up"])).unwrap();
+        let other = |pg: u32| m.replicas_of_pg(pg).find(|&r| r != 1).unwrap();
+        let mine = led(&m);
+        let to_down = *mine.iter().find(|&&pg| other(pg) == 2).unwrap();
+        let to_three: Vec<u32> = mine.iter().copied().filter(|&pg| other(pg) == 3).collect();
+        assert!(to_three.len() >= 2, "{mine:?}");
+        let n3 = m.node(3).unwrap();
+        let t0 = crate::cluster::control::mono_ms();
+        // Node 2 is down: not sent a copy, it lacks the write (twice).
+        note_missed(&metrics, &m, to_down, &[], &[]);
+        note_missed(&metrics, &m, to_down, &[], &[]);
+        // Node 3 took one copy and failed another (skipped).
+        note_missed(&metrics, &m, to_three[0], &[n3], &[]);
+        note_missed(&metrics, &m, to_three[1], &[n3], &[3]);
+        let now = missed_now(&metrics, &m);
+        let counts: Vec<(u32, u64)> = now.iter().map(|&(n, w, _)| (n, w)).collect();
+        assert_eq!(counts, vec![(2, 2), (3, 1)]);
+        assert!(now.iter().all(|&(_, _, since)| since >= t0));
+
+        // Another shard's count for node 2, older: summed, and the lag is
+        // the oldest's age.
+        let oldest = now[0].2.saturating_sub(5000);
+        let mut all = now.clone();
+        all.push((2, 4, oldest));
+        let mut text = String::new();
+        m.render_lag(oldest + 2500, &all, &mut text);
+        for want in [
+            "percore_cluster_replica_missed_writes{node=\"n2\"} 6",
+            "percore_cluster_replica_missed_writes{node=\"n3\"} 1",
+            "percore_cluster_replica_missed_writes{node=\"n4\"} 0",
+            "percore_cluster_replica_lag_seconds{node=\"n2\"} 2.500",
+            "percore_cluster_replica_lag_seconds{node=\"n5\"} 0.000",
+        ] {
+            assert!(text.lines().any(|l| l == want), "{want}\n{text}");
+        }
+        assert!(!text.contains("node=\"n1\""), "{text}");
+
+        // The same map showing them synced is not news; a newer map with
+        // node 2 back and synced, node 3 up but catching up, drops node 2
+        // only; then node 3 synced drops it; a node gone from the map goes.
+        let same = ShardMap::build("c1", 1, &view(5, &["up"; 5])).unwrap();
+        assert_eq!(missed_now(&metrics, &same).len(), 2);
+        let mut v = view(6, &["up"; 5]);
+        v.nodes[2].0.synced = false;
+        let newer = ShardMap::build("c1", 1, &v).unwrap();
+        let left: Vec<u32> = missed_now(&metrics, &newer).iter().map(|e| e.0).collect();
+        assert_eq!(left, vec![3]);
+        let synced = ShardMap::build("c1", 1, &view(7, &["up"; 5])).unwrap();
+        assert!(missed_now(&metrics, &synced).is_empty());
+        note_missed(&metrics, &m, to_down, &[], &[]);
+        let fewer = ShardMap::build("c1", 1, &view(4, &["up"])).unwrap();
+        assert!(missed_now(&metrics, &fewer).is_empty());
     }
 
     /// The groups `m`'s node leads.

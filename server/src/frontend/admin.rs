@@ -182,7 +182,13 @@ impl Admin {
         if let Some(cluster) = crate::cluster::control::STATUS.get() {
             text.push_str(&cluster.render());
             if let Some(map) = shard.cluster_map() {
-                map.render_health(crate::cluster::control::mono_ms(), &mut text);
+                let now = crate::cluster::control::mono_ms();
+                map.render_health(now, &mut text);
+                let missed: Vec<(u32, u64, u64)> = snaps
+                    .iter()
+                    .flat_map(|s| s.replica_missed.iter().copied())
+                    .collect();
+                map.render_lag(now, &missed, &mut text);
             }
         }
         (200, "text/plain; version=0.0.4", text.into_bytes())

@@ -137,6 +137,23 @@ pub struct ShardMetrics {
     /// Copies of keys of groups this node no longer holds, dropped once
     /// the groups' replicas all hold them (`replicate::start_drop_copies`).
     pub cluster_copies_dropped: Cell<u64>,
+    /// Per replica (node id): the writes this shard acknowledged as a
+    /// primary without that node's copy since it was last seen up and
+    /// synced (`replicate::note_missed`; at most one entry per node in
+    /// the map).
+    pub replica_missed: RefCell<BTreeMap<u32, Missed>>,
+}
+
+/// Writes acknowledged without one replica's copy (`ShardMetrics::replica_missed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Missed {
+    /// How many.
+    pub writes: u64,
+    /// When the oldest was acknowledged (`cluster::control::mono_ms`).
+    pub since_ms: u64,
+    /// The map the latest was copied under: the entry goes once a newer
+    /// map shows the node up and synced (it caught up since).
+    pub epoch: u64,
 }
 
 impl ShardMetrics {
@@ -184,6 +201,9 @@ pub struct ShardSnapshot {
     pub gauges: Vec<(&'static str, &'static str, u64)>,
     /// (kind, bytes): live and garbage bytes of the shard's segments.
     pub segment_bytes: Vec<(&'static str, u64)>,
+    /// (node id, writes, oldest's `mono_ms`): writes acknowledged without
+    /// a replica's copy (`ShardMetrics::replica_missed`).
+    pub replica_missed: Vec<(u32, u64, u64)>,
 }
 
 impl ShardMetrics {

@@ -282,7 +282,11 @@ impl Shard {
             },
             md5: self.md5.stats(),
         };
-        crate::metrics::catalogue::shard_snapshot(self.id, &self.metrics, &raw)
+        let mut snap = crate::metrics::catalogue::shard_snapshot(self.id, &self.metrics, &raw);
+        if let Some(map) = self.cluster_map() {
+            snap.replica_missed = crate::cluster::replicate::missed_now(&self.metrics, &map);
+        }
+        snap
     }
 }
 
