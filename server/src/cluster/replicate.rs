@@ -818,11 +818,11 @@ fn note_failed(nodes: &[u32]) {
 }
 
 /// Counts a write of group `pg`, acknowledged under `map`, against each
-/// of the group's other replicas that lacks its copy: not up (so not
-/// sent one), or `failed` (skipped: recorded in etcd). Shown as
+/// of the group's other replicas without a confirmed copy: not up (so
+/// not sent one), or `failed` (skipped: recorded in etcd). Shown as
 /// `percore_cluster_replica_missed_writes` and `_replica_lag_seconds`
-/// (`ShardMap::render_lag`) until a newer map shows the node up and
-/// synced (`missed_now`).
+/// (`ShardMap::render_lag`) until a newer map shows the node caught up
+/// (`caught_up`): a count of a node that caught up since starts again.
 pub(crate) fn note_missed(
     metrics: &crate::metrics::ShardMetrics,
     map: &ShardMap,
@@ -836,11 +836,15 @@ pub(crate) fn note_missed(
         if sent.iter().any(|s| s.id == n) && !failed.contains(&n) {
             continue;
         }
-        let m = missed.entry(n).or_insert(crate::metrics::Missed {
+        let fresh = crate::metrics::Missed {
             writes: 0,
             since_ms: now,
             epoch: map.epoch,
-        });
+        };
+        let m = missed.entry(n).or_insert(fresh);
+        if caught_up(map, n, m) {
+            *m = fresh;
+        }
         m.writes = m.writes.saturating_add(1);
         m.epoch = m.epoch.max(map.epoch);
     }
@@ -850,19 +854,35 @@ pub(crate) fn note_missed(
     }
 }
 
-/// This shard's writes acknowledged without a replica's copy, as
-/// (node id, writes, oldest's `mono_ms`), after dropping each node that
-/// `map` no longer has or shows up and synced under a map newer than its
-/// latest missed write (it caught up since: a synced node holds every
-/// acknowledged write of its groups).
+/// Whether `map` says node `n` holds every write `m` counts, or they no
+/// longer matter: it is up and synced in a map newer than the latest (a
+/// synced node holds every acknowledged write of its groups), out or
+/// draining (placed on no group: its groups' writes are on others), or
+/// gone from the map.
+fn caught_up(map: &ShardMap, n: u32, m: &crate::metrics::Missed) -> bool {
+    map.node(n).is_none_or(|node| match node.state {
+        NodeState::Up => node.synced && map.epoch > m.epoch,
+        NodeState::Down => false,
+        NodeState::Draining | NodeState::Out => true,
+    })
+}
+
+/// Drops the counts of `note_missed` that `map` shows caught up: on each
+/// map a shard takes (`Shard::start_map_feed`) and before a scrape.
+pub fn prune_missed(metrics: &crate::metrics::ShardMetrics, map: &ShardMap) {
+    metrics
+        .replica_missed
+        .borrow_mut()
+        .retain(|&n, m| !caught_up(map, n, m));
+}
+
+/// This shard's writes acknowledged without a replica's confirmed copy,
+/// as (node id, writes, oldest's `mono_ms`), once `map` pruned them.
 pub fn missed_now(metrics: &crate::metrics::ShardMetrics, map: &ShardMap) -> Vec<(u32, u64, u64)> {
-    let mut missed = metrics.replica_missed.borrow_mut();
-    missed.retain(|&n, m| {
-        map.node(n).is_some_and(|node| {
-            !(node.state == NodeState::Up && node.synced && map.epoch > m.epoch)
-        })
-    });
-    missed
+    prune_missed(metrics, map);
+    metrics
+        .replica_missed
+        .borrow()
         .iter()
         .map(|(&n, m)| (n, m.writes, m.since_ms))
         .collect()

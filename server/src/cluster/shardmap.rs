@@ -1178,8 +1178,40 @@ mod tests {
         assert_eq!(left, vec![3]);
         let synced = ShardMap::build("c1", 1, &view(7, &["up"; 5])).unwrap();
         assert!(missed_now(&metrics, &synced).is_empty());
+
+        // Missed again after catching up, with no scrape between: the
+        // count starts again (from the write's map, newer than the last
+        // miss, showing it synced), its time with it.
         note_missed(&metrics, &m, to_down, &[], &[]);
-        let fewer = ShardMap::build("c1", 1, &view(4, &["up"])).unwrap();
+        metrics
+            .replica_missed
+            .borrow_mut()
+            .get_mut(&2)
+            .unwrap()
+            .since_ms = 0;
+        let pg = led(&synced)
+            .into_iter()
+            .find(|&pg| synced.replicas_of_pg(pg).any(|r| r == 2))
+            .unwrap();
+        note_missed(&metrics, &synced, pg, &[synced.node(2).unwrap()], &[2]);
+        let mut v = view(8, &["up"; 5]);
+        v.nodes[1].0.state = "down".into();
+        let down_again = ShardMap::build("c1", 1, &v).unwrap();
+        let now = missed_now(&metrics, &down_again);
+        assert_eq!(now.len(), 1);
+        assert_eq!((now[0].0, now[0].1), (2, 1), "{now:?}");
+        assert!(now[0].2 >= t0, "{now:?}");
+        // Draining or out: placed on no group, its count goes; so does a
+        // node gone from the map.
+        for (i, state) in [(1, "draining"), (1, "out")] {
+            note_missed(&metrics, &down_again, pg, &[], &[]);
+            let mut v = view(9, &["up"; 5]);
+            v.nodes[i].0.state = state.into();
+            let gone = ShardMap::build("c1", 1, &v).unwrap();
+            assert!(missed_now(&metrics, &gone).is_empty(), "{state}");
+        }
+        note_missed(&metrics, &down_again, pg, &[], &[]);
+        let fewer = ShardMap::build("c1", 1, &view(9, &["up"])).unwrap();
         assert!(missed_now(&metrics, &fewer).is_empty());
     }
 

@@ -262,7 +262,11 @@ impl Shard {
                 let mut latest = None;
                 let closed = loop {
                     match rx.try_recv() {
-                        Ok(m) => latest = Some(m),
+                        Ok(m) => {
+                            // Each map, also one the next replaces at once.
+                            crate::cluster::replicate::prune_missed(shard.metrics(), &m);
+                            latest = Some(m);
+                        }
                         Err(TryRecvError::Empty) => break false,
                         Err(TryRecvError::Disconnected) => break true,
                     }
