@@ -381,6 +381,58 @@ def three_nodes(etcd):  # noqa: F811
             n.close()
 
 
+def test_multipart_uploads_list_across_nodes(three_nodes):
+    """ListMultipartUploads through any node lists every node's uploads
+    (each on its key's acting primary), page by page, with prefixes and
+    delimiters; uploads aborted through a listing are gone from all."""
+    nodes = three_nodes
+    s3 = [n.client() for n in nodes]
+    native = percore.Client(native_endpoint(nodes[0]))
+    s3[0].create_bucket(Bucket="uploads")
+    want = set()
+    for i in range(30):
+        key = f"{'ab'[i % 2]}/k{i:02d}"
+        for _ in range(1 + i % 3 // 2):
+            r = s3[i % 3].create_multipart_upload(Bucket="uploads", Key=key)
+            want.add((key, r["UploadId"]))
+    owners = {k: native.owner_node("uploads", k) for k, _ in want}
+    assert set(owners.values()) == {"n1", "n2", "n3"}
+    # Each node's own part lists the uploads of the keys it leads.
+    for node in nodes:
+        status, body = internal(node, "GET", "/_percore/list?uploads=1&bucket=uploads"
+                                             "&prefix=&from=&umark=&max=1000")
+        assert status == 200, body
+        page = json.loads(body)
+        assert page["frontier"] is None
+        assert {(u[0], u[1]) for u in page["uploads"]} == {
+            u for u in want if owners[u[0]] == node.node_name}
+
+    def listed(c, size: int, **kw) -> tuple[list, list, int]:
+        uploads, prefixes, pages = [], [], 0
+        for page in c.get_paginator("list_multipart_uploads").paginate(
+                Bucket="uploads", PaginationConfig={"PageSize": size}, **kw):
+            uploads += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+            prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+            pages += 1
+            assert pages < 100
+        return uploads, prefixes, pages
+
+    for c in s3:
+        for size in (1, 4, 7, 1000):
+            got, prefixes, pages = listed(c, size)
+            assert got == sorted(want) and not prefixes, size
+            assert pages == max(1, -(-len(want) // size)), (size, pages)
+        got, prefixes, _ = listed(c, 3, Prefix="a/")
+        assert got == sorted(u for u in want if u[0].startswith("a/"))
+        got, prefixes, _ = listed(c, 1, Delimiter="/")
+        assert not got and prefixes == ["a/", "b/"]
+    # Abort through one door every upload another door lists under b/.
+    for key, upload in listed(s3[1], 5, Prefix="b/")[0]:
+        s3[2].abort_multipart_upload(Bucket="uploads", Key=key, UploadId=upload)
+    for c in s3:
+        assert listed(c, 4)[0] == sorted(u for u in want if u[0].startswith("a/"))
+
+
 def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     """boto3 and the aws cli against each node: buckets are on every node,
     every key is stored on every node (R = 3, three nodes) and led by its

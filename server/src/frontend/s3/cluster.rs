@@ -11,8 +11,9 @@
 //!   one included, so that every node holds the same buckets.
 //! - ListObjects (V1, V2) merges this node's page with every other
 //!   node's that may hold keys (`/_percore/list`), with the paging
-//!   guarantees of a single node; DeleteObjects deletes each key on its
-//!   owner (`/_percore/delete`).
+//!   guarantees of a single node, and so do ListObjectVersions and
+//!   ListMultipartUploads (`uploads::UploadPage`); DeleteObjects deletes
+//!   each key on its owner (`/_percore/delete`).
 //!
 //! Node-to-node requests are authenticated with `x-percore-node`
 //! (`cluster::peer_http`).
@@ -26,6 +27,7 @@ use percore_protocol::placement::NodeState;
 use serde_json::{json, Value};
 
 use super::route::S3Op;
+use super::uploads::UploadPage;
 use super::{Conn, Request, S3Front};
 use crate::bucket_config::ConfigKind;
 use crate::cluster::catalog;
@@ -194,6 +196,20 @@ fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
         name: n.name.clone(),
         addr,
     })
+}
+
+/// The other nodes a listing asks for their parts: 503 if a placement
+/// group has no replica up (its keys would be missing) or this node may
+/// not lead its own part now.
+fn listing_peers(map: &ShardMap) -> Result<Vec<Peer>, S3Error> {
+    if !map.all_groups_served() {
+        return Err(unavailable(
+            "Some placement groups have no replica up: a listing would miss their keys; retry when nodes return.",
+        ));
+    }
+    let peers = map.listing_peers().map(peer_of).collect::<Result<_, _>>()?;
+    lead_check(map, None)?;
+    Ok(peers)
 }
 
 /// The answer to a bucket change that etcd decided.
@@ -762,9 +778,40 @@ impl S3Front {
         peer: &Peer,
         target: &str,
     ) -> Result<(Vec<ListItem>, bool), S3Error> {
+        let (status, body) = self.peer_get(map, peer, target).await?;
+        parse_list_answer(status, &body)
+            .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
+    }
+
+    /// One internal GET listing of `peer`'s own uploads.
+    async fn peer_uploads(
+        &self,
+        map: &ShardMap,
+        peer: &Peer,
+        target: &str,
+    ) -> Result<UploadPage, S3Error> {
+        let (status, body) = self.peer_get(map, peer, target).await?;
+        let page = if status == 200 {
+            UploadPage::from_json(&body)
+        } else {
+            Err(format!(
+                "listing answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ))
+        };
+        page.map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
+    }
+
+    /// One internal GET of a listing's part: the answer's status and body.
+    async fn peer_get(
+        &self,
+        map: &ShardMap,
+        peer: &Peer,
+        target: &str,
+    ) -> Result<(u16, Vec<u8>), S3Error> {
         let _permit = self.peer_calls.acquire_permit(1).await;
         let mac = self.sign(map, peer.id, "GET", target, &peer_http::body_hash(b""));
-        let (status, body) = peer_http::call(
+        peer_http::call(
             &self.cluster_key(),
             peer.addr,
             "GET",
@@ -779,9 +826,7 @@ impl S3Front {
                 "cluster node {} cannot be reached for the listing: {e}; retry",
                 peer.name
             ))
-        })?;
-        parse_list_answer(status, &body)
-            .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
+        })
     }
 
     /// ListObjects on a cluster: this node's items merged with every other
@@ -836,22 +881,49 @@ impl S3Front {
                 Some(Pick::Current) | None => {}
             }
         }
-        if !map.all_groups_served() {
-            return Err(unavailable(
-                "Some placement groups have no replica up: a listing would miss their keys; retry when nodes return.",
-            ));
-        }
-        let mut peers = Vec::new();
-        for n in map.listing_peers() {
-            peers.push(peer_of(n)?);
-        }
-        lead_check(&map, None)?;
+        let peers = listing_peers(&map)?;
         let calls = peers.iter().map(|peer| self.peer_list(&map, peer, &target));
         let mut pages = vec![(own_items(&map, bucket, local.0), local.1)];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
         }
         Ok(merge_listings(pages, max))
+    }
+
+    /// ListMultipartUploads on a cluster: the uploads this node serves
+    /// (of `local`, its own page) merged with every other node's that may
+    /// hold keys (`/_percore/list?uploads=1`), as `list_cluster` merges
+    /// keys (`UploadPage`). An upload a node holds for a key it does not
+    /// lead (left from before a placement change) is not listed: no door
+    /// reaches it.
+    pub(super) async fn uploads_cluster(
+        &self,
+        local: UploadPage,
+        (bucket, prefix, key_marker, id_marker): (&str, &str, &str, &str),
+        max: usize,
+    ) -> Result<UploadPage, S3Error> {
+        let Some(map) = self.map()? else {
+            return Ok(local);
+        };
+        let enc = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        let target = format!(
+            "/_percore/list?uploads=1&bucket={}&prefix={}&from={}&umark={}&max={max}",
+            enc(bucket),
+            enc(prefix),
+            enc(key_marker),
+            enc(id_marker)
+        );
+        let peers = listing_peers(&map)?;
+        let calls = peers
+            .iter()
+            .map(|peer| self.peer_uploads(&map, peer, &target));
+        let mut pages = vec![local.own(|k| map.primary_of(bucket, k) == map.node_id, max)];
+        for got in futures::future::join_all(calls).await {
+            pages.push(got?);
+        }
+        Ok(UploadPage::merge(pages))
     }
 
     /// Deletes `keys` (index, key, version) on the nodes that own them;
@@ -1013,83 +1085,105 @@ impl S3Front {
                 )
                 .await;
         }
-        let answer =
-            match (req.head.method.as_str(), req.head.path.as_str()) {
-                ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
-                    .await
-                    .map_err(S3Error::invalid_argument)?,
-                ("POST", "/_percore/catalog") => {
-                    catalog::answer_sync(&map, &body).await.map_err(|e| {
-                        if e.starts_with("bad catalog request") {
-                            S3Error::invalid_argument(e)
-                        } else {
-                            unavailable(e)
-                        }
-                    })?
-                }
-                ("POST", "/_percore/close") => self.answer_close(&map, &body).await?,
-                ("POST", "/_percore/release") => replicate::answer_release(&map, &body)
+        let answer = match (req.head.method.as_str(), req.head.path.as_str()) {
+            ("POST", "/_percore/digest") => replicate::answer_digest(&self.shard, &map, &body)
+                .await
+                .map_err(S3Error::invalid_argument)?,
+            ("POST", "/_percore/catalog") => {
+                catalog::answer_sync(&map, &body).await.map_err(|e| {
+                    if e.starts_with("bad catalog request") {
+                        S3Error::invalid_argument(e)
+                    } else {
+                        unavailable(e)
+                    }
+                })?
+            }
+            ("POST", "/_percore/close") => self.answer_close(&map, &body).await?,
+            ("POST", "/_percore/release") => {
+                replicate::answer_release(&map, &body)
                     .await
                     .map_err(|e| match e {
                         replicate::ReleaseRefused::Bad(m) => S3Error::invalid_argument(m),
                         replicate::ReleaseRefused::Busy(m) => slow_down(m),
-                    })?,
-                ("GET", "/_percore/list") => {
-                    lead_check(&map, None)?;
-                    catalog_check()?;
-                    let max: usize = q("max")
-                        .parse()
-                        .map_err(|_| S3Error::invalid_argument("bad max"))?;
-                    let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
-                    // versions=1: every version and delete marker counts
-                    // (vmark: the version to resume after within `from`).
-                    let vmark = match q("vmark").as_str() {
-                        "" => None,
-                        v => Some(
-                            Pick::parse(v).ok_or_else(|| S3Error::invalid_argument("bad vmark"))?,
-                        ),
+                    })?
+            }
+            ("GET", "/_percore/list") => {
+                lead_check(&map, None)?;
+                catalog_check()?;
+                let max: usize = q("max")
+                    .parse()
+                    .map_err(|_| S3Error::invalid_argument("bad max"))?;
+                if q("uploads") == "1" {
+                    // The uploads of keys this node leads.
+                    let (bucket, max) = (q("bucket"), max.clamp(1, 1000));
+                    let from = q("from");
+                    let umark = if from.is_empty() {
+                        String::new()
+                    } else {
+                        q("umark")
                     };
-                    let versions = (q("versions") == "1").then_some(vmark);
-                    let bucket = q("bucket");
-                    let got = self
-                        .shard
-                        .list_merged(
-                            &bucket,
-                            &q("prefix"),
-                            &q("from"),
-                            delimiter,
-                            max.clamp(1, 10_000),
-                            versions,
-                        )
-                        .await;
-                    let max = max.clamp(1, 10_000);
-                    match got.map(|page| {
-                        if versions.is_some() {
-                            versions_page(page, max)
-                        } else {
-                            page
-                        }
-                    }) {
-                        Ok((items, truncated)) => {
-                            list_answer(&own_items(&map, &bucket, items), truncated)
-                        }
-                        Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
+                    let page = match self
+                        .node_uploads(&bucket, &q("prefix"), (&from, &umark), max)
+                        .await
+                    {
+                        Ok(page) => page.own(|k| map.primary_of(&bucket, k) == map.node_id, max),
+                        Err(crate::shard::msg::ShardError::NoSuchBucket) => UploadPage::default(),
                         Err(e) => return Err(e.into()),
-                    }
+                    };
+                    return self
+                        .answer_signed(conn, &claim.mac, &page.to_json().to_string(), true)
+                        .await;
                 }
-                ("POST", "/_percore/delete") => {
-                    let items: Vec<Value> = serde_json::from_slice(&body)
-                        .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
-                    if items.len() > 1000 {
-                        return Err(S3Error::invalid_argument("more than 1000 deletes"));
+                let delimiter = Some(q("delimiter")).filter(|d| !d.is_empty());
+                // versions=1: every version and delete marker counts
+                // (vmark: the version to resume after within `from`).
+                let vmark = match q("vmark").as_str() {
+                    "" => None,
+                    v => {
+                        Some(Pick::parse(v).ok_or_else(|| S3Error::invalid_argument("bad vmark"))?)
                     }
-                    lead_check(&map, None)?;
-                    // By the bucket's versioning as the catalog has it.
-                    catalog_check()?;
-                    self.delete_owned(&map, &q("bucket"), &items).await
+                };
+                let versions = (q("versions") == "1").then_some(vmark);
+                let bucket = q("bucket");
+                let got = self
+                    .shard
+                    .list_merged(
+                        &bucket,
+                        &q("prefix"),
+                        &q("from"),
+                        delimiter,
+                        max.clamp(1, 10_000),
+                        versions,
+                    )
+                    .await;
+                let max = max.clamp(1, 10_000);
+                match got.map(|page| {
+                    if versions.is_some() {
+                        versions_page(page, max)
+                    } else {
+                        page
+                    }
+                }) {
+                    Ok((items, truncated)) => {
+                        list_answer(&own_items(&map, &bucket, items), truncated)
+                    }
+                    Err(crate::shard::msg::ShardError::NoSuchBucket) => list_answer(&[], false),
+                    Err(e) => return Err(e.into()),
                 }
-                _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
-            };
+            }
+            ("POST", "/_percore/delete") => {
+                let items: Vec<Value> = serde_json::from_slice(&body)
+                    .map_err(|e| S3Error::invalid_argument(format!("bad delete list: {e}")))?;
+                if items.len() > 1000 {
+                    return Err(S3Error::invalid_argument("more than 1000 deletes"));
+                }
+                lead_check(&map, None)?;
+                // By the bucket's versioning as the catalog has it.
+                catalog_check()?;
+                self.delete_owned(&map, &q("bucket"), &items).await
+            }
+            _ => return Err(S3Error::new(404, "NoSuchKey", "No such internal request.")),
+        };
         self.answer_signed(conn, &claim.mac, &answer.to_string(), true)
             .await
     }

@@ -38,6 +38,7 @@ mod multipart;
 mod object;
 mod replica;
 mod serve;
+mod uploads;
 mod versions;
 
 pub use route::S3Op;

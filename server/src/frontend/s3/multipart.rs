@@ -3,6 +3,7 @@
 //! ListMultipartUploads (merged across shards).
 
 use super::serve::BodyCheck;
+use super::uploads::UploadPage;
 use super::{malformed, parse_limit, quoted, Conn, Request, S3Front};
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
@@ -286,6 +287,26 @@ impl S3Front {
         self.respond_xml(conn, req, &out).await
     }
 
+    /// This node's uploads after the markers, its shards' pages merged
+    /// (`UploadPage`).
+    pub(super) async fn node_uploads(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        (key_marker, id_marker): (&str, &str),
+        max: usize,
+    ) -> Result<UploadPage, ShardError> {
+        let mut pages = Vec::new();
+        for r in self
+            .shard
+            .mpu_list_all(bucket, prefix, key_marker, id_marker, max + 1)
+            .await
+        {
+            pages.push(UploadPage::of_shard(r?, max));
+        }
+        Ok(UploadPage::merge(pages))
+    }
+
     pub(super) async fn list_multipart_uploads(
         &self,
         conn: &mut Conn,
@@ -302,13 +323,15 @@ impl S3Front {
             req.q("upload-id-marker").unwrap_or("").to_string()
         };
         let encoding_url = req.q("encoding-type") == Some("url");
-        let replies = self
-            .shard
-            .mpu_list_all(&req.bucket, &prefix, &key_marker, &id_marker, max + 1)
-            .await;
-        let (uploads, cut) = merge_upload_pages(replies, max)?;
-        let mut entries = collapse_prefixes(uploads, &prefix, delimiter);
-        let truncated = entries.len() > max || cut;
+        let local = self
+            .node_uploads(&req.bucket, &prefix, (&key_marker, &id_marker), max)
+            .await?;
+        let page = self
+            .uploads_cluster(local, (&req.bucket, &prefix, &key_marker, &id_marker), max)
+            .await?;
+        let mut entries = collapse_prefixes(page.uploads, &prefix, delimiter);
+        let cut_by_max = entries.len() > max;
+        let truncated = cut_by_max || page.frontier.is_some();
         entries.truncate(max);
         let mut out = String::with_capacity(512 + entries.len() * 300);
         push_open_root(&mut out, "ListMultipartUploadsResult");
@@ -316,18 +339,25 @@ impl S3Front {
         push_key_element(&mut out, "KeyMarker", &key_marker, encoding_url);
         push_element(&mut out, "UploadIdMarker", &id_marker);
         if truncated {
-            match entries.last() {
-                Some(Ok(u)) => {
-                    push_key_element(&mut out, "NextKeyMarker", &u.key, encoding_url);
-                    push_element(&mut out, "NextUploadIdMarker", &u.upload_id);
-                }
-                Some(Err(p)) => {
+            match (entries.last(), page.frontier) {
+                (Some(Err(p)), _) => {
                     // Resume after every upload under this prefix.
                     let mut next = p.clone();
                     next.push(char::MAX);
                     push_key_element(&mut out, "NextKeyMarker", &next, encoding_url);
                 }
-                None => {}
+                // Cut by a frontier with fewer than max shown: resume
+                // after it (on a cluster it may be an upload no node
+                // shows: a leftover of a key another node leads).
+                (_, Some((key, id))) if !cut_by_max => {
+                    push_key_element(&mut out, "NextKeyMarker", &key, encoding_url);
+                    push_element(&mut out, "NextUploadIdMarker", &id);
+                }
+                (Some(Ok(u)), _) => {
+                    push_key_element(&mut out, "NextKeyMarker", &u.key, encoding_url);
+                    push_element(&mut out, "NextUploadIdMarker", &u.upload_id);
+                }
+                (None, _) => {}
             }
         }
         push_key_element(&mut out, "Prefix", &prefix, encoding_url);
@@ -366,35 +396,6 @@ impl S3Front {
         out.push_str("</ListMultipartUploadsResult>");
         self.respond_xml(conn, req, &out).await
     }
-}
-
-/// Every shard's page of uploads (each at most `max + 1` long), sorted by
-/// (key, upload id) and cut at the frontier: a shard that filled its page
-/// may hold more uploads after its last one, so nothing beyond the least
-/// such last upload is certain yet. Returns whether a cut was made.
-fn merge_upload_pages(
-    replies: Vec<Result<Vec<UploadItem>, ShardError>>,
-    max: usize,
-) -> Result<(Vec<UploadItem>, bool), S3Error> {
-    let mut uploads: Vec<UploadItem> = Vec::new();
-    let mut frontier: Option<(String, String)> = None;
-    for r in replies {
-        let mut v = r?;
-        if v.len() > max {
-            let last = v.last().expect("non-empty");
-            let last = (last.key.clone(), last.upload_id.clone());
-            if frontier.as_ref().is_none_or(|f| last < *f) {
-                frontier = Some(last);
-            }
-        }
-        uploads.append(&mut v);
-    }
-    uploads.sort_by(|a, b| (&a.key, &a.upload_id).cmp(&(&b.key, &b.upload_id)));
-    let cut = frontier.is_some();
-    if let Some((fk, fid)) = &frontier {
-        uploads.retain(|u| (&u.key, &u.upload_id) <= (fk, fid));
-    }
-    Ok((uploads, cut))
 }
 
 /// Collapses keys with the delimiter after the prefix into common prefixes
