@@ -254,9 +254,15 @@ pub async fn local_state(
                     let mut at = 0;
                     while at < meta.size_bytes {
                         let n = COPY_CHUNK_BYTES.min(meta.size_bytes - at);
+                        // Shorter at a part's or extent's end.
                         let chunk = src.read(at, n).await?;
+                        if chunk.is_empty() {
+                            return Err(ShardError::Internal(
+                                "an object shorter than its metadata".into(),
+                            ));
+                        }
                         h.update(&chunk[..]);
-                        at += n;
+                        at += chunk.len() as u64;
                     }
                     hex::encode(h.finalize())
                 };
@@ -678,12 +684,18 @@ async fn push_on(
         let mut at = 0;
         while at < size {
             let n = COPY_CHUNK_BYTES.min(size - at);
+            // Shorter at a part's or extent's end.
             let chunk = src
                 .read(at, n)
                 .await
                 .map_err(|e| std::io::Error::other(LocalRead(format!("{e:?}"))))?;
+            if chunk.is_empty() {
+                return Err(std::io::Error::other(LocalRead(
+                    "an object shorter than its metadata".into(),
+                )));
+            }
             s.write_all(&chunk[..]).await?;
-            at += n;
+            at += chunk.len() as u64;
         }
     }
     s.flush().await?;

@@ -299,9 +299,14 @@ impl S3Front {
             let mut at = 0;
             while at < size {
                 let n = (1u64 << 20).min(size - at);
+                // Shorter at a part's or extent's end.
                 let chunk = src.read(at, n).await?;
+                if chunk.is_empty() {
+                    // The head is out: closing short tells the reader.
+                    return Err(S3Error::internal("object shorter than its metadata"));
+                }
                 conn.write_body(&chunk[..]).await?;
-                at += n;
+                at += chunk.len() as u64;
             }
         }
         Ok(conn.flush().await?)
