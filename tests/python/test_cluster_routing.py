@@ -381,6 +381,87 @@ def three_nodes(etcd):  # noqa: F811
             n.close()
 
 
+def check_copies_across_nodes(nodes, s3, native, data, owners, tmp_path) -> None:
+    """CopyObject, UploadPartCopy (ranges) and the aws cli copy keys whose
+    source another node leads; preconditions and missing sources answer
+    as on one node; the internal read's bytes end with their MAC."""
+    from botocore.exceptions import ClientError
+
+    from conftest import AwsCli
+
+    src = "obj/010"
+    others = [k for k in data if owners[k] != owners[src]]
+    assert len(others) >= 5
+    for i, dst in enumerate(others[:3]):
+        r = s3[i].copy_object(Bucket="anynode", Key=dst, CopySource=f"anynode/{src}")
+        assert r["CopyObjectResult"]["ETag"].strip('"') == hashlib.md5(data[src]).hexdigest()
+        got = s3[(i + 1) % 3].get_object(Bucket="anynode", Key=dst)
+        assert got["Body"].read() == data[src] and got["ContentType"] == "application/x-test"
+        data[dst] = data[src]
+    # Metadata replaced, a precondition that holds and one that does not.
+    dst = others[3]
+    etag = s3[0].head_object(Bucket="anynode", Key=src)["ETag"]
+    s3[2].copy_object(Bucket="anynode", Key=dst, CopySource=f"anynode/{src}",
+                      CopySourceIfMatch=etag, MetadataDirective="REPLACE",
+                      ContentType="text/x-copied", Metadata={"m": "1"})
+    head = s3[1].head_object(Bucket="anynode", Key=dst)
+    assert head["ContentType"] == "text/x-copied" and head["Metadata"] == {"m": "1"}
+    data[dst] = data[src]
+    with pytest.raises(ClientError) as e:
+        s3[2].copy_object(Bucket="anynode", Key=dst, CopySource=f"anynode/{src}",
+                          CopySourceIfNoneMatch=etag)
+    assert e.value.response["Error"]["Code"] == "PreconditionFailed"
+    with pytest.raises(ClientError) as e:
+        s3[0].copy_object(Bucket="anynode", Key=dst, CopySource="anynode/obj/none")
+    assert e.value.response["Error"]["Code"] == "NoSuchKey"
+    # UploadPartCopy of ranges of a multipart source another node leads.
+    big_src = "mpu/big"
+    big = s3[0].get_object(Bucket="anynode", Key=big_src)["Body"].read()
+    dst = next(k for k in others if owners[k] != native.owner_node("anynode", big_src))
+    up = s3[1].create_multipart_upload(Bucket="anynode", Key=dst)["UploadId"]
+    half = len(big) // 2
+    parts = []
+    for n, (a, b) in enumerate([(0, half - 1), (half, len(big) - 1)], start=1):
+        r = s3[n % 3].upload_part_copy(Bucket="anynode", Key=dst, UploadId=up, PartNumber=n,
+                                       CopySource=f"anynode/{big_src}",
+                                       CopySourceRange=f"bytes={a}-{b}")
+        assert r["CopyPartResult"]["ETag"].strip('"') == hashlib.md5(big[a:b + 1]).hexdigest()
+        parts.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+    s3[2].complete_multipart_upload(Bucket="anynode", Key=dst, UploadId=up,
+                                    MultipartUpload={"Parts": parts})
+    assert s3[0].get_object(Bucket="anynode", Key=dst)["Body"].read() == big
+    data[dst] = big
+    # The aws cli's server-side copy.
+    dst = others[4]
+    AwsCli(nodes[2].endpoint, tmp_path / "awscp").s3(
+        "cp", f"s3://anynode/{src}", f"s3://anynode/{dst}")
+    assert s3[1].get_object(Bucket="anynode", Key=dst)["Body"].read() == data[src]
+    data[dst] = data[src]
+
+    # The internal read: its bytes then HMAC(cluster key, request MAC).
+    owner = next(n for n in nodes if n.node_name == owners[src])
+    target = f"/_percore/object?bucket=anynode&key={src.replace('/', '%2F')}&version="
+    status, body = internal(owner, "GET", target)
+    assert status == 200 and json.loads(body)["size"] == len(data[src]), body
+    etag = json.loads(body)["etag"]
+    target += f"&etag={etag}&from=5&len=100"
+    header = node_header("GET", target, node_id(owner))
+    conn = http.client.HTTPConnection(owner.ip, owner.s3_port, timeout=10)
+    try:
+        conn.request("GET", target, headers={"x-percore-node": header})
+        r = conn.getresponse()
+        answer = r.read()
+    finally:
+        conn.close()
+    assert r.status == 200 and len(answer) == 164, (r.status, answer[:300])
+    assert answer[:100] == data[src][5:105]
+    msg = f"percore-object-v1\n{header.rsplit(' ', 1)[1]}\n".encode() + answer[:100]
+    assert answer[100:] == hmac.new(cluster_key(), msg, hashlib.sha256).hexdigest().encode()
+    # Not led here: refused (the map says where the source is).
+    elsewhere = next(n for n in nodes if n.node_name != owners[src])
+    assert internal(elsewhere, "GET", target.split("&etag=")[0])[0] == 503
+
+
 def test_multipart_uploads_list_across_nodes(three_nodes):
     """ListMultipartUploads through any node lists every node's uploads
     (each on its key's acting primary), page by page, with prefixes and
@@ -484,12 +565,13 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
     assert e.value.response["Error"]["Code"] == "NoSuchKey"
 
     # A multipart upload through one node lands on the key's acting
-    # primary, which leads it, and on every replica.
+    # primary, which leads it, and on every replica; its parts are not
+    # a multiple of 1 MiB (reads end at each part's end).
     big = os.urandom(11 << 20)
     src = tmp_path / "big.bin"
     src.write_bytes(big)
     from boto3.s3.transfer import TransferConfig
-    cfg = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
+    cfg = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=(5 << 20) + 4099)
     s3[1].upload_file(str(src), "anynode", "mpu/big", Config=cfg)
     owner = native.owner_node("anynode", "mpu/big")
     assert "mpu/big" in keys_on(by_name[owner], "anynode")
@@ -522,15 +604,13 @@ def test_any_node_s3_door_serves_any_key(three_nodes, tmp_path):
         assert c.get_bucket_tagging(Bucket="anynode")["TagSet"] == [
             {"Key": "team", "Value": "ml"}]
 
-    # A copy within one node's keys works; across nodes it is refused.
+    # Copies within one node's keys and across nodes (the destination's
+    # primary reads the source from the source's), through any door.
     same = next(k for k in data if k != "obj/010" and owners[k] == owners["obj/010"])
-    other = next(k for k in data if owners[k] != owners["obj/010"])
     s3[0].copy_object(Bucket="anynode", Key=same, CopySource="anynode/obj/010")
     assert s3[1].get_object(Bucket="anynode", Key=same)["Body"].read() == data["obj/010"]
     data[same] = data["obj/010"]
-    with pytest.raises(ClientError) as e:
-        s3[0].copy_object(Bucket="anynode", Key=other, CopySource="anynode/obj/010")
-    assert e.value.response["Error"]["Code"] == "NotImplemented"
+    check_copies_across_nodes(nodes, s3, native, data, owners, tmp_path)
 
     # DeleteObjects through one node deletes each key on its acting
     # primary, and on every replica.

@@ -209,9 +209,24 @@ pub fn verify(
 }
 
 /// The request MAC inside an `x-percore-node` value this node made.
-fn request_mac(node_header: &str) -> Option<[u8; 32]> {
+#[must_use]
+pub fn request_mac(node_header: &str) -> Option<[u8; 32]> {
     let tag = hex::decode(node_header.rsplit(' ').next()?).ok()?;
     tag.try_into().ok()
+}
+
+/// Hex digits of the MAC that ends a copy source's bytes
+/// (`frontend::s3::copy_remote`).
+pub const OBJECT_MAC_HEX: usize = 64;
+
+/// The MAC that ends a copy source's bytes, before them: HMAC-SHA256
+/// keyed with the cluster key over "percore-object-v1\n", the hex request
+/// MAC, "\n", then the bytes (the caller adds them).
+#[must_use]
+pub fn object_mac(key: &[u8; 32], request: &[u8; 32]) -> Hmac<Sha256> {
+    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    m.update(format!("percore-object-v1\n{}\n", hex::encode(request)).as_bytes());
+    m
 }
 
 fn reply_mac(key: &[u8; 32], request: &[u8; 32], status: u16, covered: &str) -> [u8; 32] {
@@ -679,6 +694,19 @@ pub async fn call(
     s.flush().await?;
     let r = read_response(s).await?;
     r.body_signed(key, node_header, answer_max).await
+}
+
+/// Sends a GET without a body to `addr` with `node_header` on a new
+/// connection (closed after the answer), and reads the answer's head:
+/// its body is read from the response as it comes.
+pub async fn get(addr: SocketAddr, target: &str, node_header: &str) -> io::Result<Response> {
+    let mut s = open(addr).await?;
+    let head = format!(
+        "GET {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n{HEADER}: {node_header}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await?;
+    s.flush().await?;
+    read_response(s).await
 }
 
 #[cfg(test)]

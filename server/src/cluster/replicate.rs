@@ -1770,18 +1770,7 @@ async fn take_from(
         &peer_http::body_hash(b""),
     );
     let fail = |e: String| format!("fetching {bucket}/{key} from node {}: {e}", node.name);
-    let mut s = peer_http::open(addr)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    let head = format!(
-        "GET {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\nconnection: close\r\n{}: {mac}\r\n\r\n",
-        peer_http::HEADER
-    );
-    s.write_all(head.as_bytes())
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    s.flush().await.map_err(|e| fail(e.to_string()))?;
-    let mut r = peer_http::read_response(s)
+    let mut r = peer_http::get(addr, &target, &mac)
         .await
         .map_err(|e| fail(e.to_string()))?;
     let covered = match r.status {

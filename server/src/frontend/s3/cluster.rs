@@ -180,11 +180,11 @@ fn catalog_check() -> Result<(), S3Error> {
 /// of every group this node leads) may serve, its data or its part of a
 /// listing, while this node may not lead it (`control::may_lead`: its
 /// lease or map is not confirmed, or it is taking the group over).
-fn lead_check(map: &ShardMap, pg: Option<u32>) -> Result<(), S3Error> {
+pub(super) fn lead_check(map: &ShardMap, pg: Option<u32>) -> Result<(), S3Error> {
     crate::cluster::control::may_lead(map, pg).map_err(unavailable)
 }
 
-fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
+pub(super) fn peer_of(n: &MapNode) -> Result<Peer, S3Error> {
     let addr = n.s3.ok_or_else(|| {
         unavailable(format!(
             "cluster node {} has no usable S3 address in the map",
@@ -227,9 +227,10 @@ fn outcome_result(outcome: catalog::Outcome) -> Result<(), S3Error> {
 
 /// The static code of an error a peer reported (unknown ones are
 /// internal errors).
-fn static_code(code: &str) -> &'static str {
-    const KNOWN: [&str; 10] = [
+pub(super) fn static_code(code: &str) -> &'static str {
+    const KNOWN: [&str; 11] = [
         "AccessDenied",
+        "InvalidRequest",
         "NoSuchKey",
         "NoSuchBucket",
         "NoSuchVersion",
@@ -248,7 +249,7 @@ fn static_code(code: &str) -> &'static str {
 
 impl S3Front {
     /// The cluster map, on a cluster node that has one.
-    fn map(&self) -> Result<Option<std::sync::Arc<ShardMap>>, S3Error> {
+    pub(super) fn map(&self) -> Result<Option<std::sync::Arc<ShardMap>>, S3Error> {
         if !self.shard.is_cluster() {
             return Ok(None);
         }
@@ -346,7 +347,14 @@ impl S3Front {
     }
 
     /// The node header for a request from this node to `to`.
-    fn sign(&self, map: &ShardMap, to: u32, method: &str, target: &str, body: &str) -> String {
+    pub(super) fn sign(
+        &self,
+        map: &ShardMap,
+        to: u32,
+        method: &str,
+        target: &str,
+        body: &str,
+    ) -> String {
         replicate::sign(&self.cluster_key(), map, to, method, target, body)
     }
 
@@ -429,7 +437,6 @@ impl S3Front {
         let primary = map.primary_of(&req.bucket, &req.key);
         if primary == map.node_id {
             lead_check(&map, Some(map.pg_of(&req.bucket, &req.key)))?;
-            self.check_copy_source(req, &map)?;
             return Ok(Plan::Here);
         }
         let node = map.node(primary).ok_or_else(|| {
@@ -444,29 +451,6 @@ impl S3Front {
             return Err(slow_down("The cluster map is changing (the nodes disagree on this key's owner for a moment); retry."));
         }
         Ok(Plan::Forward(peer_of(node)?))
-    }
-
-    /// A copy reads its source where it is served: refused when another
-    /// node owns the source (reading across nodes is not built yet).
-    fn check_copy_source(&self, req: &Request, map: &ShardMap) -> Result<(), S3Error> {
-        if !matches!(req.op, S3Op::CopyObject | S3Op::UploadPartCopy) {
-            return Ok(());
-        }
-        let Some(src) = req.head.header_str("x-amz-copy-source") else {
-            return Ok(());
-        };
-        let src = src.split_once("?versionId=").map_or(src, |(s, _)| s);
-        let decoded =
-            percent_encoding::percent_decode_str(src.trim_start_matches('/')).decode_utf8_lossy();
-        let Some((bucket, key)) = decoded.split_once('/') else {
-            return Ok(());
-        };
-        if map.primary_of(bucket, key) != map.node_id {
-            return Err(S3Error::not_implemented(
-                "copying from an object another cluster node owns (copy within one node's keys, or GET and PUT)",
-            ));
-        }
-        Ok(())
     }
 
     /// The request head as node `to` gets it: the client's own, minus the
@@ -803,7 +787,7 @@ impl S3Front {
     }
 
     /// One internal GET of a listing's part: the answer's status and body.
-    async fn peer_get(
+    pub(super) async fn peer_get(
         &self,
         map: &ShardMap,
         peer: &Peer,
@@ -916,9 +900,11 @@ impl S3Front {
             enc(id_marker)
         );
         let peers = listing_peers(&map)?;
-        let calls = peers
-            .iter()
-            .map(|peer| self.peer_uploads(&map, peer, &target));
+        let calls = peers.iter().map(|peer| async {
+            let page = self.peer_uploads(&map, peer, &target).await?;
+            page.check(prefix, (key_marker, id_marker), max)
+                .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
+        });
         let mut pages = vec![local.own(|k| map.primary_of(bucket, k) == map.node_id, max)];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
@@ -1074,6 +1060,10 @@ impl S3Front {
                 "This node has not applied the cluster's buckets since it started, or is dropping a deleted bucket's keys; retry.",
             ));
         }
+        if req.head.method == "GET" && req.head.path == "/_percore/object" {
+            catalog_check()?;
+            return self.answer_object(conn, &map, &q, &claim.mac).await;
+        }
         if req.head.method == "GET" && req.head.path == "/_percore/fetch" {
             return self
                 .answer_fetch(
@@ -1115,7 +1105,10 @@ impl S3Front {
                     .map_err(|_| S3Error::invalid_argument("bad max"))?;
                 if q("uploads") == "1" {
                     // The uploads of keys this node leads.
-                    let (bucket, max) = (q("bucket"), max.clamp(1, 1000));
+                    let (bucket, max) = (
+                        q("bucket"),
+                        max.clamp(1, super::multipart::LIST_UPLOADS_MAX),
+                    );
                     let from = q("from");
                     let umark = if from.is_empty() {
                         String::new()

@@ -1,10 +1,13 @@
 //! CopyObject and UploadPartCopy: the copy source header, its range and
 //! its x-amz-copy-source-if-* preconditions, and the byte copy itself.
 
+use std::rc::Rc;
+
 use bytes::Bytes;
 use md5::{Digest, Md5};
 
 use super::conditional::check_conditions_with;
+use super::copy_remote::RemoteSource;
 use super::route::percent_decode;
 use super::versions::with_version;
 use super::{checksum, quoted, Conn, Request, S3Front};
@@ -74,9 +77,17 @@ pub(super) fn parse_copy_range(value: &str, size: u64) -> Result<(u64, u64), S3E
     Ok((a, b - a + 1))
 }
 
+/// Where a copy source's bytes are read.
+pub(super) enum CopyReader {
+    /// On this node.
+    Local(ObjectSource),
+    /// On the cluster node that leads the source (`copy_remote`).
+    Remote(RemoteSource),
+}
+
 /// An opened copy source.
 pub(super) struct CopySource {
-    pub(super) source: ObjectSource,
+    pub(super) source: CopyReader,
     pub(super) meta: ObjectMeta,
     pub(super) bucket: String,
     pub(super) key: String,
@@ -114,8 +125,18 @@ impl S3Front {
         if !self.shard.bucket_exists(&bucket) {
             return Err(S3Error::no_such_bucket());
         }
-        let (source, meta, version_id) =
-            ObjectSource::open_version(&self.shard, &bucket, &key, pick).await?;
+        let (source, meta, version_id) = match self.remote_owner(&bucket, &key)? {
+            Some(peer) => {
+                let (source, meta, version_id) =
+                    self.open_remote(peer, (&bucket, &key, pick)).await?;
+                (CopyReader::Remote(source), Rc::new(meta), version_id)
+            }
+            None => {
+                let (source, meta, version_id) =
+                    ObjectSource::open_version(&self.shard, &bucket, &key, pick).await?;
+                (CopyReader::Local(source), meta, version_id)
+            }
+        };
         let cond = |name: &str| req.head.header_str(&format!("x-amz-copy-source-{name}"));
         if check_conditions_with(
             cond("if-match"),
@@ -147,12 +168,20 @@ impl S3Front {
     /// the MD5 of the bytes copied.
     pub(super) async fn copy_bytes(
         &self,
-        source: &mut ObjectSource,
+        source: &mut CopyReader,
         sink: &mut ObjectSink,
         start: u64,
         len: u64,
         mut checksum: Option<&mut checksum::Hasher>,
     ) -> Result<String, S3Error> {
+        let source = match source {
+            CopyReader::Local(source) => source,
+            CopyReader::Remote(remote) => {
+                return self
+                    .copy_remote_bytes(remote, sink, (start, len), checksum)
+                    .await
+            }
+        };
         let mut md5 = Md5::new();
         let mut offset = start;
         let end = start + len;

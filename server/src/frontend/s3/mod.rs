@@ -33,6 +33,7 @@ mod cluster;
 mod conditional;
 mod config;
 mod copy;
+mod copy_remote;
 mod list;
 mod multipart;
 mod object;

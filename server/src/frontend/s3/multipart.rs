@@ -5,6 +5,7 @@
 use super::serve::BodyCheck;
 use super::uploads::UploadPage;
 use super::{malformed, parse_limit, quoted, Conn, Request, S3Front};
+use crate::frontend::common::S3_KEY_BYTES_MAX;
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::auth::Verified;
 use crate::frontend::s3::error::S3Error;
@@ -21,7 +22,7 @@ use crate::store::record::ObjectMeta;
 /// CompleteMultipartUpload bodies list up to 10,000 parts.
 const COMPLETE_BODY_BYTES_MAX: usize = xml::COMPLETE_BODY_BYTES_MAX;
 const LIST_PARTS_MAX: usize = 1000;
-const LIST_UPLOADS_MAX: usize = 1000;
+pub(super) const LIST_UPLOADS_MAX: usize = 1000;
 
 pub(super) fn parse_part_number(req: &Request) -> Result<u32, S3Error> {
     req.q("partNumber")
@@ -315,6 +316,17 @@ impl S3Front {
         self.require_bucket(req)?;
         let max = parse_limit(req.q("max-uploads"), "max-uploads", LIST_UPLOADS_MAX)?;
         let prefix = req.q("prefix").unwrap_or("").to_string();
+        for (name, v) in [
+            ("prefix", req.q("prefix")),
+            ("key-marker", req.q("key-marker")),
+            ("upload-id-marker", req.q("upload-id-marker")),
+        ] {
+            if v.is_some_and(|v| v.len() > S3_KEY_BYTES_MAX) {
+                return Err(S3Error::invalid_argument(format!(
+                    "{name} is longer than any key ({S3_KEY_BYTES_MAX} bytes)"
+                )));
+            }
+        }
         let delimiter = req.q("delimiter").filter(|d| !d.is_empty());
         let key_marker = req.q("key-marker").unwrap_or("").to_string();
         let id_marker = if key_marker.is_empty() {
@@ -346,9 +358,9 @@ impl S3Front {
                     next.push(char::MAX);
                     push_key_element(&mut out, "NextKeyMarker", &next, encoding_url);
                 }
-                // Cut by a frontier with fewer than max shown: resume
-                // after it (on a cluster it may be an upload no node
-                // shows: a leftover of a key another node leads).
+                // Cut by a frontier, at most max shown: resume after it
+                // (on a cluster it may be an upload no node shows: a
+                // leftover of a key another node leads).
                 (_, Some((key, id))) if !cut_by_max => {
                     push_key_element(&mut out, "NextKeyMarker", &key, encoding_url);
                     push_element(&mut out, "NextUploadIdMarker", &id);
@@ -408,7 +420,13 @@ fn collapse_prefixes(
     let mut entries: Vec<Result<UploadItem, String>> = Vec::new();
     for u in uploads {
         if let Some(d) = delimiter {
-            if let Some(pos) = u.key[prefix.len()..].find(d) {
+            // Every key is under the prefix (`UploadPage::check` keeps a
+            // peer's so); one that is not is listed as it is.
+            let Some(rest) = u.key.strip_prefix(prefix) else {
+                entries.push(Ok(u));
+                continue;
+            };
+            if let Some(pos) = rest.find(d) {
                 let common = u.key[..prefix.len() + pos + d.len()].to_string();
                 if !matches!(entries.last(), Some(Err(p)) if *p == common) {
                     entries.push(Err(common));

@@ -73,6 +73,36 @@ impl UploadPage {
         self
     }
 
+    /// A peer's page checked against the listing it answers: uploads
+    /// under `prefix` after the markers only, at most `max + 1`, and a
+    /// frontier after the markers (else a client could page forever).
+    pub fn check(
+        mut self,
+        prefix: &str,
+        (key_marker, id_marker): (&str, &str),
+        max: usize,
+    ) -> Result<UploadPage, String> {
+        let after = |k: &str, id: &str| {
+            key_marker.is_empty()
+                || k > key_marker
+                || (k == key_marker && !id_marker.is_empty() && id > id_marker)
+        };
+        if self.uploads.len() > max + 1 {
+            return Err(format!(
+                "{} uploads for a page of {max}",
+                self.uploads.len()
+            ));
+        }
+        if let Some((k, id)) = &self.frontier {
+            if !after(k, id) {
+                return Err("a frontier before the markers".into());
+            }
+        }
+        self.uploads
+            .retain(|u| u.key.starts_with(prefix) && after(&u.key, &u.upload_id));
+        Ok(self)
+    }
+
     /// The page as a node's answer: `{"uploads": [[key, upload id,
     /// initiated ms, checksum ("CRC32/COMPOSITE") or null]], "frontier":
     /// [key, upload id] or null}`.
@@ -135,6 +165,44 @@ mod tests {
             initiated_ms: 7,
             checksum: None,
         }
+    }
+
+    #[test]
+    fn a_peer_page_keeps_what_its_listing_asked_for() {
+        let page = |keys: &[(&str, &str)], frontier: Option<(&str, &str)>| UploadPage {
+            uploads: keys.iter().map(|(k, id)| upload(k, id)).collect(),
+            frontier: frontier.map(|(k, id)| (k.to_string(), id.to_string())),
+        };
+        let got = page(
+            &[
+                ("a", "1"),
+                ("p/a", "1"),
+                ("p/b", "1"),
+                ("p/b", "2"),
+                ("q", "1"),
+            ],
+            None,
+        )
+        .check("p/", ("p/b", "1"), 10)
+        .unwrap();
+        let kept: Vec<(&str, &str)> = got.uploads.iter().map(place).collect();
+        assert_eq!(kept, vec![("p/b", "2")]);
+        // A key marker alone: the key itself is not after it.
+        let got = page(&[("p/b", "1"), ("p/c", "1")], None)
+            .check("", ("p/b", ""), 10)
+            .unwrap();
+        assert_eq!(got.uploads.len(), 1);
+        // Too many, or a frontier at or before the markers: refused.
+        assert!(page(&[("a", "1"), ("b", "1"), ("c", "1")], None)
+            .check("", ("", ""), 1)
+            .is_err());
+        assert!(page(&[], Some(("p/b", "1")))
+            .check("", ("p/b", "1"), 5)
+            .is_err());
+        assert!(page(&[], Some(("", ""))).check("", ("a", ""), 5).is_err());
+        assert!(page(&[], Some(("p/b", "2")))
+            .check("", ("p/b", "1"), 5)
+            .is_ok());
     }
 
     #[test]
