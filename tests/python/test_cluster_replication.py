@@ -1101,8 +1101,8 @@ def test_a_copy_whose_bytes_differ_from_its_state_is_refused(cluster):
 
 def test_catch_up_is_paced(cluster):
     """A node that returns takes what it missed at most
-    cluster_backfill_mib_s a second: n3 is killed, marked down, 8 MiB are
-    written without it, and it is restarted with a bound of 2 MiB/s. Its
+    cluster_backfill_mib_s a second: n3 is killed, marked down, 13 MiB are
+    written without it (one a multipart object), and it is restarted with a bound of 2 MiB/s. Its
     `percore_cluster_backfill_bytes_total` grows to at least the missed
     bytes, never faster than the bound (plus the one second the token
     bucket holds and one read chunk, per window sampled), so it syncs no
@@ -1117,6 +1117,16 @@ def test_catch_up_is_paced(cluster):
     missed = 32 * 256 * KiB
     for i in range(32):
         s3.put_object(Bucket=bucket, Key=f"paced/{i:02d}", Body=os.urandom(256 * KiB))
+    # A multipart object whose first part is not a multiple of 1 MiB (a
+    # fetch's reads end at the part's end).
+    up = s3.create_multipart_upload(Bucket=bucket, Key="paced/mpu")["UploadId"]
+    sizes = [5 * MiB + 4099, 3000]
+    parts = [{"PartNumber": n, "ETag": s3.upload_part(Bucket=bucket, Key="paced/mpu", UploadId=up,
+                                                      PartNumber=n, Body=os.urandom(size))["ETag"]}
+             for n, size in enumerate(sizes, start=1)]
+    s3.complete_multipart_upload(Bucket=bucket, Key="paced/mpu", UploadId=up,
+                                 MultipartUpload={"Parts": parts})
+    missed += sum(sizes)
     rate = 2 * MiB
     n3.env["PERCORE_CLUSTER_BACKFILL_MIB_S"] = str(rate // MiB)
     start = time.monotonic()
