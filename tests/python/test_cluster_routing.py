@@ -438,6 +438,28 @@ def check_copies_across_nodes(nodes, s3, native, data, owners, tmp_path) -> None
     assert s3[1].get_object(Bucket="anynode", Key=dst)["Body"].read() == data[src]
     data[dst] = data[src]
 
+    # A versioned source another node leads: a version by id (named in
+    # the answer); a delete marker by id and a deleted current version
+    # answer as on one node.
+    s3[0].create_bucket(Bucket="anyver")
+    s3[0].put_bucket_versioning(Bucket="anyver",
+                                VersioningConfiguration={"Status": "Enabled"})
+    v1 = s3[0].put_object(Bucket="anyver", Key="src", Body=b"one")["VersionId"]
+    s3[1].put_object(Bucket="anyver", Key="src", Body=b"two")
+    vdst = next(f"d{i}" for i in range(200)
+                if native.owner_node("anyver", f"d{i}") != native.owner_node("anyver", "src"))
+    r = s3[2].copy_object(Bucket="anyver", Key=vdst,
+                          CopySource={"Bucket": "anyver", "Key": "src", "VersionId": v1})
+    assert r["CopySourceVersionId"] == v1
+    assert s3[0].get_object(Bucket="anyver", Key=vdst)["Body"].read() == b"one"
+    marker = s3[0].delete_object(Bucket="anyver", Key="src")["VersionId"]
+    for source, code in [({"Bucket": "anyver", "Key": "src", "VersionId": marker},
+                          "MethodNotAllowed"),
+                         ({"Bucket": "anyver", "Key": "src"}, "NoSuchKey")]:
+        with pytest.raises(ClientError) as e:
+            s3[1].copy_object(Bucket="anyver", Key=vdst, CopySource=source)
+        assert e.value.response["Error"]["Code"] == code, e.value.response
+
     # The internal read: its bytes then HMAC(cluster key, request MAC).
     owner = next(n for n in nodes if n.node_name == owners[src])
     target = f"/_percore/object?bucket=anynode&key={src.replace('/', '%2F')}&version="

@@ -77,38 +77,43 @@ fn version_param(pick: Pick) -> String {
     }
 }
 
-/// The S3 error a peer answered (its XML's code and message), or 503.
+/// A peer's answer that did not serve the copy source: 503 (retry).
+/// Its own reasons (no such key, version or bucket; a delete marker) come
+/// in a signed answer (`SourceError`): an unsigned error may be from a
+/// node that does not know the request (an older version) or forged.
 fn peer_error(peer: &Peer, status: u16, body: &[u8]) -> S3Error {
-    let text = String::from_utf8_lossy(body);
-    let field = |name: &str| {
-        let open = format!("<{name}>");
-        let start = text.find(&open)? + open.len();
-        let end = text[start..].find(&format!("</{name}>"))? + start;
-        Some(text[start..end].to_string())
-    };
-    match (status, field("Code")) {
-        (400 | 404, Some(code))
-            if matches!(
-                code.as_str(),
-                "NoSuchKey" | "NoSuchVersion" | "NoSuchBucket" | "InvalidRequest"
-            ) =>
-        {
-            S3Error::new(
-                status,
-                super::cluster::static_code(&code),
-                field("Message").unwrap_or_default(),
-            )
-        }
-        _ => S3Error::new(
-            503,
-            "ServiceUnavailable",
-            format!(
-                "cluster node {} did not serve the copy source ({status}: {}); retry",
-                peer.name,
-                field("Message").unwrap_or_default()
-            ),
+    let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+    S3Error::new(
+        503,
+        "ServiceUnavailable",
+        format!(
+            "cluster node {} did not serve the copy source ({status}: {text}); retry",
+            peer.name
         ),
-    }
+    )
+}
+
+/// Why the source's primary does not serve it, in its signed answer.
+#[derive(Debug, Serialize, Deserialize)]
+struct SourceError {
+    status: u16,
+    code: String,
+    message: String,
+}
+
+/// The source errors a node passes on as they are (others: 503).
+fn source_error(e: &SourceError) -> Option<S3Error> {
+    matches!(
+        (e.status, e.code.as_str()),
+        (404, "NoSuchKey" | "NoSuchVersion" | "NoSuchBucket") | (405, "MethodNotAllowed")
+    )
+    .then(|| {
+        S3Error::new(
+            e.status,
+            super::cluster::static_code(&e.code),
+            e.message.clone(),
+        )
+    })
 }
 
 impl S3Front {
@@ -120,6 +125,9 @@ impl S3Front {
         };
         let owner = map.primary_of(bucket, key);
         if owner == map.node_id {
+            // Read here only while this node may serve the source's
+            // group (as a GET of it).
+            super::cluster::lead_check(&map, Some(map.pg_of(bucket, key)))?;
             return Ok(None);
         }
         let node = map.node(owner).ok_or_else(|| {
@@ -151,6 +159,9 @@ impl S3Front {
         let (status, body) = self.peer_get(&map, &peer, &target).await?;
         if status != 200 {
             return Err(peer_error(&peer, status, &body));
+        }
+        if let Ok(e) = serde_json::from_slice::<SourceError>(&body) {
+            return Err(source_error(&e).unwrap_or_else(|| peer_error(&peer, e.status, &body)));
         }
         let m: RemoteMeta = serde_json::from_slice(&body).map_err(|e| {
             S3Error::new(
@@ -240,22 +251,30 @@ impl S3Front {
         let mut buf = vec![0u8; CHUNK_BYTES as usize];
         let mut left = len;
         while left > 0 {
+            // A whole chunk (or the rest) per write to the sink.
             let want = left.min(CHUNK_BYTES) as usize;
-            let n = r
-                .read(&mut buf[..want])
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            if n == 0 {
-                return Err(fail(format!("the answer ended {left} bytes short")));
+            let mut filled = 0;
+            while filled < want {
+                let n = r
+                    .read(&mut buf[filled..want])
+                    .await
+                    .map_err(|e| fail(e.to_string()))?;
+                if n == 0 {
+                    return Err(fail(format!(
+                        "the answer ended {} bytes short",
+                        left - filled as u64
+                    )));
+                }
+                filled += n;
             }
-            let chunk = &buf[..n];
+            let chunk = &buf[..want];
             mac.update(chunk);
             md5.update(chunk);
             if let Some(h) = checksum.as_deref_mut() {
                 h.update(chunk);
             }
             sink.write(Bytes::copy_from_slice(chunk)).await?;
-            left -= n as u64;
+            left -= want as u64;
         }
         let mut tag = [0u8; peer_http::OBJECT_MAC_HEX];
         let mut got = 0;
@@ -286,8 +305,20 @@ impl S3Front {
         request: &[u8; 32],
     ) -> Result<(), S3Error> {
         let (bucket, key) = (q("bucket"), q("key"));
-        if bucket.is_empty() || key.is_empty() || key.len() > 1024 || key.contains('\0') {
+        // A client's key (not a version's index key) of a client's bucket.
+        if !crate::frontend::common::valid_bucket_name(&bucket)
+            || key.is_empty()
+            || key.len() > 1024
+            || key.contains('\0')
+        {
             return Err(S3Error::invalid_argument("Invalid key"));
+        }
+        if !crate::cluster::catalog::may_source() {
+            return Err(S3Error::new(
+                503,
+                "SlowDown",
+                "This node has not applied the cluster's buckets since it started, or is dropping a deleted bucket's keys; retry.",
+            ));
         }
         super::cluster::lead_check(map, Some(map.pg_of(&bucket, &key)))?;
         if map.primary_of(&bucket, &key) != map.node_id {
@@ -301,10 +332,32 @@ impl S3Front {
             "" => Pick::Current,
             v => Pick::parse(v).ok_or_else(|| S3Error::invalid_argument("bad version"))?,
         };
-        let (mut src, meta, version_id) =
-            ObjectSource::open_version(&self.shard, &bucket, &key, pick).await?;
         let (from, len) = (q("from"), q("len"));
-        if from.is_empty() && len.is_empty() {
+        let head = from.is_empty() && len.is_empty();
+        let opened = if self.shard.bucket_exists(&bucket) {
+            ObjectSource::open_version(&self.shard, &bucket, &key, pick).await
+        } else {
+            Err(crate::shard::msg::ShardError::NoSuchBucket)
+        };
+        let (mut src, meta, version_id) = match opened {
+            Ok(o) => o,
+            // Why not, signed (`SourceError`), for the metadata read.
+            Err(e) if head => {
+                let e = S3Error::from(e);
+                if e.status >= 500 {
+                    return Err(e);
+                }
+                let body = serde_json::to_string(&SourceError {
+                    status: e.status,
+                    code: e.code.to_string(),
+                    message: e.message,
+                })
+                .map_err(|e| S3Error::internal(e.to_string()))?;
+                return self.answer_signed(conn, request, &body, true).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if head {
             let m = RemoteMeta {
                 etag: meta.etag.clone(),
                 size: meta.size_bytes,
@@ -334,6 +387,18 @@ impl S3Front {
                 "The copy source changed while it was copied; retry.",
             ));
         }
+        self.stream_object(conn, &mut src, (from, len), request)
+            .await
+    }
+
+    /// The bytes of an object read (`answer_object`), then their MAC.
+    async fn stream_object(
+        &self,
+        conn: &mut Conn,
+        src: &mut ObjectSource,
+        (from, len): (u64, u64),
+        request: &[u8; 32],
+    ) -> Result<(), S3Error> {
         let mut mac = peer_http::object_mac(&self.cluster_key(), request);
         let head = ResponseHead::new(200).with_header("Content-Type", "application/octet-stream");
         conn.write_response(&head, len + peer_http::OBJECT_MAC_HEX as u64, true)
@@ -341,8 +406,9 @@ impl S3Front {
         let end = from + len;
         let mut at = from;
         while at < end {
-            let chunk = src.read(at, (end - at).min(CHUNK_BYTES)).await?;
-            if chunk.is_empty() {
+            let want = (end - at).min(CHUNK_BYTES);
+            let chunk = src.read(at, want).await?;
+            if chunk.is_empty() || chunk.len() as u64 > want {
                 // The head is out: closing short tells the reader.
                 return Err(S3Error::internal("copy source shorter than its metadata"));
             }

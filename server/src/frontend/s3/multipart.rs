@@ -316,12 +316,18 @@ impl S3Front {
         self.require_bucket(req)?;
         let max = parse_limit(req.q("max-uploads"), "max-uploads", LIST_UPLOADS_MAX)?;
         let prefix = req.q("prefix").unwrap_or("").to_string();
-        for (name, v) in [
-            ("prefix", req.q("prefix")),
-            ("key-marker", req.q("key-marker")),
-            ("upload-id-marker", req.q("upload-id-marker")),
+        // A key marker may end in char::MAX (4 bytes: after a common
+        // prefix, below).
+        for (name, v, max) in [
+            ("prefix", req.q("prefix"), S3_KEY_BYTES_MAX),
+            ("key-marker", req.q("key-marker"), S3_KEY_BYTES_MAX + 4),
+            (
+                "upload-id-marker",
+                req.q("upload-id-marker"),
+                S3_KEY_BYTES_MAX,
+            ),
         ] {
-            if v.is_some_and(|v| v.len() > S3_KEY_BYTES_MAX) {
+            if v.is_some_and(|v| v.len() > max) {
                 return Err(S3Error::invalid_argument(format!(
                     "{name} is longer than any key ({S3_KEY_BYTES_MAX} bytes)"
                 )));
