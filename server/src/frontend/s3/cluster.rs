@@ -882,12 +882,13 @@ impl S3Front {
     /// reaches it.
     pub(super) async fn uploads_cluster(
         &self,
-        local: UploadPage,
         (bucket, prefix, key_marker, id_marker): (&str, &str, &str, &str),
         max: usize,
     ) -> Result<UploadPage, S3Error> {
         let Some(map) = self.map()? else {
-            return Ok(local);
+            return Ok(self
+                .node_uploads(bucket, prefix, (key_marker, id_marker), max)
+                .await?);
         };
         let enc = |s: &str| {
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -905,7 +906,14 @@ impl S3Front {
             page.check(prefix, (key_marker, id_marker), max)
                 .map_err(|e| unavailable(format!("cluster node {}: {e}; retry", peer.name)))
         });
-        let mut pages = vec![local.own(|k| map.primary_of(bucket, k) == map.node_id, max)];
+        let local = super::uploads::served_page(
+            |k, id| async move { self.node_uploads(bucket, prefix, (&k, &id), max).await },
+            (key_marker, id_marker),
+            |k| map.primary_of(bucket, k) == map.node_id,
+            max,
+        )
+        .await?;
+        let mut pages = vec![local];
         for got in futures::future::join_all(calls).await {
             pages.push(got?);
         }
@@ -1115,11 +1123,17 @@ impl S3Front {
                     } else {
                         q("umark")
                     };
-                    let page = match self
-                        .node_uploads(&bucket, &q("prefix"), (&from, &umark), max)
-                        .await
+                    let prefix = q("prefix");
+                    let (b, p) = (bucket.as_str(), prefix.as_str());
+                    let page = match super::uploads::served_page(
+                        |k, id| async move { self.node_uploads(b, p, (&k, &id), max).await },
+                        (&from, &umark),
+                        |k| map.primary_of(&bucket, k) == map.node_id,
+                        max,
+                    )
+                    .await
                     {
-                        Ok(page) => page.own(|k| map.primary_of(&bucket, k) == map.node_id, max),
+                        Ok(page) => page,
                         Err(crate::shard::msg::ShardError::NoSuchBucket) => UploadPage::default(),
                         Err(e) => return Err(e.into()),
                     };

@@ -341,11 +341,8 @@ impl S3Front {
             req.q("upload-id-marker").unwrap_or("").to_string()
         };
         let encoding_url = req.q("encoding-type") == Some("url");
-        let local = self
-            .node_uploads(&req.bucket, &prefix, (&key_marker, &id_marker), max)
-            .await?;
         let page = self
-            .uploads_cluster(local, (&req.bucket, &prefix, &key_marker, &id_marker), max)
+            .uploads_cluster((&req.bucket, &prefix, &key_marker, &id_marker), max)
             .await?;
         let mut entries = collapse_prefixes(page.uploads, &prefix, delimiter);
         let cut_by_max = entries.len() > max;

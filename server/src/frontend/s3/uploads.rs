@@ -154,6 +154,42 @@ impl UploadPage {
     }
 }
 
+/// Most pages of uploads a node holds but does not serve that it reads
+/// on past in one listing request (`served_page`).
+pub(super) const LEFTOVER_PAGES_MAX: usize = 8;
+
+/// A node's part of a cluster listing: `read(key marker, upload id
+/// marker)` (its shards' page after the markers) kept to the uploads it
+/// serves (`UploadPage::own`). A page of none it serves but with a
+/// frontier (all leftovers of keys another node leads) is read on from
+/// its frontier, at most `LEFTOVER_PAGES_MAX` pages, so that a run of
+/// leftovers does not make clients page through empty pages.
+pub(super) async fn served_page<F, Fut, E>(
+    mut read: F,
+    (key_marker, id_marker): (&str, &str),
+    serves: impl Fn(&str) -> bool,
+    max: usize,
+) -> Result<UploadPage, E>
+where
+    F: FnMut(String, String) -> Fut,
+    Fut: std::future::Future<Output = Result<UploadPage, E>>,
+{
+    let mut page = read(key_marker.to_string(), id_marker.to_string())
+        .await?
+        .own(&serves, max);
+    for _ in 1..LEFTOVER_PAGES_MAX {
+        match &page.frontier {
+            // Everything up to the frontier is a leftover: read on after
+            // it (upload ids are never empty, so strictly after).
+            Some((k, id)) if page.uploads.is_empty() => {
+                page = read(k.clone(), id.clone()).await?.own(&serves, max);
+            }
+            _ => break,
+        }
+    }
+    Ok(page)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +241,49 @@ mod tests {
             .is_ok());
     }
 
+    /// A run of leftovers is read on past, at most LEFTOVER_PAGES_MAX
+    /// pages: an upload served after fewer comes back; after more, an
+    /// empty page with a frontier further on (the client goes on there).
+    #[test]
+    fn a_node_reads_on_past_a_run_of_leftovers() {
+        for (leftovers, found) in [(0, true), (20, true), (23, true), (24, false), (40, false)] {
+            let max = 2;
+            let mut all: Vec<UploadItem> = (0..leftovers)
+                .map(|i| upload(&format!("k{i:03}"), "left"))
+                .collect();
+            all.push(upload("z", "mine"));
+            let reads = std::cell::Cell::new(0);
+            let read = |k: String, id: String| {
+                reads.set(reads.get() + 1);
+                let mut v: Vec<UploadItem> = all
+                    .iter()
+                    .filter(|u| k.is_empty() || place(u) > (k.as_str(), id.as_str()))
+                    .cloned()
+                    .collect();
+                v.truncate(max + 1);
+                std::future::ready(Ok::<_, ()>(UploadPage::of_shard(v, max)))
+            };
+            let page = futures::executor::block_on(served_page(read, ("", ""), |k| k == "z", max))
+                .unwrap();
+            assert!(
+                reads.get() <= LEFTOVER_PAGES_MAX,
+                "{leftovers}: {} reads",
+                reads.get()
+            );
+            if found {
+                assert_eq!(page.uploads, vec![upload("z", "mine")], "{leftovers}");
+            } else {
+                assert!(page.uploads.is_empty(), "{leftovers}");
+                let (k, _) = page.frontier.clone().unwrap();
+                assert_eq!(
+                    k,
+                    format!("k{:03}", LEFTOVER_PAGES_MAX * (max + 1) - 1),
+                    "{leftovers}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_page_travels_whole_and_bad_answers_are_refused() {
         let mut page = UploadPage::of_shard(vec![upload("b", "2"), upload("a\"\u{1}é", "1")], 5);
@@ -254,22 +333,33 @@ mod tests {
             let mut got: Vec<(String, String)> = Vec::new();
             let mut marker: Option<(String, String)> = None;
             for _ in 0..200 {
-                let after = |u: &UploadItem| {
-                    marker
-                        .as_ref()
-                        .is_none_or(|(k, id)| place(u) > (k.as_str(), id.as_str()))
-                };
                 let pages = (0..3).map(|node| {
-                    let shards = (0..2).map(|shard| {
-                        let mut v: Vec<UploadItem> = all
-                            .iter()
-                            .filter(|(n, s, u)| *n == node && *s == shard && after(u))
-                            .map(|(_, _, u)| u.clone())
-                            .collect();
-                        v.truncate(max + 1);
-                        UploadPage::of_shard(v, max)
-                    });
-                    let page = UploadPage::merge(shards).own(|k| serves(node, k), max);
+                    // The node's shards' page after the markers it reads
+                    // from (it reads on past leftovers: `served_page`).
+                    let read = |k: String, id: String| {
+                        let shards = (0..2).map(|shard| {
+                            let mut v: Vec<UploadItem> = all
+                                .iter()
+                                .filter(|(n, s, u)| {
+                                    *n == node
+                                        && *s == shard
+                                        && (k.is_empty() || place(u) > (k.as_str(), id.as_str()))
+                                })
+                                .map(|(_, _, u)| u.clone())
+                                .collect();
+                            v.truncate(max + 1);
+                            UploadPage::of_shard(v, max)
+                        });
+                        std::future::ready(Ok::<_, ()>(UploadPage::merge(shards)))
+                    };
+                    let (k, id) = marker.clone().unwrap_or_default();
+                    let page = futures::executor::block_on(served_page(
+                        read,
+                        (&k, &id),
+                        |k| serves(node, k),
+                        max,
+                    ))
+                    .unwrap();
                     // Through the wire, as a peer's answer.
                     UploadPage::from_json(page.to_json().to_string().as_bytes()).unwrap()
                 });
