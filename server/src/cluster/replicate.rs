@@ -447,7 +447,8 @@ impl std::fmt::Display for ConnectFailed {
 
 impl std::error::Error for ConnectFailed {}
 
-fn enc(s: &str) -> String {
+/// `s` percent-encoded for a query value of a node-to-node request.
+pub(crate) fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 

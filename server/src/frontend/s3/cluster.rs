@@ -32,7 +32,7 @@ use super::{Conn, Request, S3Front};
 use crate::bucket_config::ConfigKind;
 use crate::cluster::catalog;
 use crate::cluster::peer_http::{self, Claim};
-use crate::cluster::replicate;
+use crate::cluster::replicate::{self, enc};
 use crate::cluster::shardmap::{MapNode, ShardMap};
 use crate::frontend::http::{BodyFraming, ResponseHead};
 use crate::frontend::s3::error::S3Error;
@@ -847,9 +847,6 @@ impl S3Front {
         } else {
             local
         };
-        let enc = |s: &str| {
-            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-        };
         let mut target = format!(
             "/_percore/list?bucket={}&prefix={}&from={}&delimiter={}&max={max}",
             enc(bucket),
@@ -889,9 +886,6 @@ impl S3Front {
             return Ok(self
                 .node_uploads(bucket, prefix, (key_marker, id_marker), max)
                 .await?);
-        };
-        let enc = |s: &str| {
-            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
         let target = format!(
             "/_percore/list?uploads=1&bucket={}&prefix={}&from={}&umark={}&max={max}",

@@ -32,6 +32,7 @@ use super::checksum;
 use super::cluster::Peer;
 use super::{Conn, S3Front};
 use crate::cluster::peer_http;
+use crate::cluster::replicate::enc;
 use crate::cluster::shardmap::ShardMap;
 use crate::frontend::http::ResponseHead;
 use crate::frontend::s3::error::S3Error;
@@ -62,10 +63,6 @@ pub(super) struct RemoteSource {
     /// `version=` of the byte reads.
     version: String,
     etag: String,
-}
-
-fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
 /// `version=`'s value for `pick`.
